@@ -1,0 +1,58 @@
+# spill — the front door.  `make` builds ./spill; `make test` builds everything
+# with ASan+UBSan and runs every tests/test_*.c; `make fuzz` runs each
+# fuzz/fuzz_*.c target for FUZZ_SECONDS; `make format` applies .clang-format.
+# CUDA is detected (nvcc on PATH) and never required.
+
+CC      ?= gcc
+CFLAGS  ?= -O2 -g
+WARN    := -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE
+LIBS    := -ljansson -lpcre2-8 -lutf8proc -lcrypto -lpthread -lm
+SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+
+LIB_SRC := $(filter-out src/main.c,$(wildcard src/*.c))
+TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+FUZZERS := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
+FUZZ_SECONDS ?= 60
+
+.PHONY: all test test-build fuzz fuzz-build format clean
+all: spill
+
+build/rel/%.o: src/%.c $(wildcard src/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) -c $< -o $@
+
+spill: build/rel/main.o $(patsubst src/%.c,build/rel/%.o,$(LIB_SRC))
+	$(CC) $(CFLAGS) -o $@ $^ $(LIBS)
+
+# Test build: sanitizers on, every object rebuilt in build/asan.
+build/asan/%.o: src/%.c $(wildcard src/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O1 -g $(SAN) -c $< -o $@
+
+build/asan/spill: build/asan/main.o $(patsubst src/%.c,build/asan/%.o,$(LIB_SRC))
+	$(CC) $(SAN) -o $@ $^ $(LIBS)
+
+build/asan/tests/%: tests/%.c tests/test.h $(patsubst src/%.c,build/asan/%.o,$(LIB_SRC))
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O1 -g $(SAN) -Isrc -o $@ $< $(patsubst src/%.c,build/asan/%.o,$(LIB_SRC)) $(LIBS)
+
+test-build: build/asan/spill $(addprefix build/asan/tests/,$(TESTS))
+
+test: test-build
+	@bash tests/run.sh $(TESTS)
+
+# libFuzzer targets (clang): each fuzz/fuzz_X.c defines LLVMFuzzerTestOneInput.
+build/fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard src/*.h)
+	@mkdir -p $(dir $@)
+	clang $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -Isrc -o $@ $< $(LIB_SRC) $(LIBS)
+
+fuzz-build: $(addprefix build/fuzz/,$(FUZZERS))
+
+fuzz: fuzz-build
+	@bash fuzz/run.sh $(FUZZ_SECONDS) $(FUZZERS)
+
+format:
+	clang-format -i src/*.c src/*.h tests/*.c tests/*.h fuzz/*.c
+
+clean:
+	rm -rf build spill

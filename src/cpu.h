@@ -1,0 +1,170 @@
+/*
+ * cpu.h — the CPU backend's compute: a thread pool, the weight matmul, and
+ * the fp32 elementwise ops of a transformer layer (norms, activations,
+ * softmax, RoPE).  See cpu.c for the design and what is bit-stable.
+ *
+ * Dimension letters: T tokens in the pass, N output features, K input
+ * features, D model dim, H heads, S head size.  All activations are fp32,
+ * row-major.
+ */
+#ifndef SPILL_CPU_H
+#define SPILL_CPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- thread pool */
+
+typedef struct cpu_pool cpu_pool;
+
+/* One task of a parallel job: `task` in [0, n_tasks), `thread_id` in
+ * [0, cpu_pool_threads()) names the caller's scratch. */
+typedef void (*cpu_task_fn)(void *ctx, int64_t task, int thread_id);
+
+/*
+ * Starts n_threads - 1 worker threads (the caller of cpu_pool_run is thread
+ * 0); n_threads <= 0 means the number of online CPUs.  Each thread gets
+ * scratch_bytes_per_thread bytes of 64-byte-aligned scratch, allocated here
+ * once (cpu_matmul_scratch_bytes() says what the matmul needs).  Returns 0,
+ * or -1 with a sentence in err.
+ */
+int cpu_pool_create(int n_threads, size_t scratch_bytes_per_thread, cpu_pool **out, char *err, size_t errlen);
+
+/* Runs fn(ctx, task, thread_id) for every task in [0, n_tasks) across the
+ * pool and returns when all are done.  Tasks are handed out dynamically, so
+ * fn must not depend on which thread runs which task except through
+ * thread_id's scratch.  Idle workers sleep on a condition variable (after a
+ * spin of a few microseconds, to catch back-to-back jobs).  Not reentrant:
+ * one job at a time per pool. */
+void cpu_pool_run(cpu_pool *p, cpu_task_fn fn, void *ctx, int64_t n_tasks);
+
+int cpu_pool_threads(const cpu_pool *p);
+
+/*
+ * Matmul arithmetic for quantized weights, per pool (default off = exact):
+ *   off — W is dequantized to fp32 and dotted with fp32 X (the oracle path;
+ *         matches a float reference on the dequantized weights to summation
+ *         rounding).
+ *   on  — for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, X rows are quantized
+ *         to 8 bits per 32-block (as llama.cpp does) and dotted with the
+ *         weights' integers; other types keep the exact path.  1.7-4.4x faster at
+ *         T=1 on Q4_1 (bench_matmul), about equal at T >= 64; adds an
+ *         activation-rounding error of up to
+ *         sum_k |w_k| * amax(x block)/254 per output.
+ * Both are deterministic and independent of T and of the thread count.
+ * Change it only between matmuls.
+ */
+void cpu_pool_set_q8_act(cpu_pool *p, bool on);
+bool cpu_pool_q8_act(const cpu_pool *p);
+
+/* The 8-bit mode keeps the quantized X rows in a pool buffer that grows the
+ * first time a larger T×K is seen; reserving the largest pass up front makes
+ * every later matmul allocation-free.  Returns 0, or -1 with a sentence. */
+int cpu_pool_reserve_q8(cpu_pool *p, int64_t T, int64_t K, char *err, size_t errlen);
+void *cpu_pool_scratch(cpu_pool *p, int thread_id);
+size_t cpu_pool_scratch_bytes(const cpu_pool *p);
+
+/* Joins the workers and frees everything; safe on NULL. */
+void cpu_pool_free(cpu_pool *p);
+
+/* ---------------------------------------------------------------- matmul */
+
+/* Per-thread scratch cpu_matmul wants for rows of K elements (a full tile of
+ * CPU_MATMUL_TILE_ROWS dequantized rows); any amount >= K floats works, less
+ * is slower. */
+#define CPU_MATMUL_TILE_ROWS 16
+size_t cpu_matmul_scratch_bytes(int64_t K);
+
+/*
+ * Y(T, N) = X(T, K) · W(N, K)^T.  W is N rows of K elements in its file type
+ * `wtype` (enum ggml_type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K, Q8_K), rows contiguous (quant_row_bytes(wtype, K) bytes each).
+ * X and Y are fp32; Y is overwritten.  No allocation (in 8-bit-activation
+ * mode, none once cpu_pool_reserve_q8 covered the largest T×K).
+ *
+ * Bit-stability: each Y[t][n] is the dot product of X row t with the
+ * dequantized W row n, summed in one fixed order that depends only on K (see
+ * cpu.c), so the result is the same for any thread count, any T, any
+ * position of the row in X, and any grouping of calls.  The SIMD and the
+ * scalar (SPILL_NO_SIMD=1) paths use the same order and give the same bits.
+ *
+ * Returns 0, or -1 with a sentence in err (unsupported type, K not a whole
+ * number of blocks, scratch smaller than K floats).
+ */
+int cpu_matmul(cpu_pool *p, const void *W, uint32_t wtype, int64_t N, int64_t K, const float *X, int64_t T, float *Y,
+               char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- elementwise (fp32, single-threaded) */
+
+/* y(T, D) = x / sqrt(mean(x^2) + eps) * w, or * (1 + w) when w_plus_one (Gemma).
+ * The mean is accumulated in double, in index order.  y may equal x. */
+void cpu_rmsnorm(float *y, const float *x, const float *w, int64_t T, int64_t D, float eps, bool w_plus_one);
+
+/* g(n) = silu(g) * u  (silu(v) = v / (1 + exp(-v))), in place in g. */
+void cpu_silu_mul(float *g, const float *u, int64_t n);
+
+/* g(n) = gelu_tanh(g) * u  (0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))), in place in g. */
+void cpu_gelu_tanh_mul(float *g, const float *u, int64_t n);
+
+/* In-place softmax of one row of n values (max subtracted first; -inf entries give 0). */
+void cpu_softmax(float *x, int64_t n);
+
+/* y(n) += x(n) */
+void cpu_add(float *y, const float *x, int64_t n);
+
+/* x(n) *= s */
+void cpu_scale(float *x, int64_t n, float s);
+
+/* ---------------------------------------------------------------- RoPE */
+
+enum cpu_rope_style {
+    CPU_ROPE_NEOX = 0, /* rotate-half: pairs (i, i + n_rot/2); HF layout, qwen/gemma/phi GGUFs */
+    CPU_ROPE_NORM = 1, /* consecutive pairs (2i, 2i+1); GGUF arch `llama` (Q/K permuted by the converter) */
+};
+
+enum cpu_rope_scaling {
+    CPU_ROPE_SCALE_NONE = 0,
+    CPU_ROPE_SCALE_LINEAR = 1,
+    CPU_ROPE_SCALE_LLAMA3 = 2,
+    CPU_ROPE_SCALE_YARN = 3,
+};
+
+#define CPU_ROPE_MAX_ROT 1024
+
+/* Field names follow transformers' rope_parameters. */
+typedef struct cpu_rope_cfg {
+    int style;               /* enum cpu_rope_style */
+    int n_rot;               /* rotated dims per head = int(head_dim * partial_rotary_factor); even, <= S */
+    double freq_base;        /* rope_theta */
+    int scaling;             /* enum cpu_rope_scaling */
+    double factor;           /* linear, llama3, yarn */
+    double low_freq_factor;  /* llama3 */
+    double high_freq_factor; /* llama3 */
+    double orig_max_pos;     /* llama3, yarn: original_max_position_embeddings */
+    double beta_fast;        /* yarn; 0 means the default 32 */
+    double beta_slow;        /* yarn; 0 means the default 1 */
+    double attn_factor;      /* yarn attention_factor; 0 means derive it from factor (and mscale) */
+    double mscale;           /* yarn, optional (0 = absent) */
+    double mscale_all_dim;   /* yarn, optional (0 = absent) */
+    bool yarn_no_truncate;   /* yarn `truncate: false` */
+} cpu_rope_cfg;
+
+/* Precomputed frequencies: built once per model (per layer type), read-only after. */
+typedef struct cpu_rope {
+    int style;
+    int n_rot;
+    float attn_scale;                    /* multiplies cos and sin (yarn), else 1 */
+    float inv_freq[CPU_ROPE_MAX_ROT / 2]; /* (n_rot/2) */
+} cpu_rope;
+
+/* Computes the inverse frequencies exactly as transformers' modeling_rope_utils
+ * does (same formulas, fp32 where it uses fp32 tensors, double where it uses
+ * Python floats).  Returns 0, or -1 with a sentence in err for bad parameters. */
+int cpu_rope_init(cpu_rope *r, const cpu_rope_cfg *cfg, char *err, size_t errlen);
+
+/* Rotates x (T, H, S) in place: token t at position pos[t]; dims >= n_rot pass
+ * through.  S must be >= n_rot. */
+void cpu_rope_apply(const cpu_rope *r, float *x, int64_t T, int64_t H, int64_t S, const int32_t *pos);
+
+#endif

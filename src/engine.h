@@ -1,0 +1,64 @@
+/*
+ * engine.h — the loaded model on a backend, and one forward pass.
+ *
+ * A pass advances a set of sequences (rows) through every layer in order:
+ * each sequence contributes n tokens at positions pos0..pos0+n-1 (1 for a
+ * decode step, a prompt chunk for prefill), all tokens of the pass go through
+ * the same matmuls, and each sequence may ask for the logits of its last
+ * token.  Sequences at different lengths mix freely (attention reads each
+ * row's own pages).  A row's output depends only on its own tokens, never on
+ * which other rows share the pass (the matmul summation order is fixed per
+ * output element), which is what makes seeds reproducible whatever the batch.
+ */
+#ifndef SPILL_ENGINE_H
+#define SPILL_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv.h"
+#include "model.h"
+
+typedef struct spill_engine spill_engine;
+
+typedef struct engine_opts {
+    int threads;          /* 0 = all online CPUs */
+    int max_pass_tokens;  /* T cap per pass (activation buffers are sized for it) */
+    int max_pass_seqs;    /* sequences per pass */
+    int page_tokens;      /* KV page size in positions */
+    int32_t kv_pages;     /* pages in the KV arena */
+    bool stream;          /* read every layer's matrices from storage each pass (else all in RAM) */
+    int stream_slots;     /* ring buffers when streaming (0 = 3) */
+    bool direct_io;       /* O_DIRECT for streamed reads */
+} engine_opts;
+
+typedef struct fwd_seq {
+    kv_row *kv;           /* the row's pages; positions [0, pos0) are already cached */
+    int32_t pos0;         /* position of the first token fed now */
+    int32_t n;            /* tokens fed now */
+    const int32_t *tokens;/* (n) */
+    bool want_logits;     /* logits of the last token fed */
+} fwd_seq;
+
+/* Loads every weight the forward pass binds into RAM (read once, in file
+ * order) and sizes the pass buffers and the KV arena.  The model must stay
+ * open while the engine lives. */
+int engine_open(model_desc *m, const engine_opts *o, spill_engine **out, char *err, size_t errlen);
+void engine_close(spill_engine *e);
+
+/* Runs one pass.  The caller has reserved KV pages for pos0+n positions of
+ * every sequence.  logits receives (R, V) floats, one row per sequence with
+ * want_logits, in sequence order.  Returns 0 or -1 with a sentence. */
+int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen);
+
+kv_cache *engine_kv(spill_engine *e);
+const model_desc *engine_model(const spill_engine *e);
+int engine_threads(const spill_engine *e);
+/* Bytes of weights held in RAM (resident tensors; the stream ring is separate). */
+uint64_t engine_weight_bytes(const spill_engine *e);
+/* Streaming: ring bytes and cumulative read statistics; false when resident. */
+bool engine_stream_stats(const spill_engine *e, size_t *ring_bytes, uint64_t *bytes_read, double *wait_s,
+                         double *read_s);
+
+#endif

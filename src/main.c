@@ -1,0 +1,388 @@
+/*
+ * main.c — the `spill` command line: parses arguments, dispatches to the
+ * stages, and is the only place that turns errors into exit codes.
+ *
+ * Exit codes (documented in README):
+ *   0 success · 2 bad arguments · 65 invalid input data (EX_DATAERR) ·
+ *   66 input missing/unreadable (EX_NOINPUT) · 69 command not built yet
+ *   (EX_UNAVAILABLE) · 70 internal error (EX_SOFTWARE) · 75 temporary failure,
+ *   resumable (EX_TEMPFAIL).
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "model.h"
+#include "run.h"
+#include "template.h"
+#include "tokenizer.h"
+#include "util.h"
+
+#define EX_USAGE_ 2
+#define EX_DATAERR_ 65
+#define EX_NOINPUT_ 66
+#define EX_UNAVAILABLE_ 69
+
+static const struct command {
+    const char *name, *usage, *what;
+    bool built;
+} commands[] = {
+    {"run", "spill run MODEL INPUT.jsonl [-o DIR] [--batch N] [--kv-mem BYTES]", "answer every row; OpenAI-format output + error files", true},
+    {"resume", "spill resume JOB", "continue an interrupted job exactly where it stopped", true},
+    {"distill", "spill distill MODEL INPUT [--logprobs K] [--score]", "top-K log-probs, or teacher-forced scoring", false},
+    {"eval", "spill eval INPUT MODEL [MODEL...] --metric M", "run each model, score each row, one comparison table",
+     false},
+    {"check", "spill check INPUT.jsonl [--all]", "validate a batch / chat / fine-tuning / eval file", true},
+    {"runs", "spill runs [show ID]", "list and inspect the run store", false},
+    {"models", "spill models [show MODEL]", "curated tags, local models, architecture support", true},
+    {"adapters", "spill adapters", "list known LoRA adapters", false},
+    {"probe", "spill probe", "measure RAM, disk read rate (page cache bypassed), GEMM rate", false},
+    {"serve", "spill serve [--port N]", "OpenAI Files + Batches HTTP API", false},
+    {"bench", "spill bench MODEL", "throughput vs batch and tier; CSV + plot", false},
+    {"pack", "spill pack MODEL --quant q8|q4 -o DIR", "repack into the streaming layout", false},
+    {"synth", "spill synth --like NAME [--layers N] -o DIR", "write a random-weight model of a real shape", false},
+    {"tokenize", "spill tokenize MODEL TEXT|- [--json] [--special]", "token ids and pieces of a text", true},
+    {"template", "spill template MODEL MESSAGES.json [--json]", "render the chat template and tokenize it", true},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage_all(FILE *f)
+{
+    fprintf(f, "usage: spill COMMAND [ARGS]   (spill COMMAND --help for one command)\n\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-52s %s%s\n", commands[i].usage, commands[i].what, commands[i].built ? "" : " [not built yet]");
+    fprintf(f, "\nMODEL: a curated tag (spill models), a .gguf file, a Hugging Face directory, or org/name.\n"
+               "Data lives in $SPILL_HOME (default ~/.streamweights): models, jobs, runs, calibration.\n");
+}
+
+static int usage_one(const char *name, int code)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(commands[i].name, name)) {
+            fprintf(code ? stderr : stdout, "usage: %s\n", commands[i].usage);
+            return code;
+        }
+    return code;
+}
+
+static bool wants_help(int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return true;
+    return false;
+}
+
+/* Resolves and opens a model, printing the one-sentence error on failure. */
+static model_desc *open_model(const char *spec)
+{
+    char path[4096], err[SPILL_ERRLEN];
+    model_desc *m;
+    if (model_resolve(spec, path, sizeof path, err, sizeof err) != 0 ||
+        model_open(path, &m, err, sizeof err) != 0) {
+        fprintf(stderr, "spill: %s\n", err);
+        return NULL;
+    }
+    return m;
+}
+
+static int cmd_models(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[0], "show")) {
+        if (argc != 2)
+            return usage_one("models", EX_USAGE_);
+        model_desc *m = open_model(argv[1]);
+        if (!m)
+            return EX_DATAERR_;
+        model_print(m, stdout);
+        model_close(m);
+        return 0;
+    }
+    if (argc != 0)
+        return usage_one("models", EX_USAGE_);
+    printf("curated models (in %s/models):\n", util_spill_home());
+    const registry_entry *e;
+    for (size_t i = 0; registry_at(i, &e); i++) {
+        char path[4096], err[SPILL_ERRLEN];
+        bool here = model_resolve(e->tag, path, sizeof path, err, sizeof err) == 0;
+        printf("  %-14s %-7s %-8s %-6s %-40s %s\n", e->tag, e->arch, e->quant, e->params, e->hf_repo,
+               here ? "installed" : e->package ? "not installed (tools/setup.sh)" : "not downloaded");
+    }
+    printf("\narchitectures:\n");
+    const char *name, *note;
+    enum arch_state st;
+    for (size_t i = 0; model_arch_at(i, &name, &st, &note); i++)
+        printf("  %-12s %-11s %s\n", name, st == ARCH_SUPPORTED ? "supported" : st == ARCH_EXPECTED ? "expected" : "unsupported",
+               note);
+    return 0;
+}
+
+/* Loads the tokenizer that belongs to a model (GGUF vocabulary or tokenizer.json). */
+static tokenizer *open_tokenizer(const model_desc *m)
+{
+    char err[SPILL_ERRLEN];
+    tokenizer *t = NULL;
+    int rc = m->format == MODEL_GGUF ? tokenizer_from_gguf(m->gguf, &t, err, sizeof err)
+             : m->tokenizer_path   ? tokenizer_from_json_file(m->tokenizer_path, &t, err, sizeof err)
+                                   : util_errf(err, sizeof err, "%s: tokenizer.json is missing.", m->source);
+    if (rc != 0) {
+        fprintf(stderr, "spill: %s\n", err);
+        return NULL;
+    }
+    return t;
+}
+
+static char *read_stdin_all(size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t r = fread(buf + n, 1, cap - n, stdin);
+        n += r;
+        if (n < cap)
+            break;
+        if (cap > (256u << 20)) {
+            free(buf);
+            return NULL;
+        }
+        char *nb = realloc(buf, cap * 2 + 1);
+        if (!nb) {
+            free(buf);
+            return NULL;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    if (buf)
+        buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static void print_ids(const tokenizer *t, const int32_t *ids, size_t n, bool json)
+{
+    if (json) {
+        json_t *arr = json_array(), *pieces = json_array();
+        for (size_t i = 0; i < n; i++) {
+            size_t pl;
+            const char *p = tokenizer_piece(t, ids[i], &pl);
+            json_array_append_new(arr, json_integer(ids[i]));
+            json_array_append_new(pieces, json_stringn_nocheck(p ? p : "", p ? pl : 0));
+        }
+        json_t *o = json_pack("{s:o,s:o,s:I}", "ids", arr, "pieces", pieces, "count", (json_int_t)n);
+        char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        puts(s);
+        free(s);
+        json_decref(o);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t pl;
+        const char *p = tokenizer_piece(t, ids[i], &pl);
+        printf("%d\t", ids[i]);
+        for (size_t k = 0; p && k < pl; k++) {
+            unsigned char c = (unsigned char)p[k];
+            if (c == '\n')
+                fputs("\\n", stdout);
+            else if (c == '\t')
+                fputs("\\t", stdout);
+            else if (c < 0x20 || c == 0x7f)
+                printf("\\x%02x", c);
+            else
+                putchar(c);
+        }
+        putchar('\n');
+    }
+    printf("%zu tokens\n", n);
+}
+
+static int cmd_tokenize(int argc, char **argv)
+{
+    bool json = false, special = false;
+    const char *pos[2];
+    int np = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        else if (!strcmp(argv[i], "--special"))
+            special = true;
+        else if (np < 2 && (argv[i][0] != '-' || !strcmp(argv[i], "-")))
+            pos[np++] = argv[i];
+        else
+            return usage_one("tokenize", EX_USAGE_);
+    }
+    if (np != 2)
+        return usage_one("tokenize", EX_USAGE_);
+    model_desc *m = open_model(pos[0]);
+    if (!m)
+        return EX_DATAERR_;
+    tokenizer *t = open_tokenizer(m);
+    int rc = EX_DATAERR_;
+    char *text = NULL;
+    size_t len = 0;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[SPILL_ERRLEN];
+    if (!t)
+        goto out;
+    if (!strcmp(pos[1], "-")) {
+        text = read_stdin_all(&len);
+        if (!text) {
+            fprintf(stderr, "spill: standard input could not be read (or is over 256 MiB).\n");
+            rc = EX_NOINPUT_;
+            goto out;
+        }
+    } else {
+        text = strdup(pos[1]);
+        len = strlen(pos[1]);
+    }
+    if (tokenizer_encode(t, text, len, special, &ids, &n, err, sizeof err) != 0) {
+        fprintf(stderr, "spill: %s\n", err);
+        goto out;
+    }
+    print_ids(t, ids, n, json);
+    rc = 0;
+out:
+    free(ids);
+    free(text);
+    tokenizer_free(t);
+    model_close(m);
+    return rc;
+}
+
+static int cmd_template(int argc, char **argv)
+{
+    bool json = false;
+    const char *pos[2];
+    int np = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        else if (np < 2 && argv[i][0] != '-')
+            pos[np++] = argv[i];
+        else
+            return usage_one("template", EX_USAGE_);
+    }
+    if (np != 2)
+        return usage_one("template", EX_USAGE_);
+    json_error_t je;
+    json_t *doc = json_load_file(pos[1], JSON_REJECT_DUPLICATES, &je);
+    if (!doc) {
+        fprintf(stderr, "spill: %s: line %d, column %d: %s.\n", pos[1], je.line, je.column, je.text);
+        return EX_DATAERR_;
+    }
+    /* Accept a bare messages array or an object with "messages" (a chat request body or fine-tuning line). */
+    json_t *messages = json_is_array(doc) ? doc : json_object_get(doc, "messages");
+    json_t *tools = json_is_object(doc) ? json_object_get(doc, "tools") : NULL;
+    if (!json_is_array(messages)) {
+        fprintf(stderr, "spill: %s: expected a JSON array of messages or an object with a \"messages\" array.\n",
+                pos[1]);
+        json_decref(doc);
+        return EX_DATAERR_;
+    }
+    int rc = EX_DATAERR_;
+    char *out = NULL;
+    size_t outlen = 0, n = 0;
+    int32_t *ids = NULL;
+    char err[SPILL_ERRLEN];
+    tokenizer *t = NULL;
+    model_desc *m = open_model(pos[0]);
+    if (!m)
+        goto done;
+    if (!m->chat_template) {
+        fprintf(stderr, "spill: %s has no chat template; give raw prompts through /v1/completions instead.\n",
+                m->source);
+        goto done;
+    }
+    if (!(t = open_tokenizer(m)))
+        goto done;
+    json_t *extra = json_object();
+    size_t pl;
+    const char *p;
+    if (m->bos_id >= 0 && (p = tokenizer_piece(t, m->bos_id, &pl)))
+        json_object_set_new(extra, "bos_token", json_stringn(p, pl));
+    if (m->eos_id >= 0 && (p = tokenizer_piece(t, m->eos_id, &pl)))
+        json_object_set_new(extra, "eos_token", json_stringn(p, pl));
+    rc = chat_template_render(m->chat_template, strlen(m->chat_template), messages, tools, extra, true, time(NULL), &out,
+                              &outlen, err, sizeof err);
+    json_decref(extra);
+    if (rc != 0) {
+        fprintf(stderr, "spill: %s\n", err);
+        rc = EX_DATAERR_;
+        goto done;
+    }
+    /* Rendered chats already carry their special tokens: tokenize with special-token parsing, no added BOS. */
+    if (tokenizer_encode(t, out, outlen, false, &ids, &n, err, sizeof err) != 0) {
+        fprintf(stderr, "spill: %s\n", err);
+        rc = EX_DATAERR_;
+        goto done;
+    }
+    if (json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(arr, json_integer(ids[i]));
+        json_t *o = json_pack("{s:s%,s:o}", "prompt", out, outlen, "ids", arr);
+        char *s = json_dumps(o, JSON_COMPACT);
+        puts(s);
+        free(s);
+        json_decref(o);
+    } else {
+        fwrite(out, 1, outlen, stdout);
+        printf("\n--- %zu tokens:", n);
+        for (size_t i = 0; i < n; i++)
+            printf(" %d", ids[i]);
+        putchar('\n');
+    }
+    rc = 0;
+done:
+    free(ids);
+    free(out);
+    tokenizer_free(t);
+    model_close(m);
+    json_decref(doc);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage_all(stderr);
+        return EX_USAGE_;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage_all(stdout);
+        return 0;
+    }
+    const struct command *c = NULL;
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(commands[i].name, cmd))
+            c = &commands[i];
+    if (!c) {
+        fprintf(stderr, "spill: unknown command '%s'.\n", cmd);
+        usage_all(stderr);
+        return EX_USAGE_;
+    }
+    if (wants_help(argc - 2, argv + 2))
+        return usage_one(cmd, 0);
+    if (!c->built) {
+        fprintf(stderr, "spill: '%s' is not built yet in this version; see `spill --help` for what works now.\n", cmd);
+        return EX_UNAVAILABLE_;
+    }
+    if (!strcmp(cmd, "models"))
+        return cmd_models(argc - 2, argv + 2);
+    if (!strcmp(cmd, "tokenize"))
+        return cmd_tokenize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "template"))
+        return cmd_template(argc - 2, argv + 2);
+    if (!strcmp(cmd, "run"))
+        return run_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "resume"))
+        return resume_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "check"))
+        return check_main(argc - 2, argv + 2);
+    return usage_one(cmd, EX_USAGE_);
+}

@@ -1,0 +1,1249 @@
+/*
+ * run.c — `spill run` and `spill resume`: the job runner and its scheduler.
+ *
+ * Owns: turning an input file into rows (parse, template, tokenize), the
+ * pass loop (admission, prefill chunks mixed with decode steps, sampling,
+ * detokenization, stop handling), preemption when KV pages run out, durable
+ * output through job.c (one group commit per pass), and what the user sees
+ * (pre-run line, progress line, live tail, plain log lines when stdout is not
+ * a terminal).
+ *
+ * Does not own: the forward pass (forward.c), kernels, sampling maths
+ * (sample.c), stop-string matching (stop.c), line formats (output.c), the
+ * on-disk job protocol (job.c).
+ *
+ * Scheduling, in one paragraph: rows wait in a queue ordered longest-first
+ * (prompt + max new tokens), so the expensive rows start early and the end
+ * tail is made of short ones.  Every pass carries one decode token for every
+ * active choice, then prompt chunks of admitted rows up to a per-pass token
+ * cap, all through the same matmuls.  A row is admitted when a batch slot is
+ * free and the KV arena can hold its prompt while leaving one page of growth
+ * per active choice; pages are reserved as positions are written.  If a
+ * choice needs a page and none is free, the most recently admitted row is
+ * preempted: its pages are freed and it goes back to the head of the queue
+ * to be recomputed from scratch, which yields the same tokens because a row's
+ * logits never depend on its batch-mates and its RNG restarts from its seed.
+ * Rows that could not fit even alone fail with a sentence naming the memory
+ * option, before anything runs.
+ */
+#include "run.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "job.h"
+#include "model.h"
+#include "output.h"
+#include "request.h"
+#include "sample.h"
+#include "stop.h"
+#include "template.h"
+#include "tokenizer.h"
+#include "util.h"
+
+#define SPILL_VERSION "spill 0.1"
+#define EX_OK 0
+#define EX_USAGE_ 2
+#define EX_DATAERR_ 65
+#define EX_NOINPUT_ 66
+#define EX_SOFTWARE_ 70
+#define EX_TEMPFAIL_ 75
+#define TAIL_SLOTS 8
+
+typedef struct run_opts {
+    const char *model_spec, *input, *out_dir;
+    int threads, batch, prefill_chunk, page_tokens, stream_slots;
+    int mode;            /* 0 auto, 1 --stream, 2 --resident */
+    uint64_t kv_bytes, mem_budget;
+    bool quiet;
+} run_opts;
+
+enum row_state { ROW_PENDING, ROW_ACTIVE, ROW_DONE };
+
+typedef struct choice {
+    kv_row kv;
+    sample_state ss;
+    tok_stream *ts;
+    stop_matcher sm;
+    int32_t fed;         /* positions in the KV cache (prompt progress, then generated tokens fed back) */
+    int32_t next;        /* sampled token waiting to be fed, -1 when none */
+    int32_t n_gen;       /* generated tokens kept (stop tokens excluded) */
+    char *text;          /* emitted text so far */
+    size_t text_len, text_cap;
+    out_token *lp;       /* (n_gen) when logprobs */
+    out_alt *alts;       /* (n_gen * top) */
+    bool done;
+    out_finish finish;
+} choice;
+
+typedef struct row {
+    char *custom_id, *model;
+    req_endpoint endpoint;
+    size_t line;
+    int32_t *prompt;
+    int32_t n_prompt;
+    int64_t max_new;
+    int n_choices;
+    sample_params sp;
+    bool has_seed;
+    int64_t seed;
+    int n_stop;
+    char *stop[REQ_MAX_STOP];
+    size_t stop_len[REQ_MAX_STOP];
+    int32_t *bias_id;
+    float *bias;
+    enum row_state state;
+    choice *ch;          /* (n_choices) while active */
+    uint64_t admitted;   /* admission serial, for picking preemption victims */
+    int preempted;
+} row;
+
+typedef struct runner {
+    run_opts o;
+    model_desc *m;
+    tokenizer *tok;
+    spill_engine *e;
+    job *j;
+    char fingerprint[65];
+    out_stamp stamp;
+    uint64_t job_seed;
+
+    row *rows;
+    size_t n_rows;
+    size_t *queue;       /* pending row indices, longest first; head at q_head */
+    size_t q_head, q_len;
+    size_t *active;      /* admitted rows in admission order */
+    size_t n_active;
+    uint64_t admit_serial;
+
+    sample_scratch sc;
+    float *logits;       /* (max seqs, V) */
+    fwd_seq *seqs;
+    int *seq_row, *seq_choice;
+
+    /* progress */
+    uint64_t rows_total, rows_done, rows_failed, tokens_generated, prompt_tokens, preemptions;
+    double t_start;
+    size_t tail[TAIL_SLOTS];
+    int n_tail;
+    bool tty;
+    double last_log;
+    int drawn_lines;
+} runner;
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { g_stop = sig; }
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------- rows */
+
+static void choice_free(choice *c, kv_cache *kv)
+{
+    kv_row_free(kv, &c->kv);
+    sample_state_free(&c->ss);
+    tok_stream_free(c->ts);
+    stop_free(&c->sm);
+    free(c->text);
+    free(c->lp);
+    free(c->alts);
+    memset(c, 0, sizeof *c);
+}
+
+static void row_release(runner *r, row *w)
+{
+    if (w->ch)
+        for (int c = 0; c < w->n_choices; c++)
+            choice_free(&w->ch[c], engine_kv(r->e));
+    free(w->ch);
+    w->ch = NULL;
+}
+
+static void row_free(row *w)
+{
+    free(w->custom_id);
+    free(w->model);
+    free(w->prompt);
+    for (int i = 0; i < w->n_stop; i++)
+        free(w->stop[i]);
+    free(w->bias_id);
+    free(w->bias);
+}
+
+static int append_error_line(runner *r, const char *custom_id, const char *message, const char *param,
+                             const char *code, char *err, size_t errlen)
+{
+    out_http_error he = {custom_id, 400, message, "invalid_request_error", param, code, &r->stamp};
+    char *line;
+    size_t len;
+    if (output_http_error_line(&he, NULL, &line, &len, err, errlen))
+        return -1;
+    int rc = job_append_error(r->j, line, len, err, errlen);
+    free(line);
+    if (rc == 0)
+        r->rows_failed++;
+    return rc;
+}
+
+/* Renders and tokenizes one request into prompt ids.  Returns 0, or 1 with a
+ * per-row message in msg (the row fails, the job goes on). */
+static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen, const char **code)
+{
+    char err[SPILL_ERRLEN];
+    size_t n = 0;
+    *code = "invalid_request";
+    if (q->endpoint == REQ_EP_CHAT) {
+        if (!r->m->chat_template) {
+            snprintf(msg, msglen, "The model %s has no chat template; send this row to /v1/completions instead.",
+                     r->o.model_spec);
+            return 1;
+        }
+        json_t *extra = json_object();
+        size_t pl;
+        const char *p;
+        int32_t bos = tokenizer_special(r->tok, TOK_BOS), eos = tokenizer_special(r->tok, TOK_EOS);
+        if (r->m->bos_id >= 0)
+            bos = r->m->bos_id;
+        if (r->m->eos_id >= 0)
+            eos = r->m->eos_id;
+        if (bos >= 0 && (p = tokenizer_piece(r->tok, bos, &pl)))
+            json_object_set_new(extra, "bos_token", json_stringn(p, pl));
+        if (eos >= 0 && (p = tokenizer_piece(r->tok, eos, &pl)))
+            json_object_set_new(extra, "eos_token", json_stringn(p, pl));
+        char *text = NULL;
+        size_t tl = 0;
+        int rc = chat_template_render(r->m->chat_template, strlen(r->m->chat_template), q->messages, q->tools, extra,
+                                      true, 0, &text, &tl, err, sizeof err);
+        json_decref(extra);
+        if (rc != 0) {
+            snprintf(msg, msglen, "The chat template rejected this conversation: %.400s", err);
+            return 1;
+        }
+        rc = tokenizer_encode(r->tok, text, tl, false, &w->prompt, &n, err, sizeof err);
+        free(text);
+        if (rc) {
+            snprintf(msg, msglen, "%s", err);
+            return 1;
+        }
+    } else {
+        json_t *p = q->prompt;
+        if (q->n_prompts != 1) {
+            snprintf(msg, msglen, "A /v1/completions row with %zu prompts is not supported yet; give one prompt per row.",
+                     q->n_prompts);
+            return 1;
+        }
+        if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
+            p = json_array_get(p, 0);
+        if (json_is_string(p)) {
+            if (tokenizer_encode(r->tok, json_string_value(p), json_string_length(p), true, &w->prompt, &n, err,
+                                 sizeof err)) {
+                snprintf(msg, msglen, "%s", err);
+                return 1;
+            }
+        } else {
+            if (json_is_array(p) && json_array_size(p) == 1 && json_is_array(json_array_get(p, 0)))
+                p = json_array_get(p, 0);
+            n = json_array_size(p);
+            w->prompt = malloc((n ? n : 1) * sizeof *w->prompt);
+            if (!w->prompt) {
+                snprintf(msg, msglen, "Out of memory reading the prompt.");
+                return 1;
+            }
+            for (size_t i = 0; i < n; i++) {
+                json_int_t id = json_integer_value(json_array_get(p, i));
+                if (id < 0 || id >= r->m->vocab) {
+                    snprintf(msg, msglen, "prompt[%zu] is token id %lld, outside this model's vocabulary of %d.", i,
+                             (long long)id, r->m->vocab);
+                    return 1;
+                }
+                w->prompt[i] = (int32_t)id;
+            }
+        }
+    }
+    if (n == 0) {
+        snprintf(msg, msglen, "The prompt is empty after templating; give a non-empty prompt.");
+        return 1;
+    }
+    if ((int64_t)n >= r->m->ctx_len) {
+        *code = "context_length_exceeded";
+        snprintf(msg, msglen,
+                 "The prompt is %zu tokens, but this model's context is %d tokens; shorten it to leave room for the "
+                 "answer.",
+                 n, r->m->ctx_len);
+        return 1;
+    }
+    w->n_prompt = (int32_t)n;
+    int64_t room = r->m->ctx_len - (int64_t)n;
+    w->max_new = q->s.max_tokens < 0 || q->s.max_tokens > room ? room : q->s.max_tokens;
+    return 0;
+}
+
+/* Copies what the runner needs out of a parsed request (which is then freed). */
+static int take_request(runner *r, request *q, row *w, char *msg, size_t msglen)
+{
+    w->model = strdup(q->model ? q->model : r->o.model_spec);
+    w->endpoint = q->endpoint;
+    w->n_choices = q->s.n;
+    w->has_seed = q->s.has_seed;
+    w->seed = q->s.seed;
+    w->n_stop = q->s.n_stop;
+    for (int i = 0; i < q->s.n_stop; i++) {
+        w->stop[i] = strndup(q->s.stop[i], q->s.stop_len[i]);
+        w->stop_len[i] = q->s.stop_len[i];
+        if (!w->stop[i])
+            return snprintf(msg, msglen, "Out of memory."), -1;
+    }
+    w->bias_id = q->s.logit_bias_id;
+    w->bias = q->s.logit_bias;
+    q->s.logit_bias_id = NULL;
+    q->s.logit_bias = NULL;
+    w->sp = (sample_params){
+        .temperature = (float)q->s.temperature,
+        .top_p = (float)q->s.top_p,
+        .top_k = 0,
+        .frequency_penalty = (float)q->s.frequency_penalty,
+        .presence_penalty = (float)q->s.presence_penalty,
+        .n_logit_bias = q->s.n_logit_bias,
+        .logit_bias_id = w->bias_id,
+        .logit_bias = w->bias,
+        .logprobs = q->s.logprobs,
+        .n_top_logprobs = q->s.logprobs ? q->s.top_logprobs : 0,
+    };
+    q->s.n_logit_bias = 0;
+    char err[SPILL_ERRLEN];
+    if (sample_params_check(&w->sp, r->m->vocab, err, sizeof err)) {
+        snprintf(msg, msglen, "%s", err);
+        return 1;
+    }
+    return 0;
+}
+
+/* Counts the rows of the input (non-blank lines) so the job knows its total before it starts. */
+static int count_rows(const char *path, uint64_t *n, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return util_errf(err, errlen, "%s: cannot open: %s.", path, strerror(errno));
+    jsonl_reader rd;
+    int rc = jsonl_open(&rd, f, path, 0, err, errlen);
+    const char *line;
+    size_t len;
+    *n = 0;
+    while (rc == 0) {
+        jsonl_status st = jsonl_next(&rd, &line, &len, err, errlen);
+        if (st == JSONL_EOF)
+            break;
+        if (st == JSONL_IO_ERROR)
+            rc = -1;
+        else if (st == JSONL_TOO_LONG || len > 0)
+            (*n)++;
+    }
+    jsonl_close(&rd);
+    fclose(f);
+    return rc;
+}
+
+/* Reads the whole input: parses, templates and tokenizes every row not done yet;
+ * bad rows go to errors.jsonl at once. */
+static int load_rows(runner *r, char *err, size_t errlen)
+{
+    FILE *f = fopen(r->o.input, "rb");
+    if (!f)
+        return util_errf(err, errlen, "%s: cannot open: %s.", r->o.input, strerror(errno));
+    jsonl_reader rd;
+    if (jsonl_open(&rd, f, r->o.input, 0, err, errlen)) {
+        fclose(f);
+        return -1;
+    }
+    int rc = 0;
+    size_t cap = 0;
+    const char *line;
+    size_t len;
+    for (;;) {
+        jsonl_status st = jsonl_next(&rd, &line, &len, err, errlen);
+        if (st == JSONL_EOF)
+            break;
+        if (st == JSONL_IO_ERROR) {
+            rc = -1;
+            break;
+        }
+        if (st == JSONL_LINE && len == 0)
+            continue; /* blank lines carry no row */
+        if (r->n_rows == cap) {
+            cap = cap ? cap * 2 : 256;
+            row *nr = realloc(r->rows, cap * sizeof *nr);
+            if (!nr) {
+                rc = util_errf(err, errlen, "out of memory reading %s.", r->o.input);
+                break;
+            }
+            r->rows = nr;
+        }
+        row *w = &r->rows[r->n_rows];
+        memset(w, 0, sizeof *w);
+        w->line = rd.lineno;
+        char msg[SPILL_ERRLEN], cid[64];
+        const char *code = "invalid_request", *param = NULL;
+        request q = {0};
+        int bad = 0;
+        if (st == JSONL_TOO_LONG) {
+            snprintf(msg, sizeof msg, "%s line %zu: the line is longer than %u bytes; split the request.", r->o.input,
+                     rd.lineno, REQ_MAX_LINE_BYTES);
+            bad = 1;
+        } else if (request_parse_line(line, len, rd.lineno, r->o.input, &q, msg, sizeof msg)) {
+            code = q.err_code ? q.err_code : "invalid_request";
+            param = q.err_param[0] ? q.err_param : NULL;
+            bad = 1;
+        }
+        snprintf(cid, sizeof cid, "line-%zu", rd.lineno);
+        const char *id = q.custom_id ? q.custom_id : cid;
+        /* A custom_id seen before cannot own a second line: name the duplicate by its line. */
+        for (size_t i = 0; i < r->n_rows && !bad; i++)
+            if (!strcmp(r->rows[i].custom_id, id)) {
+                snprintf(msg, sizeof msg, "%s line %zu: custom_id '%s' was already used on line %zu; custom_ids must be unique.",
+                         r->o.input, rd.lineno, id, r->rows[i].line);
+                code = "duplicate_custom_id";
+                id = cid;
+                bad = 1;
+            }
+        w->custom_id = strdup(id);
+        r->n_rows++;
+        r->rows_total++;
+        if (job_is_done(r->j, w->custom_id)) {
+            w->state = ROW_DONE;
+            request_free(&q);
+            continue;
+        }
+        if (!bad)
+            bad = take_request(r, &q, w, msg, sizeof msg);
+        if (!bad)
+            bad = build_prompt(r, &q, w, msg, sizeof msg, &code);
+        request_free(&q);
+        if (bad < 0) {
+            rc = util_errf(err, errlen, "%s", msg);
+            break;
+        }
+        if (bad) {
+            w->state = ROW_DONE;
+            if (append_error_line(r, w->custom_id, msg, param, code, err, errlen)) {
+                rc = -1;
+                break;
+            }
+            continue;
+        }
+        w->state = ROW_PENDING;
+        r->prompt_tokens += (uint64_t)w->n_prompt;
+    }
+    jsonl_close(&rd);
+    fclose(f);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- scheduling */
+
+static int64_t row_cost(const row *w) { return (int64_t)w->n_prompt + w->max_new; }
+
+static const runner *g_sort_runner;
+static int cmp_longest(const void *a, const void *b)
+{
+    const row *x = &g_sort_runner->rows[*(const size_t *)a], *y = &g_sort_runner->rows[*(const size_t *)b];
+    int64_t cx = row_cost(x), cy = row_cost(y);
+    if (cx != cy)
+        return cx > cy ? -1 : 1;
+    return x->line < y->line ? -1 : x->line > y->line;
+}
+
+static int32_t active_choices(const runner *r)
+{
+    int32_t n = 0;
+    for (size_t i = 0; i < r->n_active; i++)
+        n += r->rows[r->active[i]].n_choices;
+    return n;
+}
+
+static int start_row(runner *r, row *w, char *err, size_t errlen)
+{
+    w->ch = calloc((size_t)w->n_choices, sizeof *w->ch);
+    if (!w->ch)
+        return util_errf(err, errlen, "out of memory admitting row %s.", w->custom_id);
+    for (int c = 0; c < w->n_choices; c++) {
+        choice *ch = &w->ch[c];
+        ch->next = -1;
+        /* Seeded rows key the RNG by (seed, choice); unseeded rows by the job seed and (line, choice). */
+        uint64_t seed = w->has_seed ? (uint64_t)w->seed : r->job_seed;
+        uint64_t stream = w->has_seed ? (uint64_t)c : ((uint64_t)w->line << 8) ^ (uint64_t)c;
+        const char *sp[REQ_MAX_STOP];
+        for (int i = 0; i < w->n_stop; i++)
+            sp[i] = w->stop[i];
+        if (sample_state_init(&ch->ss, &w->sp, seed, stream, r->m->vocab, w->max_new, err, errlen) ||
+            tok_stream_init(r->tok, true, &ch->ts, err, errlen) ||
+            stop_init(&ch->sm, sp, w->stop_len, w->n_stop, err, errlen))
+            return -1;
+        if (w->sp.logprobs) {
+            ch->lp = calloc((size_t)(w->max_new > 0 ? w->max_new : 1), sizeof *ch->lp);
+            ch->alts = calloc((size_t)(w->max_new > 0 ? w->max_new : 1) * (size_t)(w->sp.n_top_logprobs + 1),
+                              sizeof *ch->alts);
+            if (!ch->lp || !ch->alts)
+                return util_errf(err, errlen, "out of memory for the log-probs of row %s.", w->custom_id);
+        }
+    }
+    w->state = ROW_ACTIVE;
+    w->admitted = ++r->admit_serial;
+    r->active[r->n_active++] = (size_t)(w - r->rows);
+    return 0;
+}
+
+/* Frees the row's pages and state and puts it back at the head of the queue. */
+static void preempt(runner *r, size_t ai)
+{
+    size_t idx = r->active[ai];
+    row *w = &r->rows[idx];
+    row_release(r, w);
+    w->state = ROW_PENDING;
+    w->preempted++;
+    r->preemptions++;
+    memmove(r->active + ai, r->active + ai + 1, (r->n_active - ai - 1) * sizeof *r->active);
+    r->n_active--;
+    r->queue[--r->q_head] = idx;
+    r->q_len++;
+}
+
+/* Reserves pages for `need` positions of choice c, preempting the newest other rows if needed.
+ * Returns 0, 1 when the choice's own row was preempted (caller skips it), -1 on error. */
+static int reserve(runner *r, size_t row_idx, choice *c, int32_t need)
+{
+    kv_cache *kv = engine_kv(r->e);
+    for (;;) {
+        int rc = kv_row_reserve(kv, &c->kv, need);
+        if (rc == 0)
+            return 0;
+        if (rc == -2)
+            return -1;
+        /* newest admitted row other than this one */
+        size_t victim = SIZE_MAX;
+        for (size_t i = 0; i < r->n_active; i++)
+            if (r->active[i] != row_idx &&
+                (victim == SIZE_MAX || r->rows[r->active[i]].admitted > r->rows[r->active[victim]].admitted))
+                victim = i;
+        if (victim == SIZE_MAX) {
+            for (size_t i = 0; i < r->n_active; i++)
+                if (r->active[i] == row_idx)
+                    preempt(r, i);
+            return 1;
+        }
+        preempt(r, victim);
+    }
+}
+
+static void admit(runner *r, char *err, size_t errlen, int *rc)
+{
+    kv_cache *kv = engine_kv(r->e);
+    while (r->q_len && (int)r->n_active < r->o.batch) {
+        row *w = &r->rows[r->queue[r->q_head]];
+        /* the prompt of every choice, plus one page of growth for every choice already running */
+        int32_t need = kv_pages_for(kv, w->n_prompt + 1) * w->n_choices + active_choices(r);
+        if (need > kv->n_free && r->n_active > 0)
+            break;
+        r->q_head++;
+        r->q_len--;
+        if (start_row(r, w, err, errlen)) {
+            *rc = -1;
+            return;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- output */
+
+static int text_append(choice *c, const char *s, size_t n)
+{
+    if (c->text_len + n + 1 > c->text_cap) {
+        size_t cap = c->text_cap ? c->text_cap : 256;
+        while (cap < c->text_len + n + 1)
+            cap *= 2;
+        char *t = realloc(c->text, cap);
+        if (!t)
+            return -1;
+        c->text = t;
+        c->text_cap = cap;
+    }
+    memcpy(c->text + c->text_len, s, n);
+    c->text_len += n;
+    c->text[c->text_len] = 0;
+    return 0;
+}
+
+static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
+{
+    size_t idx = r->active[ai];
+    row *w = &r->rows[idx];
+    out_choice *oc = calloc(w->n_choices > 0 ? (size_t)w->n_choices : 1, sizeof *oc);
+    if (!oc)
+        return util_errf(err, errlen, "out of memory writing row %s.", w->custom_id);
+    uint64_t completion = 0;
+    for (int c = 0; c < w->n_choices; c++) {
+        choice *ch = &w->ch[c];
+        oc[c] = (out_choice){ch->text ? ch->text : "", ch->text_len, ch->finish, w->sp.logprobs,
+                             (size_t)ch->n_gen, ch->lp};
+        completion += (uint64_t)ch->n_gen;
+    }
+    out_result res = {w->custom_id, w->model, NULL, (int64_t)time(NULL), (size_t)w->n_choices, oc,
+                      (uint64_t)w->n_prompt, completion, &r->stamp};
+    char *line;
+    size_t len;
+    int rc = w->endpoint == REQ_EP_CHAT ? output_chat_line(&res, NULL, &line, &len, err, errlen)
+                                        : output_completion_line(&res, NULL, &line, &len, err, errlen);
+    free(oc);
+    if (rc == 0) {
+        rc = job_append_result(r->j, line, len, err, errlen);
+        free(line);
+    }
+    if (rc)
+        return -1;
+    r->rows_done++;
+    row_release(r, w);
+    w->state = ROW_DONE;
+    free(w->prompt);
+    w->prompt = NULL;
+    memmove(r->active + ai, r->active + ai + 1, (r->n_active - ai - 1) * sizeof *r->active);
+    r->n_active--;
+    return 0;
+}
+
+/* Pushes detokenized text through the stop matcher into the choice's text.
+ * Returns 1 when a stop string matched, 0 to go on, -1 with a sentence. */
+static int emit(choice *c, const char *t, size_t tl, char *err, size_t errlen)
+{
+    size_t cap = stop_out_cap(&c->sm, tl), ol;
+    char *o = cap == SIZE_MAX ? NULL : malloc(cap + 1);
+    if (!o)
+        return util_errf(err, errlen, "out of memory emitting text.");
+    int m = stop_push(&c->sm, t, tl, o, cap, &ol, err, errlen);
+    if (m >= 0 && text_append(c, o, ol))
+        m = util_errf(err, errlen, "out of memory emitting text.");
+    free(o);
+    return m;
+}
+
+/* Ends a choice: flushes the detokenizer and the bytes the stop matcher held back. */
+static int finish_choice(choice *c, out_finish why, char *err, size_t errlen)
+{
+    char *t;
+    size_t tl;
+    if (tok_stream_flush(c->ts, &t, &tl, err, errlen))
+        return -1;
+    int m = emit(c, t, tl, err, errlen);
+    free(t);
+    if (m < 0)
+        return -1;
+    if (m == 0) {
+        size_t cap = stop_out_cap(&c->sm, 0), ol;
+        char *o = malloc(cap + 1);
+        if (!o)
+            return util_errf(err, errlen, "out of memory emitting text.");
+        int rc = stop_finish(&c->sm, o, cap, &ol, err, errlen);
+        if (rc == 0 && text_append(c, o, ol))
+            rc = util_errf(err, errlen, "out of memory emitting text.");
+        free(o);
+        if (rc)
+            return -1;
+    }
+    c->done = true;
+    c->finish = m == 1 ? OUT_FINISH_STOP : why;
+    return 0;
+}
+
+/* Applies one sampled token to a choice: end ids, log-probs, text, stop strings, limits. */
+static int accept_token(runner *r, row *w, choice *c, const sample_result *sr, char *err, size_t errlen)
+{
+    int32_t tok = sr->token;
+    for (size_t i = 0; i < r->m->n_stop; i++)
+        if (r->m->stop_ids[i] == tok)
+            return finish_choice(c, OUT_FINISH_STOP, err, errlen);
+    if (sample_observe(&c->ss, tok, err, errlen))
+        return -1;
+    if (c->lp) {
+        size_t bl;
+        const uint8_t *b = tokenizer_token_bytes(r->tok, tok, &bl);
+        out_token *ot = &c->lp[c->n_gen];
+        out_alt *alts = c->alts + (size_t)c->n_gen * (size_t)(w->sp.n_top_logprobs + 1);
+        *ot = (out_token){(const char *)b, b ? bl : 0, sr->logprob, (size_t)sr->n_top, alts};
+        for (int k = 0; k < sr->n_top; k++) {
+            const uint8_t *ab = tokenizer_token_bytes(r->tok, sr->top_id[k], &bl);
+            alts[k] = (out_alt){(const char *)ab, ab ? bl : 0, sr->top_logprob[k]};
+        }
+    }
+    c->n_gen++;
+    r->tokens_generated++;
+    c->next = tok;
+    char *t;
+    size_t tl;
+    if (tok_stream_push(c->ts, tok, &t, &tl, err, errlen))
+        return -1;
+    int m = emit(c, t, tl, err, errlen);
+    free(t);
+    if (m < 0)
+        return -1;
+    if (m == 1) {
+        c->done = true;
+        c->finish = OUT_FINISH_STOP;
+    } else if (c->n_gen >= w->max_new || c->fed + 1 >= r->m->ctx_len)
+        return finish_choice(c, OUT_FINISH_LENGTH, err, errlen);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- display */
+
+static void fmt_count(uint64_t v, char *out, size_t cap)
+{
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v), o = 0;
+    for (int i = 0; i < n && o < (int)cap - 2; i++) {
+        if (i && (n - i) % 3 == 0)
+            out[o++] = ',';
+        out[o++] = tmp[i];
+    }
+    out[o] = 0;
+}
+
+static void fmt_eta(double s, char *out, size_t cap)
+{
+    if (s < 0 || !isfinite(s))
+        snprintf(out, cap, "uncalibrated");
+    else if (s < 90)
+        snprintf(out, cap, "%.0fs", s);
+    else if (s < 5400)
+        snprintf(out, cap, "%.0fm", s / 60);
+    else
+        snprintf(out, cap, "%.1fh", s / 3600);
+}
+
+static void show_progress(runner *r, int pass, double pass_s, bool final)
+{
+    if (r->o.quiet && !final)
+        return;
+    double el = now_s() - r->t_start;
+    uint64_t finished = r->rows_done + r->rows_failed;
+    double eta = finished > 0 && r->rows_done > 0 ? el / (double)finished * (double)(r->rows_total - finished) : -1;
+    char rows[32], total[32], tps[32], etas[32];
+    fmt_count(finished, rows, sizeof rows);
+    fmt_count(r->rows_total, total, sizeof total);
+    fmt_count((uint64_t)(el > 0 ? (double)r->tokens_generated / el : 0), tps, sizeof tps);
+    fmt_eta(final ? 0 : eta, etas, sizeof etas);
+    kv_cache *kv = engine_kv(r->e);
+    double mem = ((double)engine_weight_bytes(r->e) +
+                  (double)(kv->n_pages - kv->n_free) *
+                      (double)kv_page_bytes(kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->page_tokens)) /
+                 1e9;
+    char line[512];
+    snprintf(line, sizeof line, "rows %s/%s · pass %d (%.2f s) · %s tok/s · ETA %s · batch %zu · mem %.2f GB",
+             rows, total, pass, pass_s, tps, etas, r->n_active, mem);
+    if (r->preemptions)
+        snprintf(line + strlen(line), sizeof line - strlen(line), " · %llu preempted",
+                 (unsigned long long)r->preemptions);
+    if (!r->tty) {
+        if (final || el - r->last_log >= 5.0) {
+            printf("%s\n", line);
+            fflush(stdout);
+            r->last_log = el;
+        }
+        return;
+    }
+    /* redraw: progress line + tail block */
+    for (int i = 0; i < r->drawn_lines; i++)
+        fputs("\x1b[1A\x1b[2K", stdout);
+    printf("\r\x1b[2K%s\n", line);
+    int lines = 1;
+    if (!r->o.quiet && !final) {
+        int shown = 0;
+        for (size_t i = 0; i < r->n_active && shown < TAIL_SLOTS; i++, shown++) {
+            row *w = &r->rows[r->active[i]];
+            choice *c = &w->ch[0];
+            const char *t = c->text ? c->text : "";
+            size_t tl = c->text_len, start = tl > 80 ? tl - 80 : 0;
+            while (start < tl && ((unsigned char)t[start] & 0xC0) == 0x80)
+                start++;
+            char shown_text[96 * 4];
+            size_t o = 0;
+            for (size_t k = start; k < tl && o < sizeof shown_text - 1; k++)
+                shown_text[o++] = (t[k] == '\n' || t[k] == '\r' || t[k] == '\t') ? ' ' : t[k];
+            shown_text[o] = 0;
+            printf("\x1b[2K  %-16.16s %5d tok  %s\n", w->custom_id, c->n_gen, shown_text);
+            lines++;
+        }
+    }
+    r->drawn_lines = final ? 0 : lines;
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+static int run_passes(runner *r, char *err, size_t errlen)
+{
+    int pass = 0;
+    kv_cache *kv = engine_kv(r->e);
+    while ((r->q_len || r->n_active) && !g_stop) {
+        int rc = 0;
+        admit(r, err, errlen, &rc);
+        if (rc)
+            return -1;
+        double t0 = now_s();
+        int ns = 0, budget = r->o.batch + r->o.prefill_chunk;
+        /* decode steps first: one token per running choice */
+        for (size_t ai = 0; ai < r->n_active; ai++) {
+            size_t idx = r->active[ai];
+            row *w = &r->rows[idx];
+            for (int c = 0; c < w->n_choices && w->state == ROW_ACTIVE; c++) {
+                choice *ch = &w->ch[c];
+                if (ch->done || ch->fed < w->n_prompt)
+                    continue;
+                int rr = reserve(r, idx, ch, ch->fed + 1);
+                if (rr < 0)
+                    return util_errf(err, errlen, "out of memory growing a KV page table.");
+                if (rr == 1) {
+                    ns = 0; /* the pass being built referenced freed rows: rebuild it */
+                    ai = (size_t)-1;
+                    budget = r->o.batch + r->o.prefill_chunk;
+                    break;
+                }
+                r->seqs[ns] = (fwd_seq){&ch->kv, ch->fed, 1, &ch->next, true};
+                r->seq_row[ns] = (int)idx;
+                r->seq_choice[ns] = c;
+                ns++;
+                budget--;
+            }
+        }
+        /* a preemption may have freed rows whose seqs were already listed: drop stale ones */
+        int keep = 0;
+        for (int s = 0; s < ns; s++)
+            if (r->rows[r->seq_row[s]].state == ROW_ACTIVE)
+                r->seqs[keep] = r->seqs[s], r->seq_row[keep] = r->seq_row[s], r->seq_choice[keep++] = r->seq_choice[s];
+        ns = keep;
+        /* then prompt chunks, in admission order, up to the token cap */
+        for (size_t ai = 0; ai < r->n_active && budget > 0; ai++) {
+            size_t idx = r->active[ai];
+            row *w = &r->rows[idx];
+            for (int c = 0; c < w->n_choices && budget > 0 && w->state == ROW_ACTIVE; c++) {
+                choice *ch = &w->ch[c];
+                if (ch->fed >= w->n_prompt)
+                    continue;
+                int32_t n = w->n_prompt - ch->fed;
+                if (n > budget)
+                    n = budget;
+                int rr = kv_row_reserve(kv, &ch->kv, ch->fed + n);
+                if (rr == -2)
+                    return util_errf(err, errlen, "out of memory growing a KV page table.");
+                if (rr == -1)
+                    break; /* no pages now: this prompt waits for pages freed by finishing rows */
+                r->seqs[ns] = (fwd_seq){&ch->kv, ch->fed, n, w->prompt + ch->fed, ch->fed + n == w->n_prompt};
+                r->seq_row[ns] = (int)idx;
+                r->seq_choice[ns] = c;
+                ns++;
+                budget -= n;
+            }
+        }
+        if (ns == 0) {
+            if (r->n_active == 0 && r->q_len) {
+                row *w = &r->rows[r->queue[r->q_head]];
+                return util_errf(err, errlen,
+                                 "row %s needs more KV memory than the whole cache holds; raise --kv-mem.",
+                                 w->custom_id);
+            }
+            continue;
+        }
+        if (engine_forward(r->e, r->seqs, ns, r->logits, err, errlen))
+            return -1;
+        int li = 0;
+        for (int s = 0; s < ns; s++) {
+            row *w = &r->rows[r->seq_row[s]];
+            choice *ch = &w->ch[r->seq_choice[s]];
+            ch->fed += r->seqs[s].n;
+            if (!r->seqs[s].want_logits)
+                continue;
+            sample_result sr;
+            if (sample_next(r->logits + (size_t)li * (size_t)r->m->vocab, r->m->vocab, &w->sp, &ch->ss, &r->sc, &sr,
+                            err, errlen) ||
+                accept_token(r, w, ch, &sr, err, errlen))
+                return -1;
+            li++;
+        }
+        /* rows whose every choice is done are written */
+        for (size_t ai = 0; ai < r->n_active;) {
+            row *w = &r->rows[r->active[ai]];
+            bool all = true;
+            for (int c = 0; c < w->n_choices; c++)
+                all &= w->ch[c].done;
+            if (all) {
+                if (finish_row(r, ai, err, errlen))
+                    return -1;
+            } else
+                ai++;
+        }
+        if (job_commit(r->j, err, errlen))
+            return -1;
+        pass++;
+        show_progress(r, pass, now_s() - t0, false);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- entry points */
+
+static int parse_bytes(const char *s, uint64_t *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v <= 0)
+        return -1;
+    double mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024.0 * 1024;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024.0 * 1024 * 1024;
+    else if (*end)
+        return -1;
+    *out = (uint64_t)(v * mul);
+    return 0;
+}
+
+static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
+{
+    const char *pos[2];
+    int np = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        bool has = i + 1 < argc;
+        if (!strcmp(a, "-o") && has && !resume)
+            o->out_dir = argv[++i];
+        else if (!strcmp(a, "--threads") && has)
+            o->threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--batch") && has)
+            o->batch = atoi(argv[++i]);
+        else if (!strcmp(a, "--prefill-chunk") && has)
+            o->prefill_chunk = atoi(argv[++i]);
+        else if (!strcmp(a, "--page-tokens") && has)
+            o->page_tokens = atoi(argv[++i]);
+        else if (!strcmp(a, "--kv-mem") && has) {
+            if (parse_bytes(argv[++i], &o->kv_bytes))
+                return -1;
+        } else if (!strcmp(a, "--mem-budget") && has) {
+            if (parse_bytes(argv[++i], &o->mem_budget))
+                return -1;
+        } else if (!strcmp(a, "--stream"))
+            o->mode = 1;
+        else if (!strcmp(a, "--resident"))
+            o->mode = 2;
+        else if (!strcmp(a, "--stream-slots") && has)
+            o->stream_slots = atoi(argv[++i]);
+        else if (!strcmp(a, "--quiet") || !strcmp(a, "-q"))
+            o->quiet = true;
+        else if (a[0] != '-' && np < 2)
+            pos[np++] = a;
+        else
+            return -1;
+    }
+    if (np != (resume ? 1 : 2) || o->batch < 0 || o->prefill_chunk < 0 || o->page_tokens < 0 || o->threads < 0)
+        return -1;
+    if (resume)
+        o->out_dir = pos[0];
+    else
+        o->model_spec = pos[0], o->input = pos[1];
+    return 0;
+}
+
+static json_t *opts_json(const run_opts *o)
+{
+    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:i,s:i,s:b}", "threads", o->threads, "batch", o->batch,
+                     "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
+                     (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "mode", o->mode,
+                     "stream_slots", o->stream_slots, "quiet", o->quiet);
+}
+
+static void defaults(run_opts *o)
+{
+    if (!o->batch)
+        o->batch = 32;
+    if (!o->prefill_chunk)
+        o->prefill_chunk = 256;
+    if (!o->page_tokens)
+        o->page_tokens = 16;
+    if (!o->kv_bytes)
+        o->kv_bytes = 2ull << 30;
+    if (!o->mem_budget) /* three quarters of physical RAM: the prototype's knee was 75-85% */
+        o->mem_budget = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 4 * 3;
+    if (!o->stream_slots)
+        o->stream_slots = 3;
+}
+
+static void runner_free(runner *r)
+{
+    for (size_t i = 0; i < r->n_rows; i++) {
+        if (r->e)
+            row_release(r, &r->rows[i]);
+        row_free(&r->rows[i]);
+    }
+    free(r->rows);
+    free(r->queue);
+    free(r->active);
+    free(r->logits);
+    free(r->seqs);
+    free(r->seq_row);
+    free(r->seq_choice);
+    sample_scratch_free(&r->sc);
+    engine_close(r->e);
+    tokenizer_free(r->tok);
+    model_close(r->m);
+}
+
+/* Shared by run and resume once the options are known; `resuming` reopens o.out_dir. */
+static int run_job(runner *r, bool resuming)
+{
+    char err[SPILL_ERRLEN], path[4096];
+    int code = EX_DATAERR_;
+    double t_open = now_s();
+    r->tty = isatty(STDOUT_FILENO);
+    if (model_resolve(r->o.model_spec, path, sizeof path, err, sizeof err) ||
+        model_open(path, &r->m, err, sizeof err))
+        goto fail;
+    if (r->m->format == MODEL_GGUF ? tokenizer_from_gguf(r->m->gguf, &r->tok, err, sizeof err)
+                                   : !r->m->tokenizer_path
+                                         ? util_errf(err, sizeof err, "%s: tokenizer.json is missing.", r->m->source)
+                                         : tokenizer_from_json_file(r->m->tokenizer_path, &r->tok, err, sizeof err))
+        goto fail;
+    model_fingerprint(r->m, r->fingerprint);
+    defaults(&r->o);
+    size_t page = kv_page_bytes(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens);
+    int32_t pages = (int32_t)(r->o.kv_bytes / page);
+    if (pages < 2) {
+        util_errf(err, sizeof err, "--kv-mem %llu bytes holds fewer than two KV pages of %zu bytes; raise it.",
+                  (unsigned long long)r->o.kv_bytes, page);
+        code = EX_USAGE_;
+        goto fail;
+    }
+    /* Resident when weights + KV fit the budget (or --resident); else layers stream from storage. */
+    bool stream = r->o.mode == 1 || (r->o.mode == 0 && r->m->total_bytes + r->o.kv_bytes > r->o.mem_budget);
+    engine_opts eo = {r->o.threads, r->o.batch + r->o.prefill_chunk, r->o.batch + r->o.prefill_chunk,
+                      r->o.page_tokens, pages, stream, r->o.stream_slots, true};
+    if (engine_open(r->m, &eo, &r->e, err, sizeof err)) {
+        code = EX_SOFTWARE_;
+        goto fail;
+    }
+    if (sample_scratch_init(&r->sc, r->m->vocab, err, sizeof err))
+        goto fail;
+    if (getrandom(&r->job_seed, sizeof r->job_seed, 0) != sizeof r->job_seed)
+        r->job_seed = (uint64_t)time(NULL);
+
+    if (resuming) {
+        if (job_open_resume(r->o.out_dir, NULL, &r->j, err, sizeof err))
+            goto fail;
+    } else {
+        json_t *oj = opts_json(&r->o);
+        json_object_set_new(oj, "model", json_string(r->o.model_spec));
+        uint64_t total = 0;
+        int rc = count_rows(r->o.input, &total, err, sizeof err);
+        job_info ji = {"run", r->o.input, oj, r->o.model_spec, r->fingerprint, SPILL_VERSION, total};
+        if (rc == 0)
+            rc = job_create(r->o.out_dir, &ji, NULL, &r->j, err, sizeof err);
+        json_decref(oj);
+        if (rc)
+            goto fail;
+    }
+    r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->m->quant_summary, NULL};
+    r->t_start = now_s();
+    if (load_rows(r, err, sizeof err))
+        goto fail_job;
+    /* queue: pending rows, longest first */
+    r->queue = malloc((r->n_rows + 1) * sizeof *r->queue);
+    r->active = malloc((r->n_rows + 1) * sizeof *r->active);
+    int max_seqs = r->o.batch + r->o.prefill_chunk;
+    r->logits = malloc((size_t)max_seqs * (size_t)r->m->vocab * sizeof(float));
+    r->seqs = malloc((size_t)max_seqs * sizeof *r->seqs);
+    r->seq_row = malloc((size_t)max_seqs * sizeof(int));
+    r->seq_choice = malloc((size_t)max_seqs * sizeof(int));
+    if (!r->queue || !r->active || !r->logits || !r->seqs || !r->seq_row || !r->seq_choice) {
+        util_errf(err, sizeof err, "out of memory for %zu rows.", r->n_rows);
+        goto fail_job;
+    }
+    for (size_t i = 0; i < r->n_rows; i++)
+        if (r->rows[i].state == ROW_PENDING) {
+            /* a row must be able to finish alone: prompt plus every token it may generate */
+            int32_t need = kv_pages_for(engine_kv(r->e), (int32_t)(r->rows[i].n_prompt + r->rows[i].max_new)) *
+                           r->rows[i].n_choices;
+            if (need > engine_kv(r->e)->n_pages) {
+                char msg[SPILL_ERRLEN];
+                snprintf(msg, sizeof msg,
+                         "This row needs %d KV pages to finish but the cache holds %d; raise --kv-mem or lower max_tokens.", need,
+                         engine_kv(r->e)->n_pages);
+                r->rows[i].state = ROW_DONE;
+                if (append_error_line(r, r->rows[i].custom_id, msg, NULL, "insufficient_memory", err, sizeof err))
+                    goto fail_job;
+                continue;
+            }
+            r->queue[r->q_len++] = i;
+        }
+    g_sort_runner = r;
+    qsort(r->queue, r->q_len, sizeof *r->queue, cmp_longest);
+    /* leave room at the head for preempted rows to return to */
+    memmove(r->queue + (r->n_rows + 1 - r->q_len), r->queue, r->q_len * sizeof *r->queue);
+    r->q_head = r->n_rows + 1 - r->q_len;
+    if (job_commit(r->j, err, sizeof err))
+        goto fail_job;
+
+    uint64_t already = job_rows_completed(r->j) + job_rows_failed(r->j);
+    r->rows_done = job_rows_completed(r->j);
+    r->rows_failed = job_rows_failed(r->j);
+    char pt[32], wb[32];
+    fmt_count(r->prompt_tokens, pt, sizeof pt);
+    snprintf(wb, sizeof wb, "%.0f MB", (double)engine_weight_bytes(r->e) / 1e6);
+    printf("spill %s: %s (%s, %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill · batch %d · engine "
+           "%s CPU, %d threads · KV %d pages of %d tokens · job %s · ready in %.1f s\n",
+           resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->m->quant_summary, wb,
+           (unsigned long long)r->rows_total, (unsigned long long)already, pt, r->o.batch, stream ? "streamed" : "resident",
+           engine_threads(r->e),
+           engine_kv(r->e)->n_pages, r->o.page_tokens, job_dir(r->j), now_s() - t_open);
+    fflush(stdout);
+
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (run_passes(r, err, sizeof err))
+        goto fail_job;
+    show_progress(r, 0, 0, true);
+    if (g_stop) {
+        if (job_close(r->j, JOB_INTERRUPTED, err, sizeof err)) {
+            r->j = NULL;
+            goto fail;
+        }
+        r->j = NULL;
+        fprintf(stderr, "spill: interrupted; %llu of %llu rows are saved. Continue with: spill resume %s\n",
+                (unsigned long long)(r->rows_done + r->rows_failed), (unsigned long long)r->rows_total, r->o.out_dir);
+        code = EX_TEMPFAIL_;
+        goto out;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", job_dir(r->j));
+    if (job_close(r->j, JOB_DONE, err, sizeof err)) {
+        r->j = NULL;
+        goto fail;
+    }
+    r->j = NULL;
+    double el = now_s() - r->t_start;
+    printf("done: %llu rows answered, %llu failed, %llu tokens generated in %.1f s (%.1f tok/s), %llu preemptions · "
+           "%s/results.jsonl%s\n",
+           (unsigned long long)r->rows_done, (unsigned long long)r->rows_failed,
+           (unsigned long long)r->tokens_generated, el, el > 0 ? (double)r->tokens_generated / el : 0,
+           (unsigned long long)r->preemptions, dir, r->rows_failed ? " (failures in errors.jsonl)" : "");
+    code = EX_OK;
+    goto out;
+fail_job:
+    /* Committed rows stay committed; the job stays resumable. */
+    if (r->j) {
+        char e2[SPILL_ERRLEN];
+        if (!job_is_broken(r->j))
+            job_close(r->j, JOB_INTERRUPTED, e2, sizeof e2);
+        else
+            job_close(r->j, JOB_RUNNING, e2, sizeof e2);
+        r->j = NULL;
+        code = EX_TEMPFAIL_;
+    }
+fail:
+    fprintf(stderr, "spill: %s\n", err);
+    if (code == EX_TEMPFAIL_ && r->o.out_dir)
+        fprintf(stderr, "spill: the job is resumable: spill resume %s\n", r->o.out_dir);
+out:
+    runner_free(r);
+    return code;
+}
+
+int run_main(int argc, char **argv)
+{
+    runner r = {0};
+    if (parse_opts(argc, argv, &r.o, false)) {
+        fprintf(stderr, "usage: spill run MODEL INPUT.jsonl [-o DIR] [--batch N] [--threads N] [--kv-mem BYTES] "
+                        "[--mem-budget BYTES] [--stream|--resident] [--stream-slots N] [--prefill-chunk N] "
+                        "[--page-tokens N] [--quiet]\n");
+        return EX_USAGE_;
+    }
+    char dir[4096], id[JOB_ID_MAX], err[SPILL_ERRLEN];
+    if (!r.o.out_dir) {
+        if (job_new_id(id, sizeof id, err, sizeof err)) {
+            fprintf(stderr, "spill: %s\n", err);
+            return EX_SOFTWARE_;
+        }
+        snprintf(dir, sizeof dir, "%s/jobs/%s", util_spill_home(), id);
+        r.o.out_dir = dir;
+    }
+    if (access(r.o.input, R_OK) != 0) {
+        fprintf(stderr, "spill: %s: cannot read the input file: %s.\n", r.o.input, strerror(errno));
+        return EX_NOINPUT_;
+    }
+    return run_job(&r, false);
+}
+
+int resume_main(int argc, char **argv)
+{
+    runner r = {0};
+    if (parse_opts(argc, argv, &r.o, true)) {
+        fprintf(stderr, "usage: spill resume JOB_DIR|JOB_ID [--threads N] [--quiet]\n");
+        return EX_USAGE_;
+    }
+    /* A bare id names $SPILL_HOME/jobs/<id>. */
+    static char dir[4096], mpath[4200], model[1024], input[4096];
+    if (!strchr(r.o.out_dir, '/') && !util_is_dir(r.o.out_dir))
+        snprintf(dir, sizeof dir, "%s/jobs/%s", util_spill_home(), r.o.out_dir);
+    else
+        snprintf(dir, sizeof dir, "%s", r.o.out_dir);
+    r.o.out_dir = dir;
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
+    json_error_t je;
+    json_t *man = json_load_file(mpath, 0, &je);
+    if (!man) {
+        fprintf(stderr, "spill: %s: cannot read the job manifest (%s); is this a job directory?\n", mpath, je.text);
+        return EX_NOINPUT_;
+    }
+    json_t *opt = json_object_get(man, "options");
+    const char *ms = json_string_value(json_object_get(opt, "model"));
+    const char *in = json_string_value(json_object_get(json_object_get(man, "input"), "path"));
+    if (!ms || !in) {
+        fprintf(stderr, "spill: %s: the manifest lacks options.model or input.path; it was not written by spill run.\n",
+                mpath);
+        json_decref(man);
+        return EX_DATAERR_;
+    }
+    snprintf(model, sizeof model, "%s", ms);
+    snprintf(input, sizeof input, "%s", in);
+    r.o.model_spec = model;
+    r.o.input = input;
+    if (!r.o.batch)
+        r.o.batch = (int)json_integer_value(json_object_get(opt, "batch"));
+    if (!r.o.prefill_chunk)
+        r.o.prefill_chunk = (int)json_integer_value(json_object_get(opt, "prefill_chunk"));
+    if (!r.o.page_tokens)
+        r.o.page_tokens = (int)json_integer_value(json_object_get(opt, "page_tokens"));
+    if (!r.o.kv_bytes)
+        r.o.kv_bytes = (uint64_t)json_integer_value(json_object_get(opt, "kv_bytes"));
+    if (!r.o.mem_budget)
+        r.o.mem_budget = (uint64_t)json_integer_value(json_object_get(opt, "mem_budget"));
+    if (!r.o.mode)
+        r.o.mode = (int)json_integer_value(json_object_get(opt, "mode"));
+    if (!r.o.stream_slots)
+        r.o.stream_slots = (int)json_integer_value(json_object_get(opt, "stream_slots"));
+    json_decref(man);
+    return run_job(&r, true);
+}

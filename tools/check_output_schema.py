@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Validates spill output lines (results.jsonl / errors.jsonl) with the
+official `openai` package's types (pip install openai).
+
+usage: python3 tools/check_output_schema.py FILE.jsonl [...]
+
+For each line:
+  - envelope (openai-python has no BatchRequestOutput type; formats.md §1.2):
+    keys id ("batch_req_…"), custom_id (str), response, error, optional spill;
+    exactly one of response / error is non-null unless response is an HTTP
+    error (status >= 400), in which case error is null;
+  - body of a 200 response: openai.types.chat.ChatCompletion or
+    openai.types.Completion via pydantic model_validate, and no key the type
+    does not declare anywhere in the tree (the models allow extras, so a
+    misspelt key would otherwise pass silently);
+  - body of a 4xx/5xx response: {"error": openai.types.shared.ErrorObject};
+  - non-HTTP error: {code: str, message: str}.
+Exits 1 on the first bad line, printing file:line and the reason.
+
+tests/test_output.c writes its lines to $SPILL_OUTPUT_SAMPLES when set:
+  SPILL_OUTPUT_SAMPLES=/tmp/s.jsonl build/asan/tests/test_output && python3 tools/check_output_schema.py /tmp/s.jsonl
+"""
+import json
+import sys
+
+import pydantic
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+from openai.types.shared import ErrorObject
+
+
+def no_extras(m, path="body"):
+    if isinstance(m, pydantic.BaseModel):
+        extra = getattr(m, "__pydantic_extra__", None) or {}
+        if extra:
+            raise ValueError(f"{path}: keys not in the openai type: {sorted(extra)}")
+        for name in type(m).model_fields:
+            no_extras(getattr(m, name), f"{path}.{name}")
+    elif isinstance(m, list):
+        for i, x in enumerate(m):
+            no_extras(x, f"{path}[{i}]")
+
+
+def check_line(obj):
+    if not isinstance(obj, dict):
+        raise ValueError("not an object")
+    keys = set(obj)
+    if not {"id", "custom_id", "response", "error"} <= keys or keys - {"id", "custom_id", "response", "error", "spill"}:
+        raise ValueError(f"envelope keys {sorted(keys)}")
+    if not (isinstance(obj["id"], str) and obj["id"].startswith("batch_req_")):
+        raise ValueError("id must be a string starting with batch_req_")
+    if not isinstance(obj["custom_id"], str):
+        raise ValueError("custom_id must be a string")
+    resp, err = obj["response"], obj["error"]
+    if resp is None:
+        if not (isinstance(err, dict) and set(err) == {"code", "message"}
+                and all(isinstance(v, str) for v in err.values())):
+            raise ValueError("response null needs error {code, message}")
+        return "error"
+    if err is not None:
+        raise ValueError("response and error both set")
+    if set(resp) != {"status_code", "request_id", "body"} or not isinstance(resp["status_code"], int):
+        raise ValueError(f"response keys {sorted(resp)}")
+    body = resp["body"]
+    if resp["status_code"] == 200:
+        model = ChatCompletion if body.get("object") == "chat.completion" else Completion
+        m = model.model_validate(body)
+        no_extras(m)
+        return body["object"]
+    if not (400 <= resp["status_code"] <= 599) or set(body) != {"error"}:
+        raise ValueError("non-200 response needs status 4xx/5xx and body {error}")
+    e = ErrorObject.model_validate(body["error"])
+    no_extras(e, "body.error")
+    if set(body["error"]) != {"message", "type", "param", "code"}:
+        raise ValueError(f"body.error keys {sorted(body['error'])}")
+    return "http_error"
+
+
+def main():
+    counts = {}
+    for path in sys.argv[1:]:
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    kind = check_line(json.loads(raw))
+                except Exception as e:  # noqa: BLE001 — report any failure with its line
+                    print(f"{path}:{n}: {e}")
+                    return 1
+                counts[kind] = counts.get(kind, 0) + 1
+    print("ok:", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no lines")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

