@@ -14,7 +14,7 @@ TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 FUZZERS := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60
 
-.PHONY: all test test-build fuzz fuzz-build format clean
+.PHONY: all test test-build fuzz fuzz-build format clean bench
 all: spill
 
 build/rel/%.o: src/%.c $(wildcard src/*.h)
@@ -50,6 +50,24 @@ fuzz-build: $(addprefix build/fuzz/,$(FUZZERS))
 
 fuzz: fuzz-build
 	@bash fuzz/run.sh $(FUZZ_SECONDS) $(FUZZERS)
+
+# Benchmarks (not part of make test: tests check correctness, benchmarks measure speed).
+build/bench/bench_matmul: bench/bench_matmul.c src/cpu.c src/quant.c src/util.c src/*.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_matmul.c src/cpu.c src/quant.c src/util.c -lcrypto -lpthread -lm
+
+BENCH_LIB := $(filter-out src/main.c,$(wildcard src/*.c))
+build/bench/bench_decode: bench/bench_decode.c $(BENCH_LIB) src/*.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_decode.c $(BENCH_LIB) $(LIBS)
+
+bench: build/bench/bench_matmul build/bench/bench_decode
+
+# CUDA backend: built when nvcc is on PATH (cuda.mk owns the rules: make cuda, make test-cuda).
+NVCC := $(shell command -v nvcc 2>/dev/null)
+ifneq ($(NVCC),)
+-include cuda.mk
+endif
 
 format:
 	clang-format -i src/*.c src/*.h tests/*.c tests/*.h fuzz/*.c

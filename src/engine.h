@@ -31,6 +31,8 @@ typedef struct engine_opts {
     bool stream;          /* read every layer's matrices from storage each pass (else all in RAM) */
     int stream_slots;     /* ring buffers when streaming (0 = 3) */
     bool direct_io;       /* O_DIRECT for streamed reads */
+    bool q8_activations;  /* quantized weights multiply 8-bit-quantized activations (llama.cpp's scheme; faster,
+                             bounded rounding); false = exact fp32 activations, the oracle for tests and scoring */
 } engine_opts;
 
 typedef struct fwd_seq {

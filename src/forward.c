@@ -319,6 +319,8 @@ int engine_open(model_desc *m, const engine_opts *o, spill_engine **out, char *e
     if (load_files(e, o->stream, err, errlen) || bind_weights(e, err, errlen) || rope_setup(e, err, errlen) ||
         (o->stream && stream_open(m, &so, &e->st, err, errlen)) ||
         cpu_pool_create(o->threads, scratch, &e->pool, err, errlen) ||
+        (o->q8_activations &&
+         (cpu_pool_set_q8_act(e->pool, true), cpu_pool_reserve_q8(e->pool, T, maxK, err, errlen))) ||
         kv_create(&e->kv, m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens > 0 ? o->page_tokens : 16,
                   o->kv_pages > 0 ? o->kv_pages : 256, err, errlen))
         goto fail;

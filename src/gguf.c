@@ -26,6 +26,8 @@
  *    CVE-2025-53630/2026-27940 class bugs cannot happen here).
  *  - Hard caps besides: keys <= 65535 bytes, string values <= 64 MiB, arrays
  *    <= 16M elements, <= 1M keys and tensors, alignment a power of two <= 1 MiB.
+ *  - Keys must be printable ASCII (ggml's are dotted lower_snake_case): a binary
+ *    key is a corrupt or polyglot file, and it would garble error messages.
  *  - Arrays of arrays are refused (ggml's own reader refuses them, and no
  *    model uses them); this keeps gguf_kv one level deep.
  *  - Tensor dims must be >= 1.  ggml allows 0-sized dims, but no model ships an
@@ -35,6 +37,8 @@
  *    of every tensor lies inside the file (CVE-2026-7482).
  *  - Duplicate keys and tensor names are refused; both are found through
  *    open-addressing hash tables that also serve gguf_get/gguf_find_tensor.
+ *  - The mapping is MAP_PRIVATE/PROT_READ; a file truncated by someone else
+ *    while mapped raises SIGBUS on access, as with any mmap reader.
  *  - Errors are one sentence: "<file>: byte <offset>: <field>: <reason>; <what to do>."
  */
 #include "gguf.h"

@@ -505,7 +505,6 @@ static bool repr_str(jbuf *b, const char *s, size_t len)
 
 bool jv_repr(jbuf *b, jv v)
 {
-    char num[32];
     switch (v.t) {
     case JV_STR: return repr_str(b, v.u.s->s, v.u.s->len);
     case JV_LIST: {
@@ -540,10 +539,9 @@ bool jv_repr(jbuf *b, jv v)
         }
         return jbuf_puts(b, "}>");
     }
-    case JV_UNDEF: return true;
+    case JV_UNDEF: return jbuf_puts(b, "Undefined");
     default: break;
     }
-    (void)num;
     return jv_to_str(b, v);
 }
 

@@ -53,6 +53,7 @@
 #include "job.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -60,12 +61,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <dirent.h>
 
 #define MANIFEST_NAME "manifest.json"
 #define MANIFEST_TMP "manifest.json.tmp"
@@ -78,19 +79,19 @@ static const char *const state_names[3] = {"running", "interrupted", "done"};
 /* The done set: custom_ids in append order, found through an open-addressing
  * table.  ids[0, n_committed) are committed; the rest are pending. */
 typedef struct idset {
-    char **ids;       /* (n) owned copies, NUL-terminated */
-    size_t *lens;     /* (n) byte lengths (custom_id may not contain NUL, but lengths keep it exact) */
+    char **ids;   /* (n) owned copies, NUL-terminated */
+    size_t *lens; /* (n) byte lengths (custom_id may not contain NUL, but lengths keep it exact) */
     size_t n, cap;
     size_t n_committed;
-    uint32_t *slots;  /* (nslots) index + 1, 0 = empty; nslots a power of two, load <= 1/2 */
+    uint32_t *slots; /* (nslots) index + 1, 0 = empty; nslots a power of two, load <= 1/2 */
     size_t nslots;
 } idset;
 
 typedef struct job_file {
     int fd;
-    uint64_t size;           /* bytes appended so far (committed + pending) */
-    uint64_t committed;      /* bytes covered by the last commit */
-    uint64_t rows;           /* lines appended so far */
+    uint64_t size;      /* bytes appended so far (committed + pending) */
+    uint64_t committed; /* bytes covered by the last commit */
+    uint64_t rows;      /* lines appended so far */
     uint64_t rows_committed;
 } job_file;
 
@@ -98,18 +99,24 @@ struct job {
     char *dir;
     char id[JOB_ID_MAX];
     const job_io *io;
-    json_t *manifest;        /* owned; the dynamic keys are refreshed on every commit */
+    json_t *manifest; /* owned; the dynamic keys are refreshed on every commit */
+    int lock_fd;      /* the job directory, flock(LOCK_EX) while this job object lives */
     job_file f[2];
     idset done;
     uint64_t rows_total;
     bool broken;
-    char *buf;               /* one line + '\n' on its way to write(2) */
+    char *buf; /* one line + '\n' on its way to write(2) */
     size_t bufcap;
+    char *idbuf; /* a custom_id decoded from its escapes (job_check_line's scratch) */
+    size_t idcap;
 };
 
 /* ---------------------------------------------------------------- syscalls */
 
-static int real_open(const char *path, int flags, mode_t mode) { return open(path, flags, mode); }
+static int real_open(const char *path, int flags, mode_t mode)
+{
+    return open(path, flags, mode);
+}
 
 static const job_io real_io = {real_open, write, fsync, rename, ftruncate};
 
@@ -230,28 +237,287 @@ static void idset_free(idset *set)
     memset(set, 0, sizeof *set);
 }
 
-/* ------------------------------------------------------------------ helpers */
+/* ------------------------------------------------------------- line check */
 
-/* Parses one line (no '\n') as an object with a string custom_id; returns
- * the parsed object (caller decrefs) and points *id, *idlen into it. */
-static json_t *parse_line(const char *line, size_t len, const char **id, size_t *idlen, const char **why)
+/*
+ * The rule every line of results.jsonl / errors.jsonl obeys, checked without
+ * building a JSON tree: RFC 8259 grammar, UTF-8 that is well formed (no
+ * overlongs, surrogates or code points past U+10FFFF), \u escapes that pair
+ * up, no \u0000 in a key, nesting at most LINE_MAX_DEPTH deep, and a top-level
+ * "custom_id" whose value is a string (the last one wins when the key repeats,
+ * as in jansson).  Numbers are checked for grammar only.  Why not jansson:
+ * the check runs once per line at every resume, allocates nothing, and under
+ * memory pressure jansson 2.14's lexer drops bytes it cannot buffer (lex_save
+ * ignores a failed append) — it can misread a custom_id or hit assert(0).
+ */
+#define LINE_MAX_DEPTH 256
+
+static int hex4(const unsigned char *p)
 {
-    json_error_t jerr;
-    json_t *o = json_loadb(line, len, JSON_ALLOW_NUL, &jerr); /* text may hold U+0000 */
-    if (!o) {
-        *why = "is not valid JSON";
-        return NULL;
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        int c = p[i], d = c >= '0' && c <= '9'   ? c - '0'
+                          : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                          : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                 : -1;
+        if (d < 0)
+            return -1;
+        v = v * 16 + d;
     }
-    json_t *cid = json_object_get(o, "custom_id");
-    if (!json_is_object(o) || !json_is_string(cid)) {
-        *why = json_is_object(o) ? "has no string \"custom_id\"" : "is not a JSON object";
-        json_decref(o);
-        return NULL;
+    return v;
+}
+
+/* Length of the well-formed UTF-8 sequence at p (non-ASCII lead), 0 if none. */
+static size_t utf8_len(const unsigned char *p, const unsigned char *e)
+{
+    size_t n = *p >= 0xC0 && *p <= 0xDF ? 2 : *p >= 0xE0 && *p <= 0xEF ? 3 : *p >= 0xF0 && *p <= 0xF7 ? 4 : 0;
+    return n && (size_t)(e - p) >= n && util_utf8_valid((const char *)p, n) ? n : 0;
+}
+
+/*
+ * Scans the string token at *pp (which points at its opening quote) and
+ * leaves *pp after the closing quote.  *esc tells whether it had escapes.
+ */
+static bool scan_string(const unsigned char **pp, const unsigned char *e, bool key, bool *esc)
+{
+    const unsigned char *p = *pp + 1;
+    *esc = false;
+    while (p < e) {
+        unsigned c = *p;
+        if (c == '"') {
+            *pp = p + 1;
+            return true;
+        }
+        if (c < 0x20)
+            return false;
+        if (c < 0x80) {
+            if (c == '\\') {
+                *esc = true;
+                if (++p == e)
+                    return false;
+                if (*p != 'u') {
+                    if (!strchr("\"\\/bfnrt", *p) || !*p)
+                        return false;
+                    p++;
+                    continue;
+                }
+                int cp = e - p >= 5 ? hex4(p + 1) : -1;
+                p += 5;
+                if (cp < 0 || (cp >= 0xDC00 && cp <= 0xDFFF) || (cp == 0 && key))
+                    return false;
+                if (cp >= 0xD800 && cp <= 0xDBFF) { /* a high surrogate needs its low half */
+                    int lo = e - p >= 6 && p[0] == '\\' && p[1] == 'u' ? hex4(p + 2) : -1;
+                    if (lo < 0xDC00 || lo > 0xDFFF)
+                        return false;
+                    p += 6;
+                }
+                continue;
+            }
+            p++;
+            continue;
+        }
+        size_t n = utf8_len(p, e);
+        if (!n)
+            return false;
+        p += n;
     }
-    *id = json_string_value(cid);
-    *idlen = json_string_length(cid);
+    return false;
+}
+
+/* Decodes the body of a string token (quotes excluded, already validated) into out; returns its length. */
+static size_t decode_string(const unsigned char *p, const unsigned char *e, char *out)
+{
+    size_t o = 0;
+    while (p < e) {
+        if (*p != '\\') {
+            out[o++] = (char)*p++;
+            continue;
+        }
+        p++;
+        unsigned char c = *p++;
+        if (c != 'u') {
+            out[o++] = c == 'b'   ? '\b'
+                       : c == 'f' ? '\f'
+                       : c == 'n' ? '\n'
+                       : c == 'r' ? '\r'
+                       : c == 't' ? '\t'
+                                  : (char)c;
+            continue;
+        }
+        uint32_t cp = (uint32_t)hex4(p);
+        p += 4;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+            cp = 0x10000 + ((cp - 0xD800) << 10) + ((uint32_t)hex4(p + 2) - 0xDC00);
+            p += 6;
+        }
+        if (cp < 0x80)
+            out[o++] = (char)cp;
+        else if (cp < 0x800) {
+            out[o++] = (char)(0xC0 | cp >> 6);
+            out[o++] = (char)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            out[o++] = (char)(0xE0 | cp >> 12);
+            out[o++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            out[o++] = (char)(0x80 | (cp & 0x3F));
+        } else {
+            out[o++] = (char)(0xF0 | cp >> 18);
+            out[o++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+            out[o++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            out[o++] = (char)(0x80 | (cp & 0x3F));
+        }
+    }
     return o;
 }
+
+static bool scan_number(const unsigned char **pp, const unsigned char *e)
+{
+    const unsigned char *p = *pp;
+#define DIGIT(q) ((q) < e && *(q) >= '0' && *(q) <= '9')
+    if (p < e && *p == '-')
+        p++;
+    if (!DIGIT(p))
+        return false;
+    if (*p++ != '0')
+        while (DIGIT(p))
+            p++;
+    if (p < e && *p == '.') {
+        if (!DIGIT(p + 1))
+            return false;
+        for (p++; DIGIT(p); p++)
+            ;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < e && (*p == '+' || *p == '-'))
+            p++;
+        if (!DIGIT(p))
+            return false;
+        while (DIGIT(p))
+            p++;
+    }
+#undef DIGIT
+    *pp = p;
+    return true;
+}
+
+static const unsigned char *skip_ws(const unsigned char *p, const unsigned char *e)
+{
+    while (p < e && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
+        p++;
+    return p;
+}
+
+int job_check_line(const char *line, size_t len, const char **id, size_t *idlen, char **scratch, size_t *cap, char *err,
+                   size_t errlen)
+{
+    const unsigned char *p = (const unsigned char *)line, *e = p + len;
+    const unsigned char *id_start = NULL, *id_end = NULL; /* body of the custom_id string token */
+    bool id_esc = false, id_is_string = false, value_is_id = false, esc;
+    unsigned char stack[LINE_MAX_DEPTH]; /* '{' or '[' per open container */
+    int depth = 0;
+    enum { VALUE, KEY, AFTER } state = VALUE;
+    p = skip_ws(p, e);
+    if (p == e || *p != '{')
+        return util_errf(err, errlen, "is not a JSON object");
+    for (;;) {
+        p = skip_ws(p, e);
+        if (state == KEY) {
+            const unsigned char *k = p;
+            if (p == e || *p != '"' || !scan_string(&p, e, true, &esc))
+                goto bad;
+            value_is_id = false;
+            if (depth == 1 && p - k - 2 <= 64) {
+                char name[64];
+                size_t n = esc ? decode_string(k + 1, p - 1, name) : (size_t)(p - k - 2);
+                value_is_id = n == 9 && memcmp(esc ? name : (const char *)k + 1, "custom_id", 9) == 0;
+            }
+            p = skip_ws(p, e);
+            if (p == e || *p++ != ':')
+                goto bad;
+            state = VALUE;
+            continue;
+        }
+        if (state == AFTER) {
+            if (depth == 0)
+                break;
+            if (p == e)
+                goto bad;
+            unsigned char close = stack[depth - 1] == '{' ? '}' : ']';
+            if (*p == ',') {
+                p++;
+                state = stack[depth - 1] == '{' ? KEY : VALUE;
+            } else if (*p == close) {
+                p++;
+                depth--;
+            } else
+                goto bad;
+            continue;
+        }
+        /* VALUE */
+        if (p == e)
+            goto bad;
+        bool is_id = value_is_id && depth == 1;
+        value_is_id = false;
+        if (is_id)
+            id_is_string = false;
+        state = AFTER;
+        if (*p == '{' || *p == '[') {
+            if (depth == LINE_MAX_DEPTH)
+                return util_errf(err, errlen, "nests deeper than %d levels", LINE_MAX_DEPTH);
+            stack[depth++] = *p;
+            p = skip_ws(p + 1, e);
+            if (p < e && *p == (stack[depth - 1] == '{' ? '}' : ']')) {
+                p++;
+                depth--;
+            } else
+                state = stack[depth - 1] == '{' ? KEY : VALUE;
+        } else if (*p == '"') {
+            const unsigned char *v = p;
+            if (!scan_string(&p, e, false, &esc))
+                goto bad;
+            if (is_id) {
+                id_start = v + 1;
+                id_end = p - 1;
+                id_esc = esc;
+                id_is_string = true;
+            }
+        } else if (*p == '-' || (*p >= '0' && *p <= '9')) {
+            if (!scan_number(&p, e))
+                goto bad;
+        } else {
+            size_t n = (size_t)(e - p);
+            if (n >= 4 && (memcmp(p, "true", 4) == 0 || memcmp(p, "null", 4) == 0))
+                p += 4;
+            else if (n >= 5 && memcmp(p, "false", 5) == 0)
+                p += 5;
+            else
+                goto bad;
+        }
+    }
+    if (p != e)
+        goto bad;
+    if (!id_is_string)
+        return util_errf(err, errlen, "has no string \"custom_id\"");
+    *idlen = (size_t)(id_end - id_start);
+    *id = (const char *)id_start;
+    if (id_esc) {
+        if (*idlen + 1 > *cap) {
+            char *b = realloc(*scratch, *idlen + 1);
+            if (!b)
+                return util_errf(err, errlen, "out of memory decoding a custom_id of %zu bytes", *idlen);
+            *scratch = b;
+            *cap = *idlen + 1;
+        }
+        *idlen = decode_string(id_start, id_end, *scratch);
+        *id = *scratch;
+    }
+    return 0;
+bad:
+    return util_errf(err, errlen, "is not valid JSON (at byte %zu of the line)",
+                     (size_t)(p - (const unsigned char *)line));
+}
+
+/* ------------------------------------------------------------------ helpers */
 
 static int mkdir_p(const char *path, char *err, size_t errlen)
 {
@@ -264,8 +530,8 @@ static int mkdir_p(const char *path, char *err, size_t errlen)
             char c = *p;
             *p = 0;
             if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return util_errf(err, errlen, "%s: cannot create directory: %s; check the path and permissions.",
-                                 buf, strerror(errno));
+                return util_errf(err, errlen, "%s: cannot create directory: %s; check the path and permissions.", buf,
+                                 strerror(errno));
             *p = c;
             if (!c)
                 break;
@@ -340,28 +606,31 @@ out:
 static int file_path(char *out, const job *j, const char *name, char *err, size_t errlen)
 {
     if (util_pathf(out, PATH_MAX, "%s/%s", j->dir, name) != 0)
-        return util_errf(err, errlen, "%s/%s: path longer than %d bytes; choose a shorter job directory.", j->dir,
-                         name, PATH_MAX);
+        return util_errf(err, errlen, "%s/%s: path longer than %d bytes; choose a shorter job directory.", j->dir, name,
+                         PATH_MAX);
     return 0;
 }
 
 static int broken_err(const job *j, char *err, size_t errlen)
 {
     return util_errf(err, errlen,
-                     "job %s is unusable after an earlier write or fsync error; exit and run `spill resume %s`.",
-                     j->id, j->dir);
+                     "job %s is unusable after an earlier write or fsync error; exit and run `spill resume %s`.", j->id,
+                     j->dir);
 }
 
 static void job_free(job *j)
 {
     if (!j)
         return;
+    if (j->lock_fd >= 0)
+        close(j->lock_fd); /* releases the flock */
     for (int k = 0; k < 2; k++)
         if (j->f[k].fd >= 0)
             close(j->f[k].fd);
     json_decref(j->manifest);
     idset_free(&j->done);
     free(j->buf);
+    free(j->idbuf);
     free(j->dir);
     free(j);
 }
@@ -371,7 +640,7 @@ static job *job_alloc(const char *dir, const job_io *io)
     job *j = calloc(1, sizeof *j);
     if (!j)
         return NULL;
-    j->f[0].fd = j->f[1].fd = -1;
+    j->f[0].fd = j->f[1].fd = j->lock_fd = -1;
     j->io = io ? io : &real_io;
     j->dir = strdup(dir);
     if (!j->dir) {
@@ -379,6 +648,24 @@ static job *job_alloc(const char *dir, const job_io *io)
         return NULL;
     }
     return j;
+}
+
+/*
+ * Takes the job's one-writer lock: flock on the directory itself, released
+ * by the kernel when the process dies (kill -9 included), so a stale lock
+ * never blocks a resume.  Not a durability call: it bypasses the io table.
+ */
+static int job_lock(job *j, char *err, size_t errlen)
+{
+    j->lock_fd = open(j->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (j->lock_fd < 0)
+        return util_errf(err, errlen, "%s: cannot open the job directory: %s.", j->dir, strerror(errno));
+    if (flock(j->lock_fd, LOCK_EX | LOCK_NB) != 0)
+        return util_errf(err, errlen,
+                         "%s: the job is in use by another spill process; wait for it to finish or stop it, then "
+                         "resume.",
+                         j->dir);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ commit */
@@ -390,7 +677,8 @@ static int set_u64(json_t *o, const char *key, uint64_t v)
 
 /*
  * fsyncs both files (when dirty or forced) and rewrites the manifest with
- * `state`.  ended: also stamp ended_at.  On any I/O failure the job breaks.
+ * `state` (any state but running also stamps ended_at).  On any I/O failure
+ * the job breaks.
  */
 static int commit_state(job *j, job_state state, bool force, char *err, size_t errlen)
 {
@@ -423,14 +711,22 @@ static int commit_state(job *j, job_state state, bool force, char *err, size_t e
     bad |= json_object_set_new(m, "state", json_string(state_names[state]));
     bad |= json_object_set_new(m, "updated_at", json_integer((json_int_t)now));
     bad |= json_object_set_new(m, "ended_at", state == JOB_RUNNING ? json_null() : json_integer((json_int_t)now));
-    char *text = bad ? NULL : json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    /* json_dumpb into a measured buffer, not json_dumps: jansson 2.14's
+     * json_dumps drops an object key without failing when its buffer cannot
+     * grow (see output.c), which would write a manifest missing a field. */
+    const size_t flags = JSON_INDENT(1);
+    size_t len = bad ? 0 : json_dumpb(m, NULL, 0, flags);
+    char *text = len ? malloc(len + 1) : NULL;
+    if (text && json_dumpb(m, text, len, flags) != len) {
+        free(text);
+        text = NULL;
+    }
     if (!text) {
         j->broken = true; /* the manifest object may be half-updated */
-        return util_errf(err, errlen, "%s: out of memory building the manifest; exit and run `spill resume %s`.",
-                         path, j->dir);
+        return util_errf(err, errlen, "%s: out of memory building the manifest; exit and run `spill resume %s`.", path,
+                         j->dir);
     }
-    size_t len = strlen(text);
-    text[len++] = '\n'; /* replaces the NUL: the buffer is written by length */
+    text[len++] = '\n';
     const char *what = "open", *where = tmp;
     int rc = -1;
     int fd = j->io->open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -470,7 +766,10 @@ static int commit_state(job *j, job_state state, bool force, char *err, size_t e
     return 0;
 }
 
-int job_commit(job *j, char *err, size_t errlen) { return commit_state(j, JOB_RUNNING, false, err, errlen); }
+int job_commit(job *j, char *err, size_t errlen)
+{
+    return commit_state(j, JOB_RUNNING, false, err, errlen);
+}
 
 /* ------------------------------------------------------------------ create */
 
@@ -497,7 +796,10 @@ int job_new_id(char *out, size_t cap, char *err, size_t errlen)
     return 0;
 }
 
-static json_t *str_or_null(const char *s) { return s ? json_string(s) : json_null(); }
+static json_t *str_or_null(const char *s)
+{
+    return s ? json_string(s) : json_null();
+}
 
 int job_create(const char *dir, const job_info *info, const job_io *io, job **out, char *err, size_t errlen)
 {
@@ -542,6 +844,8 @@ int job_create(const char *dir, const job_info *info, const job_io *io, job **ou
     }
     memcpy(j->id, id, sizeof id);
     j->rows_total = info->rows_total;
+    if (job_lock(j, err, errlen) != 0)
+        goto out_free_job;
     for (int k = 0; k < 2; k++) {
         if (file_path(path, j, file_names[k], err, errlen) != 0)
             goto out_free_job;
@@ -581,6 +885,12 @@ int job_create(const char *dir, const job_info *info, const job_io *io, job **ou
     }
     if (commit_state(j, JOB_RUNNING, true, err, errlen) != 0)
         goto out_free_job;
+    /* The job directory's own entry is durable only once its parent is synced. */
+    if (util_pathf(path, sizeof path, "%s/..", dir) != 0 || io_fsync_dir(j->io, path) != 0) {
+        util_errf(err, errlen, "%s: fsync of the parent directory failed: %s; check the disk and start again.", dir,
+                  strerror(errno));
+        goto out_free_job;
+    }
     free(in_abs);
     *out = j;
     return 0;
@@ -627,8 +937,10 @@ static int scan_file(job *j, int k, uint64_t committed, char *err, size_t errlen
     job_file *f = &j->f[k];
     f->fd = j->io->open(path, O_RDWR | O_APPEND | O_CLOEXEC, 0);
     if (f->fd < 0)
-        return util_errf(err, errlen, "%s: cannot open: %s; the job directory is incomplete — restore the file or "
-                         "start a new job.", path, strerror(errno));
+        return util_errf(err, errlen,
+                         "%s: cannot open: %s; the job directory is incomplete — restore the file or "
+                         "start a new job.",
+                         path, strerror(errno));
     struct stat st;
     if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode))
         return util_errf(err, errlen, "%s: not a regular file; restore it or start a new job.", path);
@@ -649,12 +961,16 @@ static int scan_file(job *j, int k, uint64_t committed, char *err, size_t errlen
     uint64_t pos = 0, line = 0;
     while (pos < size) {
         const char *nl = memchr(map + pos, '\n', size - pos);
-        const char *why = "is torn (no final newline)";
+        char why[128] = "is torn (no final newline)";
         uint64_t len = nl ? (uint64_t)(nl - (map + pos)) : size - pos;
         const char *id = NULL;
         size_t idlen = 0;
-        json_t *o = nl ? parse_line(map + pos, len, &id, &idlen, &why) : NULL;
-        if (!o) {
+        if (!nl || job_check_line(map + pos, len, &id, &idlen, &j->idbuf, &j->idcap, why, sizeof why) != 0) {
+            if (strstr(why, "out of memory")) {
+                util_errf(err, errlen, "%s: %s at line %llu while rebuilding the done set.", path, why,
+                          (unsigned long long)line + 1);
+                goto out_unmap;
+            }
             if (pos < committed) {
                 util_errf(err, errlen,
                           "%s: line %llu (byte %llu) %s but lies inside the %llu committed bytes; the file was "
@@ -665,18 +981,14 @@ static int scan_file(job *j, int k, uint64_t committed, char *err, size_t errlen
             }
             break;
         }
-        long dup = idset_find(&j->done, id, idlen);
-        if (dup >= 0) {
+        if (idset_find(&j->done, id, idlen) >= 0) {
             util_errf(err, errlen,
-                      "%s: line %llu (byte %llu): custom_id \"%.80s\" already has a line in this job; the output "
+                      "%s: line %llu (byte %llu): custom_id \"%.*s\" already has a line in this job; the output "
                       "files were changed outside spill — remove the duplicate line or start a new job.",
-                      path, (unsigned long long)line + 1, (unsigned long long)pos, id);
-            json_decref(o);
+                      path, (unsigned long long)line + 1, (unsigned long long)pos, (int)(idlen < 80 ? idlen : 80), id);
             goto out_unmap;
         }
-        int added = idset_add(&j->done, id, idlen);
-        json_decref(o);
-        if (added != 0) {
+        if (idset_add(&j->done, id, idlen) != 0) {
             util_errf(err, errlen, "%s: out of memory at line %llu while rebuilding the done set.", path,
                       (unsigned long long)line + 1);
             goto out_unmap;
@@ -686,8 +998,10 @@ static int scan_file(job *j, int k, uint64_t committed, char *err, size_t errlen
     }
     if (pos < size && j->io->ftruncate(f->fd, (off_t)pos) != 0) {
         j->broken = true;
-        util_errf(err, errlen, "%s: ftruncate to byte %llu (cutting a torn tail) failed: %s; fix the disk and resume "
-                  "again.", path, (unsigned long long)pos, strerror(errno));
+        util_errf(err, errlen,
+                  "%s: ftruncate to byte %llu (cutting a torn tail) failed: %s; fix the disk and resume "
+                  "again.",
+                  path, (unsigned long long)pos, strerror(errno));
         goto out_unmap;
     }
     if (j->io->fsync(f->fd) != 0) {
@@ -704,6 +1018,41 @@ out_unmap:
     return rc;
 }
 
+/*
+ * Parses manifest.json into j->manifest and checks that it reads back
+ * exactly: dumped again the way commit_state wrote it, it must give the same
+ * bytes.  This catches what a parse alone misses — jansson 2.14's lexer drops
+ * bytes it cannot buffer when memory runs out and may then return a
+ * plausible object with a shortened path or number — and a manifest edited
+ * by hand, which spill does not support.
+ */
+static int load_manifest(job *j, const char *path, const char *text, size_t tlen, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    j->manifest = json_loadb(text, tlen, 0, &jerr);
+    if (!j->manifest && !jerr.text[0])
+        return util_errf(err, errlen, "%s: out of memory reading the manifest; free memory and resume again.", path);
+    if (!json_is_object(j->manifest))
+        return util_errf(err, errlen,
+                         "%s: line %d: %s; the manifest is damaged (or memory ran out while reading it) — start a "
+                         "new job.",
+                         path, jerr.line, j->manifest ? "not a JSON object" : jerr.text);
+    size_t n = json_dumpb(j->manifest, NULL, 0, JSON_INDENT(1));
+    char *again = n ? malloc(n) : NULL;
+    if (!again || json_dumpb(j->manifest, again, n, JSON_INDENT(1)) != n) {
+        free(again);
+        return util_errf(err, errlen, "%s: out of memory checking the manifest; free memory and resume again.", path);
+    }
+    bool same = tlen == n + 1 && memcmp(again, text, n) == 0 && text[n] == '\n';
+    free(again);
+    if (!same)
+        return util_errf(err, errlen,
+                         "%s: does not read back exactly as spill wrote it (edited by hand, or memory ran out while "
+                         "reading it); restore it, or start a new job.",
+                         path);
+    return 0;
+}
+
 int job_open_resume(const char *dir, const job_io *io, job **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -713,23 +1062,25 @@ int job_open_resume(const char *dir, const job_io *io, job **out, char *err, siz
     job *j = job_alloc(dir, io);
     if (!j)
         return util_errf(err, errlen, "out of memory opening job %s.", dir);
-    if (file_path(path, j, MANIFEST_NAME, err, errlen) != 0)
+    if (!util_is_dir(dir)) {
+        util_errf(err, errlen, "%s: no such job directory; check the path (jobs live in $SPILL_HOME/jobs/).", dir);
+        goto out_free_job;
+    }
+    if (file_path(path, j, MANIFEST_NAME, err, errlen) != 0 || job_lock(j, err, errlen) != 0)
         goto out_free_job;
     if (util_read_file(path, MANIFEST_CAP, &text, &tlen, err, errlen) != 0) {
         if (!util_is_file(path))
-            util_errf(err, errlen, "%s: no manifest.json; this is not a spill job directory (or the job never "
-                      "started) — start a new job.", dir);
+            util_errf(err, errlen,
+                      "%s: no manifest.json; this is not a spill job directory (or the job never "
+                      "started) — start a new job.",
+                      dir);
         goto out_free_job;
     }
-    json_error_t jerr;
-    j->manifest = json_loadb(text, tlen, 0, &jerr);
+    int lrc = load_manifest(j, path, text, tlen, err, errlen);
     free(text);
-    json_t *m = j->manifest;
-    if (!json_is_object(m)) {
-        util_errf(err, errlen, "%s: line %d: not a JSON object (%s); the manifest is damaged — start a new job.",
-                  path, jerr.line, m ? "wrong type" : jerr.text);
+    if (lrc != 0)
         goto out_free_job;
-    }
+    json_t *m = j->manifest;
     json_t *ver = json_object_get(m, "spill_job"), *idv = json_object_get(m, "id");
     json_t *state = json_object_get(m, "state"), *input = json_object_get(m, "input");
     json_t *rows = json_object_get(m, "rows"), *com = json_object_get(m, "committed");
@@ -759,8 +1110,8 @@ int job_open_resume(const char *dir, const job_io *io, job **out, char *err, siz
     snprintf(j->id, sizeof j->id, "%s", json_string_value(idv));
     j->rows_total = total;
     if (strcmp(json_string_value(state), "done") == 0) {
-        util_errf(err, errlen, "job %s is already done; its output is in %s/results.jsonl and %s/errors.jsonl.",
-                  j->id, dir, dir);
+        util_errf(err, errlen, "job %s is already done; its output is in %s/results.jsonl and %s/errors.jsonl.", j->id,
+                  dir, dir);
         goto out_free_job;
     }
 
@@ -809,16 +1160,14 @@ static int append(job *j, int k, const char *line, size_t len, char *err, size_t
     if (memchr(line, '\n', len))
         return util_errf(err, errlen, "%s line for job %s contains a newline; output lines must be compact JSON.",
                          file_names[k], j->id);
-    const char *id, *why;
+    const char *id;
     size_t idlen;
-    json_t *o = parse_line(line, len, &id, &idlen, &why);
-    if (!o)
+    char why[128];
+    if (job_check_line(line, len, &id, &idlen, &j->idbuf, &j->idcap, why, sizeof why) != 0)
         return util_errf(err, errlen, "%s line for job %s %s; nothing was written.", file_names[k], j->id, why);
-    int rc = -1;
-    if (idset_find(&j->done, id, idlen) >= 0) {
-        util_errf(err, errlen, "custom_id \"%.80s\" already has a line in job %s; nothing was written.", id, j->id);
-        goto out_decref;
-    }
+    if (idset_find(&j->done, id, idlen) >= 0)
+        return util_errf(err, errlen, "custom_id \"%.*s\" already has a line in job %s; nothing was written.",
+                         (int)(idlen < 80 ? idlen : 80), id, j->id);
     size_t need;
     if (!ck_add_size(len, 1, &need))
         goto out_oom;
@@ -838,21 +1187,17 @@ static int append(job *j, int k, const char *line, size_t len, char *err, size_t
     j->buf[len] = '\n';
     if (io_write_all(j->io, j->f[k].fd, j->buf, need) != 0) {
         j->broken = true;
-        util_errf(err, errlen,
-                  "%s/%s: write of %zu bytes at byte %llu failed: %s; the job stops here — fix the disk, then run "
-                  "`spill resume %s`.",
-                  j->dir, file_names[k], need, (unsigned long long)j->f[k].size, strerror(errno), j->dir);
-        goto out_decref;
+        return util_errf(err, errlen,
+                         "%s/%s: write of %zu bytes at byte %llu failed: %s; the job stops here — fix the disk, then "
+                         "run `spill resume %s`.",
+                         j->dir, file_names[k], need, (unsigned long long)j->f[k].size, strerror(errno), j->dir);
     }
     j->f[k].size += need;
     j->f[k].rows++;
-    rc = 0;
-    goto out_decref;
+    return 0;
 out_oom:
-    util_errf(err, errlen, "out of memory appending a line of %zu bytes to job %s; nothing was written.", len, j->id);
-out_decref:
-    json_decref(o);
-    return rc;
+    return util_errf(err, errlen, "out of memory appending a line of %zu bytes to job %s; nothing was written.", len,
+                     j->id);
 }
 
 int job_append_result(job *j, const char *line, size_t len, char *err, size_t errlen)
@@ -882,8 +1227,8 @@ int job_close(job *j, job_state final, char *err, size_t errlen)
                 rc = util_errf(err, errlen,
                                "job %s cannot be closed as done: %llu completed + %llu failed rows != %llu total; "
                                "it was recorded as interrupted — run `spill resume %s`.",
-                               j->id, (unsigned long long)j->f[F_RESULTS].rows,
-                               (unsigned long long)j->f[F_ERRORS].rows, (unsigned long long)j->rows_total, j->dir);
+                               j->id, (unsigned long long)j->f[F_RESULTS].rows, (unsigned long long)j->f[F_ERRORS].rows,
+                               (unsigned long long)j->rows_total, j->dir);
         } else
             rc = commit_state(j, final, true, err, errlen);
     }
@@ -891,9 +1236,31 @@ int job_close(job *j, job_state final, char *err, size_t errlen)
     return rc;
 }
 
-const char *job_id(const job *j) { return j->id; }
-const char *job_dir(const job *j) { return j->dir; }
-uint64_t job_rows_total(const job *j) { return j->rows_total; }
-uint64_t job_rows_completed(const job *j) { return j->f[F_RESULTS].rows_committed; }
-uint64_t job_rows_failed(const job *j) { return j->f[F_ERRORS].rows_committed; }
-bool job_is_broken(const job *j) { return j->broken; }
+const char *job_id(const job *j)
+{
+    return j->id;
+}
+const json_t *job_manifest(const job *j)
+{
+    return j->manifest;
+}
+const char *job_dir(const job *j)
+{
+    return j->dir;
+}
+uint64_t job_rows_total(const job *j)
+{
+    return j->rows_total;
+}
+uint64_t job_rows_completed(const job *j)
+{
+    return j->f[F_RESULTS].rows_committed;
+}
+uint64_t job_rows_failed(const job *j)
+{
+    return j->f[F_ERRORS].rows_committed;
+}
+bool job_is_broken(const job *j)
+{
+    return j->broken;
+}

@@ -28,15 +28,15 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define JOB_ID_MAX 64             /* bytes of a job id, including the NUL */
-#define JOB_MANIFEST_VERSION 1    /* "spill_job" key of manifest.json */
+#define JOB_ID_MAX 64          /* bytes of a job id, including the NUL */
+#define JOB_MANIFEST_VERSION 1 /* "spill_job" key of manifest.json */
 
 typedef struct job job;
 
 typedef enum job_state {
-    JOB_RUNNING = 0,     /* a writer holds the job (or died holding it: resume treats it as interrupted) */
-    JOB_INTERRUPTED,     /* the writer stopped early (SIGINT, sticky GPU error, ...) and committed first */
-    JOB_DONE,            /* every row has a line in results.jsonl or errors.jsonl */
+    JOB_RUNNING = 0, /* a writer holds the job (or died holding it: resume treats it as interrupted) */
+    JOB_INTERRUPTED, /* the writer stopped early (SIGINT, sticky GPU error, ...) and committed first */
+    JOB_DONE,        /* every row has a line in results.jsonl or errors.jsonl */
 } job_state;
 
 /*
@@ -54,13 +54,13 @@ typedef struct job_io {
 
 /* What the caller knows when a job starts; all strings are copied. */
 typedef struct job_info {
-    const char *command;            /* "run", "distill", "eval", "serve", ... */
-    const char *input_path;         /* the input JSONL; job_create hashes it (SHA-256, streamed) */
-    json_t *options;                /* borrowed, may be NULL: the options object, copied into the manifest */
-    const char *model_id;           /* what the user named: tag, path or repo id */
-    const char *model_fingerprint;  /* hash of config, shard names/sizes and headers */
+    const char *command;           /* "run", "distill", "eval", "serve", ... */
+    const char *input_path;        /* the input JSONL; job_create hashes it (SHA-256, streamed) */
+    json_t *options;               /* borrowed, may be NULL: the options object, copied into the manifest */
+    const char *model_id;          /* what the user named: tag, path or repo id */
+    const char *model_fingerprint; /* hash of config, shard names/sizes and headers */
     const char *engine_version;
-    uint64_t rows_total;            /* rows of the input (completed + failed == total when done) */
+    uint64_t rows_total; /* rows of the input (completed + failed == total when done) */
 } job_info;
 
 /*
@@ -75,7 +75,9 @@ int job_new_id(char *out, size_t cap, char *err, size_t errlen);
  * (and its parents) is created; an existing directory must be empty, else
  * the call fails with a sentence pointing at `spill resume`.  Creates empty
  * results.jsonl and errors.jsonl and the first manifest (state running) —
- * all durable before it returns.  io NULL = real syscalls; the table must
+ * all durable, parent directory entry included, before it returns.  The job
+ * holds an exclusive flock on its directory until job_close, so a second
+ * writer (a `spill resume` of a job still running) is refused.  io NULL = real syscalls; the table must
  * outlive the job.  On failure *out is NULL and nothing is left open.
  */
 int job_create(const char *dir, const job_info *info, const job_io *io, job **out, char *err, size_t errlen);
@@ -89,9 +91,21 @@ int job_create(const char *dir, const job_info *info, const job_io *io, job **ou
  * prefix, a file shorter than its committed size, or a custom_id seen twice
  * is corruption: the call fails naming file, line and byte offset.  Then
  * commits (new offsets and counters, state running) before returning.
- * Refuses a job whose state is done.
+ * Refuses a job whose state is done, or whose directory another process
+ * holds (the flock dies with its holder, so kill -9 never leaves it stuck).
  */
 int job_open_resume(const char *dir, const job_io *io, job **out, char *err, size_t errlen);
+
+/*
+ * The rule every results/errors line obeys: [line, line+len) is one JSON
+ * object (RFC 8259, well-formed UTF-8) with a top-level string "custom_id".
+ * On success *id / *idlen give the decoded custom_id: a pointer into line, or
+ * into *scratch (capacity *cap, grown with realloc; caller frees) when it had
+ * escapes.  On failure err gets a phrase such as "is not valid JSON (at byte
+ * 12 of the line)" to embed in a sentence.  Allocates nothing else.
+ */
+int job_check_line(const char *line, size_t len, const char **id, size_t *idlen, char **scratch, size_t *cap, char *err,
+                   size_t errlen);
 
 /* True when custom_id has a committed line in results.jsonl or errors.jsonl. */
 bool job_is_done(const job *j, const char *custom_id);
@@ -129,10 +143,11 @@ int job_close(job *j, job_state final, char *err, size_t errlen);
 
 /* Accessors. */
 const char *job_id(const job *j);
+const json_t *job_manifest(const job *j); /* borrowed, read-only: model, options, input of the job */
 const char *job_dir(const job *j);
 uint64_t job_rows_total(const job *j);
-uint64_t job_rows_completed(const job *j);  /* committed lines of results.jsonl */
-uint64_t job_rows_failed(const job *j);     /* committed lines of errors.jsonl */
-bool job_is_broken(const job *j);           /* an earlier I/O error made it unusable */
+uint64_t job_rows_completed(const job *j); /* committed lines of results.jsonl */
+uint64_t job_rows_failed(const job *j);    /* committed lines of errors.jsonl */
+bool job_is_broken(const job *j);          /* an earlier I/O error made it unusable */
 
 #endif

@@ -38,10 +38,10 @@ static const struct {
     enum arch_state state;
     const char *note;
 } arch_table[] = {
-    {"llama", ARCH_EXPECTED, "Llama 1/2/3.x and SmolLM2: described and tokenized; the forward pass lands with the CPU engine."},
-    {"qwen2", ARCH_EXPECTED, "Qwen2/2.5 (QKV bias): described and tokenized; the forward pass lands with the CPU engine."},
-    {"qwen3", ARCH_EXPECTED, "Qwen3 (q/k RMSNorm): described and tokenized; the forward pass lands with the CPU engine."},
-    {"mistral", ARCH_EXPECTED, "Mistral (sliding window): described and tokenized; the forward pass lands with the CPU engine."},
+    {"llama", ARCH_SUPPORTED, "Llama 1/2/3.x and SmolLM2 (CPU engine, checked against transformers logits)."},
+    {"qwen2", ARCH_SUPPORTED, "Qwen2/2.5 with QKV bias (CPU engine, checked against transformers logits)."},
+    {"qwen3", ARCH_SUPPORTED, "Qwen3 with q/k RMSNorm (CPU engine, checked against transformers logits)."},
+    {"mistral", ARCH_SUPPORTED, "Mistral with sliding-window attention (CPU engine, checked against transformers logits)."},
     {"phi3", ARCH_EXPECTED, "Phi-3 (fused QKV): named, not yet wired into the forward pass."},
     {"gemma2", ARCH_EXPECTED, "Gemma 2 (soft-capping, alternating windows): named, not yet wired into the forward pass."},
     {"gemma3", ARCH_EXPECTED, "Gemma 3 text (per-layer sliding windows, q/k norm): named, not yet wired into the forward pass."},

@@ -220,7 +220,10 @@ static json_t *json_logprob(float f)
     return json_real(strtod(buf, NULL));
 }
 
-static json_t *str_or_null(const char *s) { return s ? json_string(s) : json_null(); }
+static json_t *str_or_null(const char *s)
+{
+    return s ? json_string(s) : json_null();
+}
 
 static size_t code_points(const char *s, size_t n)
 {
@@ -245,8 +248,7 @@ static int check_result(const out_result *r, bool chat, char *err, size_t errlen
     if (!r->custom_id || !util_utf8_valid(r->custom_id, strlen(r->custom_id)))
         return util_errf(err, errlen, "output: custom_id is missing or not valid UTF-8.");
     if (!r->model || !util_utf8_valid(r->model, strlen(r->model)))
-        return util_errf(err, errlen, "output: row \"%.80s\": model name is missing or not valid UTF-8.",
-                         r->custom_id);
+        return util_errf(err, errlen, "output: row \"%.80s\": model name is missing or not valid UTF-8.", r->custom_id);
     if (r->n_choices == 0 || !r->choices)
         return util_errf(err, errlen, "output: row \"%.80s\" has no choices.", r->custom_id);
     for (size_t c = 0; c < r->n_choices; c++) {
@@ -286,11 +288,34 @@ static json_t *stamp_json(const out_stamp *s)
     return o;
 }
 
+/*
+ * json_dumps, minus a jansson 2.14 bug: when growing its output buffer fails
+ * while writing an object key, json_dumps drops the key and still succeeds
+ * (dump.c ignores dump_string's result for keys), so an out-of-memory moment
+ * could put a malformed line in results.jsonl.  json_dumpb into a buffer of
+ * the measured size never grows a buffer; its other allocation (the loop
+ * check) reports failure properly.
+ */
+static char *dump_line(const json_t *o)
+{
+    const size_t flags = JSON_COMPACT | JSON_REAL_PRECISION(9);
+    size_t n = json_dumpb(o, NULL, 0, flags);
+    char *buf = n ? malloc(n + 1) : NULL;
+    if (!buf)
+        return NULL;
+    if (json_dumpb(o, buf, n, flags) != n) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
 /* The three ids of one success or HTTP-error line, drawn in this order. */
 typedef struct line_ids {
-    char line[64];   /* batch_req_… */
-    char request[64];/* req_… */
-    char body[64];   /* chatcmpl-… / cmpl-… */
+    char line[64];    /* batch_req_… */
+    char request[64]; /* req_… */
+    char body[64];    /* chatcmpl-… / cmpl-… */
 } line_ids;
 
 static int draw_ids(const out_ids *ids, const char *body_prefix, line_ids *out, char *err, size_t errlen)
@@ -322,7 +347,7 @@ static int finish_line(const char *line_id, const char *custom_id, json_t *respo
     bad |= json_object_set(o, "error", error);
     if (stamp)
         bad |= json_object_set_new(o, "spill", stamp_json(stamp));
-    char *text = bad ? NULL : json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    char *text = bad ? NULL : dump_line(o);
     json_decref(o);
     json_decref(response);
     json_decref(error);
@@ -338,9 +363,12 @@ static json_t *response_json(int status, const char *request_id, json_t *body)
 {
     json_t *o = json_object();
     if (!o || !body || json_object_set_new(o, "status_code", json_integer(status)) ||
-        json_object_set_new(o, "request_id", json_string(request_id)) || json_object_set_new(o, "body", body)) {
-        if (!o)
-            json_decref(body);
+        json_object_set_new(o, "request_id", json_string(request_id))) {
+        json_decref(o);
+        json_decref(body);
+        return NULL;
+    }
+    if (json_object_set_new(o, "body", body)) { /* consumes body, also on failure */
         json_decref(o);
         return NULL;
     }
@@ -380,8 +408,7 @@ static json_t *chat_logprobs(const out_choice *ch)
 
 static json_t *completion_logprobs(const out_choice *ch)
 {
-    json_t *o = json_object(), *tokens = json_array(), *lps = json_array(), *tops = json_array(),
-           *offs = json_array();
+    json_t *o = json_object(), *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
     int bad = !o || !tokens || !lps || !tops || !offs;
     size_t offset = 0;
     for (size_t t = 0; !bad && t < ch->n_tokens; t++) {
@@ -447,8 +474,8 @@ static json_t *body_json(const out_result *r, bool chat, const char *id)
     bad |= json_object_set_new(b, "choices", choices);
     bad |= json_object_set_new(usage, "prompt_tokens", json_integer((json_int_t)r->prompt_tokens));
     bad |= json_object_set_new(usage, "completion_tokens", json_integer((json_int_t)r->completion_tokens));
-    bad |= json_object_set_new(usage, "total_tokens",
-                               json_integer((json_int_t)(r->prompt_tokens + r->completion_tokens)));
+    bad |=
+        json_object_set_new(usage, "total_tokens", json_integer((json_int_t)(r->prompt_tokens + r->completion_tokens)));
     bad |= json_object_set_new(b, "usage", usage);
     if (bad) {
         json_decref(b);
@@ -474,14 +501,19 @@ int output_chat_line(const out_result *r, const out_ids *ids, char **line, size_
     return success_line(r, true, ids, line, len, err, errlen);
 }
 
-int output_completion_line(const out_result *r, const out_ids *ids, char **line, size_t *len, char *err,
-                           size_t errlen)
+int output_completion_line(const out_result *r, const out_ids *ids, char **line, size_t *len, char *err, size_t errlen)
 {
     return success_line(r, false, ids, line, len, err, errlen);
 }
 
-static bool str_ok(const char *s) { return s && util_utf8_valid(s, strlen(s)); }
-static bool opt_ok(const char *s) { return !s || util_utf8_valid(s, strlen(s)); }
+static bool str_ok(const char *s)
+{
+    return s && util_utf8_valid(s, strlen(s));
+}
+static bool opt_ok(const char *s)
+{
+    return !s || util_utf8_valid(s, strlen(s));
+}
 
 int output_http_error_line(const out_http_error *e, const out_ids *ids, char **line, size_t *len, char *err,
                            size_t errlen)
@@ -490,8 +522,8 @@ int output_http_error_line(const out_http_error *e, const out_ids *ids, char **l
     *len = 0;
     if (!str_ok(e->custom_id))
         return util_errf(err, errlen, "output: custom_id is missing or not valid UTF-8.");
-    if (e->status_code < 400 || e->status_code > 599 || !str_ok(e->message) || !opt_ok(e->type) ||
-        !opt_ok(e->param) || !opt_ok(e->code))
+    if (e->status_code < 400 || e->status_code > 599 || !str_ok(e->message) || !opt_ok(e->type) || !opt_ok(e->param) ||
+        !opt_ok(e->code))
         return util_errf(err, errlen,
                          "output: row \"%.80s\": an HTTP error line needs a status in 400..599 and a UTF-8 message "
                          "(got status %d).",

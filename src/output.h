@@ -24,22 +24,22 @@
 
 /* OpenAI's finish_reason values spill produces (chat: all four; completions: stop/length/content_filter). */
 typedef enum out_finish {
-    OUT_FINISH_STOP = 0,        /* end-of-turn token or a stop sequence */
-    OUT_FINISH_LENGTH,          /* max_tokens or the context was reached */
+    OUT_FINISH_STOP = 0, /* end-of-turn token or a stop sequence */
+    OUT_FINISH_LENGTH,   /* max_tokens or the context was reached */
     OUT_FINISH_TOOL_CALLS,
     OUT_FINISH_CONTENT_FILTER,
 } out_finish;
 
 /* One top-k candidate at a position. */
 typedef struct out_alt {
-    const char *bytes;  /* raw token bytes (may be an incomplete UTF-8 sequence) */
+    const char *bytes; /* raw token bytes (may be an incomplete UTF-8 sequence) */
     size_t len;
-    float logprob;      /* -inf is written as OpenAI's -9999.0 sentinel; NaN is an error */
+    float logprob; /* -inf is written as OpenAI's -9999.0 sentinel; NaN is an error */
 } out_alt;
 
 /* One generated token. */
 typedef struct out_token {
-    const char *bytes;  /* raw token bytes */
+    const char *bytes; /* raw token bytes */
     size_t len;
     float logprob;
     size_t n_top;
@@ -47,10 +47,10 @@ typedef struct out_token {
 } out_token;
 
 typedef struct out_choice {
-    const char *text;   /* generated text, stop sequence excluded; invalid UTF-8 -> U+FFFD per maximal subpart */
+    const char *text; /* generated text, stop sequence excluded; invalid UTF-8 -> U+FFFD per maximal subpart */
     size_t len;
     out_finish finish;
-    bool logprobs;      /* false → "logprobs":null */
+    bool logprobs; /* false → "logprobs":null */
     size_t n_tokens;
     const out_token *tokens; /* (n_tokens) when logprobs */
 } out_choice;
@@ -60,30 +60,30 @@ typedef struct out_stamp {
     const char *run_id;
     const char *model_fingerprint;
     const char *quant;
-    const char *adapter;   /* full hash of the LoRA adapter, NULL without one */
+    const char *adapter; /* full hash of the LoRA adapter, NULL without one */
 } out_stamp;
 
 /* One successful row. */
 typedef struct out_result {
     const char *custom_id;
-    const char *model;               /* "model" of the body: the model the user asked for */
-    const char *system_fingerprint;  /* NULL → null */
-    int64_t created;                 /* unix seconds */
+    const char *model;              /* "model" of the body: the model the user asked for */
+    const char *system_fingerprint; /* NULL → null */
+    int64_t created;                /* unix seconds */
     size_t n_choices;
-    const out_choice *choices;       /* (n_choices), index = position */
+    const out_choice *choices; /* (n_choices), index = position */
     uint64_t prompt_tokens;
-    uint64_t completion_tokens;      /* all choices together */
-    const out_stamp *stamp;          /* NULL → no "spill" key */
+    uint64_t completion_tokens; /* all choices together */
+    const out_stamp *stamp;     /* NULL → no "spill" key */
 } out_result;
 
 /* An HTTP-style rejection of one row (status_code 400..599). */
 typedef struct out_http_error {
     const char *custom_id;
     int status_code;
-    const char *message;   /* one sentence */
-    const char *type;      /* NULL → "invalid_request_error" */
-    const char *param;     /* JSON path of the field, NULL → null */
-    const char *code;      /* e.g. "context_length_exceeded", NULL → null */
+    const char *message; /* one sentence */
+    const char *type;    /* NULL → "invalid_request_error" */
+    const char *param;   /* JSON path of the field, NULL → null */
+    const char *code;    /* e.g. "context_length_exceeded", NULL → null */
     const out_stamp *stamp;
 } out_http_error;
 
@@ -106,8 +106,7 @@ typedef struct out_ids {
 int output_chat_line(const out_result *r, const out_ids *ids, char **line, size_t *len, char *err, size_t errlen);
 
 /* /v1/completions success line (body object "text_completion", id "cmpl-…", legacy logprobs). */
-int output_completion_line(const out_result *r, const out_ids *ids, char **line, size_t *len, char *err,
-                           size_t errlen);
+int output_completion_line(const out_result *r, const out_ids *ids, char **line, size_t *len, char *err, size_t errlen);
 
 /* HTTP-style error line (for errors.jsonl). */
 int output_http_error_line(const out_http_error *e, const out_ids *ids, char **line, size_t *len, char *err,

@@ -64,7 +64,7 @@ typedef struct run_opts {
     int threads, batch, prefill_chunk, page_tokens, stream_slots;
     int mode;            /* 0 auto, 1 --stream, 2 --resident */
     uint64_t kv_bytes, mem_budget;
-    bool quiet;
+    bool quiet, exact;
 } run_opts;
 
 enum row_state { ROW_PENDING, ROW_ACTIVE, ROW_DONE };
@@ -950,6 +950,8 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
             o->mode = 2;
         else if (!strcmp(a, "--stream-slots") && has)
             o->stream_slots = atoi(argv[++i]);
+        else if (!strcmp(a, "--exact"))
+            o->exact = true;
         else if (!strcmp(a, "--quiet") || !strcmp(a, "-q"))
             o->quiet = true;
         else if (a[0] != '-' && np < 2)
@@ -968,10 +970,10 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
 
 static json_t *opts_json(const run_opts *o)
 {
-    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:i,s:i,s:b}", "threads", o->threads, "batch", o->batch,
+    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:i,s:i,s:b,s:b}", "threads", o->threads, "batch", o->batch,
                      "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
                      (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "mode", o->mode,
-                     "stream_slots", o->stream_slots, "quiet", o->quiet);
+                     "stream_slots", o->stream_slots, "quiet", o->quiet, "exact", o->exact);
 }
 
 static void defaults(run_opts *o)
@@ -1013,6 +1015,11 @@ static void runner_free(runner *r)
 /* Shared by run and resume once the options are known; `resuming` reopens o.out_dir. */
 static int run_job(runner *r, bool resuming)
 {
+    /* From here on SIGINT/SIGTERM only set a flag: the pass loop checkpoints and exits 75. */
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     char err[SPILL_ERRLEN], path[4096];
     int code = EX_DATAERR_;
     double t_open = now_s();
@@ -1038,7 +1045,7 @@ static int run_job(runner *r, bool resuming)
     /* Resident when weights + KV fit the budget (or --resident); else layers stream from storage. */
     bool stream = r->o.mode == 1 || (r->o.mode == 0 && r->m->total_bytes + r->o.kv_bytes > r->o.mem_budget);
     engine_opts eo = {r->o.threads, r->o.batch + r->o.prefill_chunk, r->o.batch + r->o.prefill_chunk,
-                      r->o.page_tokens, pages, stream, r->o.stream_slots, true};
+                      r->o.page_tokens, pages, stream, r->o.stream_slots, true, !r->o.exact};
     if (engine_open(r->m, &eo, &r->e, err, sizeof err)) {
         code = EX_SOFTWARE_;
         goto fail;
@@ -1118,10 +1125,6 @@ static int run_job(runner *r, bool resuming)
            engine_kv(r->e)->n_pages, r->o.page_tokens, job_dir(r->j), now_s() - t_open);
     fflush(stdout);
 
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     if (run_passes(r, err, sizeof err))
         goto fail_job;
     show_progress(r, 0, 0, true);
@@ -1177,7 +1180,7 @@ int run_main(int argc, char **argv)
     if (parse_opts(argc, argv, &r.o, false)) {
         fprintf(stderr, "usage: spill run MODEL INPUT.jsonl [-o DIR] [--batch N] [--threads N] [--kv-mem BYTES] "
                         "[--mem-budget BYTES] [--stream|--resident] [--stream-slots N] [--prefill-chunk N] "
-                        "[--page-tokens N] [--quiet]\n");
+                        "[--page-tokens N] [--exact] [--quiet]\n");
         return EX_USAGE_;
     }
     char dir[4096], id[JOB_ID_MAX], err[SPILL_ERRLEN];
@@ -1244,6 +1247,7 @@ int resume_main(int argc, char **argv)
         r.o.mode = (int)json_integer_value(json_object_get(opt, "mode"));
     if (!r.o.stream_slots)
         r.o.stream_slots = (int)json_integer_value(json_object_get(opt, "stream_slots"));
+    r.o.exact |= json_is_true(json_object_get(opt, "exact"));
     json_decref(man);
     return run_job(&r, true);
 }

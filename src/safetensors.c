@@ -23,10 +23,10 @@
  *   by offset the tensors tile [0, last END) with no gap or overlap; and
  *   8 + N + last END == file size (no trailing bytes, so no polyglot tail).
  *
- * Key decision: jansson parses the header (JSON_REJECT_DUPLICATES).  It does
- * not report positions per value, so a tensor's error names the byte offset of
- * its key, found by searching the header for the quoted name (the header
- * start when the name is written with escapes).
+ * Key decision: the header is parsed by a small parser for exactly this schema
+ * (see "the header parser" below for why not a general JSON library); jansson
+ * reads only model.safetensors.index.json.  Errors name the byte of the fault:
+ * the offending character for syntax, the tensor's key for schema and layout.
  */
 #include "safetensors.h"
 #include "util.h"
@@ -120,25 +120,6 @@ static const char *show(const char *s, char *buf)
     return buf;
 }
 
-/* Byte offset (in the file) of `"name"` inside the header, or of the header start. */
-static uint64_t key_offset(const char *json, uint64_t n, const char *name)
-{
-    size_t len = strlen(name);
-    char *q = malloc(len + 3);
-    uint64_t off = 8;
-    if (!q)
-        return off;
-    q[0] = '"';
-    memcpy(q + 1, name, len);
-    q[len + 1] = '"';
-    q[len + 2] = 0;
-    const char *hit = memmem(json, (size_t)n, q, len + 2);
-    if (hit)
-        off = 8 + (uint64_t)(hit - json);
-    free(q);
-    return off;
-}
-
 void st_close(st_file *f)
 {
     if (!f)
@@ -157,123 +138,319 @@ void st_close(st_file *f)
     free(f);
 }
 
-static int parse_metadata(st_file *f, json_t *meta, const char *json, uint64_t n, char *err, size_t errlen)
+/* ---- the header parser: JSON restricted to the safetensors schema ---- */
+
+/*
+ * Why not a general JSON library: a general parser builds a tree of every value
+ * before the schema is checked, so a 100 MB header of tiny entries costs seconds
+ * and gigabytes (measured with jansson: 1M entries, 6.5 s).  The schema is fixed:
+ * an object whose values are either the string map "__metadata__" or tensor
+ * objects of three known fields.  Parsing that grammar directly allocates only
+ * the result, reports the exact byte of every error, and needs no generic value
+ * skipping (any value of the wrong kind is already an error).
+ */
+typedef struct jp {
+    const char *s;
+    uint64_t n, pos; /* pos indexes the header; file byte = 8 + pos */
+    st_file *f;
+    uint64_t *koff; /* koff[i] = header position of tensor i's key */
+    size_t cap;     /* allocated entries of f->tensors and koff */
+    char *err;
+    size_t errlen;
+} jp;
+
+__attribute__((format(printf, 3, 4))) static int jfail(jp *p, uint64_t at, const char *fmt, ...)
 {
-    uint64_t at = key_offset(json, n, "__metadata__");
-    if (!json_is_object(meta))
-        return fail(err, errlen, f->path, at, "\"__metadata__\" is not an object of strings; the file is corrupt.");
-    size_t cnt = json_object_size(meta);
-    f->meta_keys = calloc(cnt ? cnt : 1, sizeof(char *));
-    f->meta_vals = calloc(cnt ? cnt : 1, sizeof(char *));
-    if (!f->meta_keys || !f->meta_vals)
-        return fail(err, errlen, f->path, at, "out of memory reading \"__metadata__\"; free memory and retry.");
-    const char *k;
-    json_t *v;
-    char shown[SHOWN];
-    json_object_foreach(meta, k, v)
-    {
-        if (!json_is_string(v))
-            return fail(err, errlen, f->path, at,
-                        "\"__metadata__\" value of \"%s\" is not a string; the file is corrupt.", show(k, shown));
-        size_t i = f->n_meta;
-        f->meta_keys[i] = strdup(k);
-        f->meta_vals[i] = strdup(json_string_value(v));
-        f->n_meta++;
-        if (!f->meta_keys[i] || !f->meta_vals[i])
-            return fail(err, errlen, f->path, at, "out of memory reading \"__metadata__\"; free memory and retry.");
+    char msg[SPILL_ERRLEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return fail(p->err, p->errlen, p->f->path, 8 + at, "%s", msg);
+}
+
+static void skip_ws(jp *p)
+{
+    while (p->pos < p->n &&
+           (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' || p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
+        p->pos++;
+}
+
+/* Fails with "expected <what>" at the current byte. */
+static int syntax(jp *p, const char *what)
+{
+    if (p->pos >= p->n)
+        return jfail(p, p->pos, "the header is not valid JSON (expected %s but the header ends); the file is corrupt.",
+                     what);
+    unsigned char c = (unsigned char)p->s[p->pos];
+    if (c >= 0x20 && c < 0x7f)
+        return jfail(p, p->pos, "the header is not valid JSON (expected %s but found '%c'); the file is corrupt.", what,
+                     c);
+    return jfail(p, p->pos, "the header is not valid JSON (expected %s but found byte 0x%02x); the file is corrupt.",
+                 what, c);
+}
+
+static bool peek(jp *p, char c)
+{
+    skip_ws(p);
+    return p->pos < p->n && p->s[p->pos] == c;
+}
+
+static int expect(jp *p, char c, const char *what)
+{
+    if (!peek(p, c))
+        return syntax(p, what);
+    p->pos++;
+    return 0;
+}
+
+static int hex4(const char *s, uint32_t *v)
+{
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0)
+            return -1;
+        *v = *v << 4 | (uint32_t)d;
     }
     return 0;
 }
 
-/* Reads a non-negative JSON integer. */
-static bool get_uint(json_t *v, uint64_t *out)
+/*
+ * Reads the JSON string at pos (after whitespace) into a fresh NUL-terminated
+ * buffer (*out, caller frees), resolving escapes.  The header was checked to be
+ * valid UTF-8 as a whole; escapes are checked here (surrogates paired, no \u0000,
+ * since names and values are C strings).
+ */
+static int read_string(jp *p, char **out, const char *what)
 {
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
+    *out = NULL;
+    if (!peek(p, '"'))
+        return syntax(p, what);
+    uint64_t start = ++p->pos, end = start;
+    while (end < p->n && p->s[end] != '"') {
+        if ((unsigned char)p->s[end] < 0x20)
+            return jfail(p, end,
+                         "the header is not valid JSON (raw control byte 0x%02x inside a string); the file is corrupt.",
+                         (unsigned char)p->s[end]);
+        end += p->s[end] == '\\' ? 2 : 1;
+    }
+    if (end >= p->n)
+        return jfail(p, start - 1, "the header is not valid JSON (a string is never closed); the file is corrupt.");
+    char *o = malloc(end - start + 1);
+    if (!o)
+        return jfail(p, start, "out of memory reading a %llu-byte string; free memory and retry.",
+                     (unsigned long long)(end - start));
+    size_t k = 0;
+    for (uint64_t i = start; i < end;) {
+        if (p->s[i] != '\\') {
+            o[k++] = p->s[i++];
+            continue;
+        }
+        char e = p->s[i + 1];
+        const char *simple = strchr("\"\\/bfnrt", e);
+        if (e && simple) {
+            o[k++] = "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"];
+            i += 2;
+            continue;
+        }
+        uint32_t cp, lo;
+        if (e != 'u' || i + 6 > end || hex4(p->s + i + 2, &cp)) {
+            free(o);
+            return jfail(p, i, "the header is not valid JSON (invalid escape in a string); the file is corrupt.");
+        }
+        uint64_t at = i;
+        i += 6;
+        if (cp >= 0xD800 && cp < 0xDC00) {
+            if (i + 6 > end || p->s[i] != '\\' || p->s[i + 1] != 'u' || hex4(p->s + i + 2, &lo) || lo < 0xDC00 ||
+                lo > 0xDFFF) {
+                free(o);
+                return jfail(p, at,
+                             "the header is not valid JSON (unpaired UTF-16 surrogate escape in a string); the file is "
+                             "corrupt.");
+            }
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            i += 6;
+        } else if ((cp >= 0xDC00 && cp <= 0xDFFF) || cp == 0) {
+            free(o);
+            return jfail(p, at, "the header is not valid JSON (%s escape in a string); the file is corrupt.",
+                         cp ? "unpaired UTF-16 surrogate" : "\\u0000");
+        }
+        /* an escape is >= 6 bytes and encodes to <= 4: the buffer is large enough */
+        if (cp < 0x80)
+            o[k++] = (char)cp;
+        else if (cp < 0x800) {
+            o[k++] = (char)(0xC0 | cp >> 6);
+            o[k++] = (char)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            o[k++] = (char)(0xE0 | cp >> 12);
+            o[k++] = (char)(0x80 | (cp >> 6 & 0x3F));
+            o[k++] = (char)(0x80 | (cp & 0x3F));
+        } else {
+            o[k++] = (char)(0xF0 | cp >> 18);
+            o[k++] = (char)(0x80 | (cp >> 12 & 0x3F));
+            o[k++] = (char)(0x80 | (cp >> 6 & 0x3F));
+            o[k++] = (char)(0x80 | (cp & 0x3F));
+        }
+    }
+    o[k] = 0;
+    p->pos = end + 1;
+    *out = o;
+    return 0;
+}
+
+/* Reads a JSON integer in [0, 2^64) at pos; false (pos unspecified) for anything else. */
+static bool read_uint(jp *p, uint64_t *v)
+{
+    skip_ws(p);
+    const char *s = p->s;
+    uint64_t i = p->pos;
+    if (i >= p->n || s[i] < '0' || s[i] > '9' || (s[i] == '0' && i + 1 < p->n && s[i + 1] >= '0' && s[i + 1] <= '9'))
         return false;
-    *out = (uint64_t)json_integer_value(v);
+    *v = 0;
+    for (; i < p->n && s[i] >= '0' && s[i] <= '9'; i++)
+        if (!ck_mul_u64(*v, 10, v) || !ck_add_u64(*v, (uint64_t)(s[i] - '0'), v))
+            return false;
+    if (i < p->n && (s[i] == '.' || s[i] == 'e' || s[i] == 'E'))
+        return false;
+    p->pos = i;
     return true;
 }
 
-/* Fails for tensor t: "<file>: byte <offset of its key>: tensor "<name>"<msg>".  The key is
- * searched for only here, on the error path: searching per tensor would be quadratic. */
-__attribute__((format(printf, 7, 8))) static int tfail(const st_file *f, const st_tensor *t, const char *json,
-                                                       uint64_t n, char *err, size_t errlen, const char *fmt, ...)
+/*
+ * Reads "[u, ...]" of at most `max` non-negative integers into v; *count gets
+ * the number.  Returns 0, -1 (not such an array), -2 (more than max).
+ */
+static int read_uint_array(jp *p, uint64_t *v, uint32_t max, uint32_t *count)
+{
+    *count = 0;
+    if (!peek(p, '['))
+        return -1;
+    p->pos++;
+    if (peek(p, ']')) {
+        p->pos++;
+        return 0;
+    }
+    for (;;) {
+        if (*count == max)
+            return -2;
+        if (!read_uint(p, &v[(*count)++]))
+            return -1;
+        if (peek(p, ']')) {
+            p->pos++;
+            return 0;
+        }
+        if (!peek(p, ','))
+            return -1;
+        p->pos++;
+    }
+}
+
+/* Fails for tensor i: "<file>: byte <its key>: tensor "<name>"<msg>". */
+__attribute__((format(printf, 3, 4))) static int tfail(jp *p, size_t i, const char *fmt, ...)
 {
     char shown[SHOWN], msg[SPILL_ERRLEN];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return fail(err, errlen, f->path, key_offset(json, n, t->name), "tensor \"%s\"%s", show(t->name, shown), msg);
+    return jfail(p, p->koff[i], "tensor \"%s\"%s", show(p->f->tensors[i].name, shown), msg);
 }
 
-/* Validates one tensor entry into t (name already set). */
-static int parse_tensor(st_file *f, st_tensor *t, json_t *v, const char *json, uint64_t n, char *err, size_t errlen)
+/* Parses tensor i's object {"dtype": .., "shape": [..], "data_offsets": [B, E]} and checks its size. */
+static int parse_tensor(jp *p, size_t i)
 {
-    if (!json_is_object(v))
-        return tfail(f, t, json, n, err, errlen, " is not an object; the file is corrupt.");
-    const char *k;
-    json_t *x;
-    char kshown[SHOWN];
-    json_object_foreach(v, k, x)
-    {
-        if (strcmp(k, "dtype") && strcmp(k, "shape") && strcmp(k, "data_offsets"))
-            return tfail(f, t, json, n, err, errlen, " has unknown field \"%s\"; the file is corrupt.",
-                         show(k, kshown));
+    st_tensor *t = &p->f->tensors[i];
+    if (!peek(p, '{'))
+        return tfail(p, i, " is not an object; the file is corrupt.");
+    p->pos++;
+    bool has_dtype = false, has_shape = false, has_offs = false;
+    uint64_t offs[2];
+    uint32_t n_offs = 0;
+    char shown[SHOWN];
+    while (!peek(p, '}')) {
+        if ((has_dtype || has_shape || has_offs) && expect(p, ',', "',' or '}' after a tensor field"))
+            return -1;
+        char *key;
+        if (read_string(p, &key, "a field name") || expect(p, ':', "':' after a field name")) {
+            free(key);
+            return -1;
+        }
+        bool *seen = !strcmp(key, "dtype")          ? &has_dtype
+                     : !strcmp(key, "shape")        ? &has_shape
+                     : !strcmp(key, "data_offsets") ? &has_offs
+                                                    : NULL;
+        if (!seen || *seen) {
+            int rc = tfail(p, i,
+                           seen ? " has field \"%s\" twice; the file is corrupt."
+                                : " has unknown field \"%s\"; the file is corrupt.",
+                           show(key, shown));
+            free(key);
+            return rc;
+        }
+        *seen = true;
+        if (seen == &has_dtype) {
+            free(key);
+            char *dt;
+            if (!peek(p, '"'))
+                return tfail(p, i, ": \"dtype\" is missing or not a string; the file is corrupt.");
+            if (read_string(p, &dt, "a string"))
+                return -1;
+            t->dtype = ST_DTYPE_COUNT;
+            for (uint32_t d = 0; d < ST_DTYPE_COUNT; d++)
+                if (strcmp(dt, DTYPES[d].name) == 0)
+                    t->dtype = d;
+            if (t->dtype == ST_DTYPE_COUNT) {
+                int rc = tfail(p, i, ": dtype \"%s\" is unknown; the file is corrupt or needs a newer spill.",
+                               show(dt, shown));
+                free(dt);
+                return rc;
+            }
+            free(dt);
+        } else if (seen == &has_shape) {
+            free(key);
+            int rc = read_uint_array(p, t->shape, ST_MAX_DIMS, &t->n_dims);
+            if (rc == -2)
+                return tfail(p, i, ": shape has more than %d dimensions; the file is corrupt.", ST_MAX_DIMS);
+            if (rc)
+                return tfail(p, i, ": \"shape\" is not an array of non-negative integers; the file is corrupt.");
+        } else {
+            free(key);
+            if (read_uint_array(p, offs, 2, &n_offs) || n_offs != 2)
+                return tfail(p, i,
+                             ": \"data_offsets\" is not [BEGIN, END] with non-negative integers; the file is corrupt.");
+        }
     }
-
-    json_t *dt = json_object_get(v, "dtype");
-    if (!json_is_string(dt))
-        return tfail(f, t, json, n, err, errlen, ": \"dtype\" is missing or not a string; the file is corrupt.");
-    t->dtype = ST_DTYPE_COUNT;
-    for (uint32_t d = 0; d < ST_DTYPE_COUNT; d++)
-        if (strcmp(json_string_value(dt), DTYPES[d].name) == 0)
-            t->dtype = d;
-    if (t->dtype == ST_DTYPE_COUNT)
-        return tfail(f, t, json, n, err, errlen,
-                     ": dtype \"%s\" is unknown; the file is corrupt or needs a newer spill.",
-                     show(json_string_value(dt), kshown));
-
-    json_t *sh = json_object_get(v, "shape");
-    if (!json_is_array(sh))
-        return tfail(f, t, json, n, err, errlen, ": \"shape\" is missing or not an array; the file is corrupt.");
-    if (json_array_size(sh) > ST_MAX_DIMS)
-        return tfail(f, t, json, n, err, errlen, ": shape has %zu dimensions, more than %d; the file is corrupt.",
-                     json_array_size(sh), ST_MAX_DIMS);
-    t->n_dims = (uint32_t)json_array_size(sh);
-    uint64_t bits = DTYPES[t->dtype].bits;
-    bool overflow = false;
-    for (uint32_t d = 0; d < t->n_dims; d++) {
-        if (!get_uint(json_array_get(sh, d), &t->shape[d]))
-            return tfail(f, t, json, n, err, errlen, ": shape[%u] is not a non-negative integer; the file is corrupt.",
-                         d);
-        overflow |= !ck_mul_u64(bits, t->shape[d], &bits);
-    }
-
-    json_t *off = json_object_get(v, "data_offsets");
-    uint64_t begin, end;
-    if (!json_is_array(off) || json_array_size(off) != 2 || !get_uint(json_array_get(off, 0), &begin) ||
-        !get_uint(json_array_get(off, 1), &end))
-        return tfail(f, t, json, n, err, errlen,
-                     ": \"data_offsets\" is missing or not [BEGIN, END] with "
-                     "non-negative integers; the file is corrupt.");
+    p->pos++;
+    if (!has_dtype)
+        return tfail(p, i, ": \"dtype\" is missing or not a string; the file is corrupt.");
+    if (!has_shape)
+        return tfail(p, i, ": \"shape\" is missing; the file is corrupt.");
+    if (!has_offs)
+        return tfail(p, i, ": \"data_offsets\" is missing; the file is corrupt.");
+    uint64_t begin = offs[0], end = offs[1], bits = DTYPES[t->dtype].bits;
     if (end < begin)
-        return tfail(f, t, json, n, err, errlen,
-                     ": data_offsets [%llu, %llu] end before they begin; the file is corrupt.",
+        return tfail(p, i, ": data_offsets [%llu, %llu] end before they begin; the file is corrupt.",
                      (unsigned long long)begin, (unsigned long long)end);
-    /* a 0 dim makes the tensor empty whatever the other dims are */
-    for (uint32_t d = 0; d < t->n_dims; d++)
-        if (t->shape[d] == 0)
-            overflow = false, bits = 0;
+    bool overflow = false, empty = false;
+    for (uint32_t d = 0; d < t->n_dims; d++) {
+        overflow |= !ck_mul_u64(bits, t->shape[d], &bits);
+        empty |= t->shape[d] == 0;
+    }
+    if (empty) /* a 0 dim makes the tensor empty whatever the other dims are */
+        overflow = false, bits = 0;
     if (overflow)
-        return tfail(f, t, json, n, err, errlen,
-                     ": the %s byte size of its shape overflows 64 bits; the file is corrupt.", DTYPES[t->dtype].name);
+        return tfail(p, i, ": the %s byte size of its shape overflows 64 bits; the file is corrupt.",
+                     DTYPES[t->dtype].name);
     if (bits % 8)
-        return tfail(f, t, json, n, err, errlen,
-                     ": its %s elements do not fill a whole number of bytes; the file is corrupt.",
+        return tfail(p, i, ": its %s elements do not fill a whole number of bytes; the file is corrupt.",
                      DTYPES[t->dtype].name);
     if (end - begin != bits / 8)
-        return tfail(f, t, json, n, err, errlen,
+        return tfail(p, i,
                      ": data_offsets [%llu, %llu] hold %llu bytes but its %s shape needs %llu; the file is corrupt.",
                      (unsigned long long)begin, (unsigned long long)end, (unsigned long long)(end - begin),
                      DTYPES[t->dtype].name, (unsigned long long)(bits / 8));
@@ -282,55 +459,224 @@ static int parse_tensor(st_file *f, st_tensor *t, json_t *v, const char *json, u
     return 0;
 }
 
-static int by_offset(const void *a, const void *b)
+static int by_cstr(const void *a, const void *b)
 {
-    const st_tensor *x = a, *y = b;
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Parses {"k": "v", ...} into f->meta_keys/meta_vals; `at` is the header position of the key. */
+static int parse_metadata(jp *p, uint64_t at)
+{
+    st_file *f = p->f;
+    char shown[SHOWN];
+    if (f->meta_keys)
+        return jfail(p, at, "\"__metadata__\" appears twice in the header; the file is corrupt.");
+    if (!peek(p, '{'))
+        return jfail(p, at, "\"__metadata__\" is not an object of strings; the file is corrupt.");
+    p->pos++;
+    size_t cap = 8;
+    f->meta_keys = calloc(cap, sizeof(char *));
+    f->meta_vals = calloc(cap, sizeof(char *));
+    if (!f->meta_keys || !f->meta_vals)
+        return jfail(p, at, "out of memory reading \"__metadata__\"; free memory and retry.");
+    while (!peek(p, '}')) {
+        if (f->n_meta && expect(p, ',', "',' or '}' in \"__metadata__\""))
+            return -1;
+        if (f->n_meta == cap) {
+            char **k = realloc(f->meta_keys, 2 * cap * sizeof(char *));
+            if (k)
+                f->meta_keys = k;
+            char **v = k ? realloc(f->meta_vals, 2 * cap * sizeof(char *)) : NULL;
+            if (v)
+                f->meta_vals = v;
+            if (!k || !v)
+                return jfail(p, at, "out of memory reading \"__metadata__\"; free memory and retry.");
+            cap *= 2;
+        }
+        size_t i = f->n_meta;
+        f->meta_vals[i] = NULL;
+        if (read_string(p, &f->meta_keys[i], "a string key in \"__metadata__\""))
+            return -1;
+        f->n_meta++;
+        if (expect(p, ':', "':' after a key"))
+            return -1;
+        if (!peek(p, '"'))
+            return jfail(p, at, "\"__metadata__\" value of \"%s\" is not a string; the file is corrupt.",
+                         show(f->meta_keys[i], shown));
+        if (read_string(p, &f->meta_vals[i], "a string"))
+            return -1;
+    }
+    p->pos++;
+    /* duplicate keys: sort a copy of the key pointers */
+    char **sorted = malloc((f->n_meta ? f->n_meta : 1) * sizeof(char *));
+    if (!sorted)
+        return jfail(p, at, "out of memory reading \"__metadata__\"; free memory and retry.");
+    memcpy(sorted, f->meta_keys, f->n_meta * sizeof(char *));
+    qsort(sorted, f->n_meta, sizeof(char *), by_cstr);
+    for (size_t i = 1; i < f->n_meta; i++)
+        if (!strcmp(sorted[i - 1], sorted[i])) {
+            jfail(p, at, "\"__metadata__\" has key \"%s\" twice; the file is corrupt.", show(sorted[i], shown));
+            free(sorted);
+            return -1;
+        }
+    free(sorted);
+    return 0;
+}
+
+/* Makes room for one more tensor (arrays grow by doubling: bounded by the entries actually present). */
+static int grow(jp *p, uint64_t at)
+{
+    st_file *f = p->f;
+    if (f->n_tensors == MAX_TENSORS)
+        return jfail(p, at, "the header lists more than %u tensors; the file is corrupt.", MAX_TENSORS);
+    if (f->n_tensors < p->cap)
+        return 0;
+    size_t cap = p->cap ? 2 * p->cap : 64;
+    st_tensor *t = realloc(f->tensors, cap * sizeof *t);
+    if (t)
+        f->tensors = t;
+    uint64_t *k = t ? realloc(p->koff, cap * sizeof *k) : NULL;
+    if (k)
+        p->koff = k;
+    if (!t || !k)
+        return jfail(p, at, "out of memory for %zu tensors; free memory and retry.", cap);
+    memset(f->tensors + p->cap, 0, (cap - p->cap) * sizeof *t);
+    p->cap = cap;
+    return 0;
+}
+
+/* Sort orders over (tensor, index) pairs: the index keeps the key offsets reachable. */
+typedef struct ord {
+    const st_tensor *t;
+    size_t i;
+} ord;
+
+static int ord_by_name(const void *a, const void *b)
+{
+    const ord *x = a, *y = b;
+    int c = strcmp(x->t->name, y->t->name);
+    return c ? c : (x->i > y->i) - (x->i < y->i);
+}
+
+static int ord_by_offset(const void *a, const void *b)
+{
+    const st_tensor *x = ((const ord *)a)->t, *y = ((const ord *)b)->t;
     if (x->offset != y->offset)
         return x->offset < y->offset ? -1 : 1;
     if (x->size != y->size)
         return x->size < y->size ? -1 : 1;
-    return strcmp(x->name, y->name);
+    return ord_by_name(a, b);
 }
 
-/* Checks that the sorted tensors tile the data buffer exactly, then makes offsets absolute. */
-static int check_layout(st_file *f, const char *json, uint64_t n, char *err, size_t errlen)
+/*
+ * Rejects duplicate names, checks that the tensors sorted by offset tile the
+ * data buffer exactly, then stores them in that order with absolute offsets.
+ */
+static int check_layout(jp *p)
 {
-    qsort(f->tensors, f->n_tensors, sizeof *f->tensors, by_offset);
-    uint64_t pos = 0, buf = f->file_size - 8 - n;
-    char shown[SHOWN], pshown[SHOWN];
-    for (size_t i = 0; i < f->n_tensors; i++) {
-        st_tensor *t = &f->tensors[i];
-        if (t->offset != pos) {
-            const char *how = t->offset > pos ? "leaving a gap" : "so they overlap";
-            if (i == 0)
-                return fail(err, errlen, f->path, key_offset(json, n, t->name),
-                            "tensor \"%s\": data begins at "
-                            "buffer offset %llu, which leaves a gap at the start of the data buffer; the file is "
-                            "corrupt.",
-                            show(t->name, shown), (unsigned long long)t->offset);
-            return fail(err, errlen, f->path, key_offset(json, n, t->name),
-                        "tensor \"%s\": data begins at buffer "
-                        "offset %llu but the previous tensor \"%s\" ends at %llu, %s; the file is corrupt.",
-                        show(t->name, shown), (unsigned long long)t->offset, show(f->tensors[i - 1].name, pshown),
-                        (unsigned long long)pos, how);
-        }
-        pos += t->size; /* cannot overflow: pos == offset and offset + size == END */
+    st_file *f = p->f;
+    size_t n = f->n_tensors;
+    ord *o = malloc((n ? n : 1) * sizeof *o);
+    st_tensor *sorted = malloc((n ? n : 1) * sizeof *sorted);
+    char shown[SHOWN];
+    int rc = -1;
+    if (!o || !sorted) {
+        jfail(p, 0, "out of memory sorting %zu tensors; free memory and retry.", n);
+        goto out;
     }
-    if (pos != buf)
-        return fail(err, errlen, f->path, 8 + n,
-                    "the tensors cover %llu bytes but the data buffer holds %llu; the file is %s.",
-                    (unsigned long long)pos, (unsigned long long)buf,
-                    pos > buf ? "truncated" : "corrupt (trailing bytes after the last tensor)");
-    for (size_t i = 0; i < f->n_tensors; i++)
-        f->tensors[i].offset += 8 + n;
-    return 0;
+    for (size_t i = 0; i < n; i++)
+        o[i] = (ord){&f->tensors[i], i};
+    qsort(o, n, sizeof *o, ord_by_name);
+    for (size_t i = 1; i < n; i++)
+        if (!strcmp(o[i - 1].t->name, o[i].t->name)) {
+            tfail(p, o[i].i, " appears twice in the header; the file is corrupt.");
+            goto out;
+        }
+    qsort(o, n, sizeof *o, ord_by_offset);
+    uint64_t pos = 0, buf = f->file_size - 8 - p->n;
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *t = o[i].t;
+        if (t->offset != pos && i == 0) {
+            tfail(p, o[i].i,
+                  ": data begins at buffer offset %llu, which leaves a gap at the start of the data buffer; "
+                  "the file is corrupt.",
+                  (unsigned long long)t->offset);
+            goto out;
+        }
+        if (t->offset != pos) {
+            tfail(p, o[i].i,
+                  ": data begins at buffer offset %llu but the previous tensor \"%s\" ends at %llu, %s; the "
+                  "file is corrupt.",
+                  (unsigned long long)t->offset, show(o[i - 1].t->name, shown), (unsigned long long)pos,
+                  t->offset > pos ? "leaving a gap" : "so they overlap");
+            goto out;
+        }
+        pos += t->size; /* cannot overflow: pos == BEGIN and BEGIN + size == END */
+    }
+    if (pos != buf) {
+        jfail(p, p->n, "the tensors cover %llu bytes but the data buffer holds %llu; the file is %s.",
+              (unsigned long long)pos, (unsigned long long)buf,
+              pos > buf ? "truncated" : "corrupt (trailing bytes after the last tensor)");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        sorted[i] = *o[i].t;
+        sorted[i].offset += 8 + p->n;
+    }
+    if (n)
+        memcpy(f->tensors, sorted, n * sizeof *sorted);
+    rc = 0;
+out:
+    free(o);
+    free(sorted);
+    return rc;
+}
+
+/* The top level: {"name": tensor | "__metadata__": {..}, ...} then only whitespace. */
+static int parse_root(jp *p)
+{
+    st_file *f = p->f;
+    p->pos = 1; /* the caller checked the '{' */
+    while (!peek(p, '}')) {
+        if ((f->n_tensors || f->meta_keys) && expect(p, ',', "',' or '}' after an entry"))
+            return -1;
+        skip_ws(p);
+        uint64_t at = p->pos;
+        char *key;
+        if (read_string(p, &key, "a string key"))
+            return -1;
+        if (expect(p, ':', "':' after a key")) {
+            free(key);
+            return -1;
+        }
+        if (!strcmp(key, "__metadata__")) {
+            free(key);
+            if (parse_metadata(p, at))
+                return -1;
+            continue;
+        }
+        if (grow(p, at)) {
+            free(key);
+            return -1;
+        }
+        size_t i = f->n_tensors++;
+        memset(&f->tensors[i], 0, sizeof f->tensors[i]);
+        f->tensors[i].name = key;
+        p->koff[i] = at;
+        if (parse_tensor(p, i))
+            return -1;
+    }
+    p->pos++;
+    skip_ws(p);
+    if (p->pos < p->n)
+        return syntax(p, "only spaces after the closing '}'");
+    return check_layout(p);
 }
 
 int st_parse_header(const char *json, uint64_t n, uint64_t file_size, const char *name, st_file **out, char *err,
                     size_t errlen)
 {
     *out = NULL;
-    json_t *root = NULL;
     st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(name))) {
         free(f);
@@ -338,6 +684,7 @@ int st_parse_header(const char *json, uint64_t n, uint64_t file_size, const char
     }
     f->file_size = file_size;
     f->header_len = n;
+    jp p = {.s = json, .n = n, .f = f, .err = err, .errlen = errlen};
     if (n > MAX_HEADER || 8 + n > file_size) {
         fail(err, errlen, name, 0,
              "header length %llu does not fit in the %llu-byte file; the file is truncated or corrupt.",
@@ -352,49 +699,14 @@ int st_parse_header(const char *json, uint64_t n, uint64_t file_size, const char
         fail(err, errlen, name, 8, "the header is not valid UTF-8; the file is corrupt.");
         goto out_fail;
     }
-    json_error_t je;
-    root = json_loadb(json, (size_t)n, JSON_REJECT_DUPLICATES, &je);
-    if (!root) {
-        fail(err, errlen, name, 8 + (uint64_t)(je.position > 0 ? je.position : 0),
-             "the header is not valid JSON (%s); the file is corrupt.", je.text);
+    if (parse_root(&p))
         goto out_fail;
-    }
-    json_t *meta = json_object_get(root, "__metadata__");
-    size_t cnt = json_object_size(root) - (meta ? 1 : 0);
-    if (cnt > MAX_TENSORS) {
-        fail(err, errlen, name, 8, "the header lists %zu tensors, more than the limit of %u; the file is corrupt.", cnt,
-             MAX_TENSORS);
-        goto out_fail;
-    }
-    if (meta && parse_metadata(f, meta, json, n, err, errlen))
-        goto out_fail;
-    f->tensors = calloc(cnt ? cnt : 1, sizeof *f->tensors);
-    if (!f->tensors) {
-        fail(err, errlen, name, 8, "out of memory for %zu tensors; free memory and retry.", cnt);
-        goto out_fail;
-    }
-    const char *k;
-    json_t *v;
-    json_object_foreach(root, k, v)
-    {
-        if (strcmp(k, "__metadata__") == 0)
-            continue;
-        st_tensor *t = &f->tensors[f->n_tensors++];
-        if (!(t->name = strdup(k))) {
-            fail(err, errlen, name, 8, "out of memory for tensor names; free memory and retry.");
-            goto out_fail;
-        }
-        if (parse_tensor(f, t, v, json, n, err, errlen))
-            goto out_fail;
-    }
-    if (check_layout(f, json, n, err, errlen))
-        goto out_fail;
-    json_decref(root);
+    free(p.koff);
     *out = f;
     return 0;
 
 out_fail:
-    json_decref(root);
+    free(p.koff);
     st_close(f);
     return -1;
 }

@@ -1318,16 +1318,16 @@ static bool known_filter(const char *nm)
         "abs", "attr", "capitalize", "count", "d", "default", "dictsort", "e", "escape", "first", "float", "indent",
         "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min", "reject", "rejectattr",
         "replace", "reverse", "round", "safe", "select", "selectattr", "sort", "string", "sum", "title", "tojson",
-        "trim", "unique", "upper", "wordcount", "center", "truncate", "format", "batch", "pprint", NULL};
+        "trim", "unique", "upper", NULL};
     return in_list(nm, names);
 }
 
 static bool known_test(const char *nm)
 {
     static const char *const names[] = {
-        "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "escaped", "even", "false", "filter", "float",
+        "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "escaped", "even", "false", "float",
         "ge", "gt", "greaterthan", "in", "integer", "iterable", "le", "lower", "lessthan", "lt", "mapping", "ne",
-        "none", "number", "odd", "sameas", "sequence", "string", "test", "true", "undefined", "upper", "==", "!=",
+        "none", "number", "odd", "sameas", "sequence", "string", "true", "undefined", "upper", "==", "!=",
         "<", "<=", ">", ">=", NULL};
     return in_list(nm, names);
 }

@@ -435,7 +435,10 @@ static int slice_indices(ev *e, const node *n, jv start, jv stop, jv step, size_
 static int do_slice(ev *e, const node *n, jv obj, jv start, jv stop, jv step, jv *out)
 {
     if (obj.t == JV_UNDEF) return fail_undef(e, n, obj);
-    if (obj.t != JV_LIST && obj.t != JV_STR) return fail(e, n, "'%s' object is not subscriptable", jv_type_name(obj));
+    if (obj.t != JV_LIST && obj.t != JV_STR) { /* jinja's getitem turns the TypeError into Undefined */
+        *out = jv_undef_hint(&e->heap, "'%s' object is not subscriptable", jv_type_name(obj));
+        return 0;
+    }
     bool is_str = obj.t == JV_STR;
     size_t len = is_str ? utf8_count(obj.u.s->s, obj.u.s->len) : obj.u.l->n;
     int64_t a, b, s;
@@ -978,10 +981,11 @@ static int apply_test(ev *e, const node *n, const char *name, jv v, jv *arg, boo
     else if (!strcmp(name, "sequence")) *res = v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF;
     else if (!strcmp(name, "callable")) *res = v.t == JV_FUNC;
     else if (!strcmp(name, "escaped")) *res = false;
-    else if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
-        jv t;
-        if (v.t != JV_STR) return fail(e, n, "test '%s' needs a string, got %s", name, jv_type_name(v));
-        if (str_case(e, n, v, name[0] == 'l' ? 'l' : 'u', &t)) return -1;
+    else if (!strcmp(name, "lower") || !strcmp(name, "upper")) { /* str(value).islower()/isupper() */
+        jv t, sv;
+        if (to_str(e, n, v, &sv)) return -1;
+        v = sv;
+        if (str_case(e, n, v, name[0] == 'l' ? 'l' : 'u', &t)) return jv_unref(sv), -1;
         *res = jv_equal(t, v);
         bool any_cased = false;
         for (size_t i = 0; i < v.u.s->len;) {
@@ -992,6 +996,7 @@ static int apply_test(ev *e, const node *n, const char *name, jv v, jv *arg, boo
         }
         *res = *res && any_cased;
         jv_unref(t);
+        jv_unref(sv);
     } else if (!strcmp(name, "odd") || !strcmp(name, "even")) {
         if (!is_int(v)) return fail(e, n, "test '%s' needs an integer, got %s", name, jv_type_name(v));
         *res = (as_int(v) % 2 != 0) == (name[0] == 'o');
@@ -999,9 +1004,6 @@ static int apply_test(ev *e, const node *n, const char *name, jv v, jv *arg, boo
         if (!arg || !is_int(v) || !is_int(*arg)) return fail(e, n, "test 'divisibleby' needs integers");
         if (!as_int(*arg)) return fail(e, n, "integer division or modulo by zero");
         *res = as_int(v) % as_int(*arg) == 0;
-    } else if (!strcmp(name, "filter") || !strcmp(name, "test")) {
-        *res = false; /* asks whether a filter/test exists: answered from the parser's tables below */
-        return fail(e, n, "test '%s' is not supported", name);
     } else {
         if (!arg) return fail(e, n, "test '%s' needs an argument", name);
         int op;
@@ -1034,6 +1036,10 @@ static int filter_select(ev *e, const node *n, jv v, cargs *a, bool by_attr, boo
     size_t first = by_attr ? 1 : 0;
     jv *attr = by_attr ? arg_get(a, 0, NULL) : NULL;
     jv *test = arg_get(a, first, NULL);
+    if (!jv_truthy(v)) { /* jinja: `if value:` guards the loop, so falsy inputs give nothing */
+        *out = jv_list(&e->heap, 0, false);
+        return built(e, n, out);
+    }
     if (by_attr && !attr) return fail(e, n, "selectattr/rejectattr need an attribute name");
     if (test && test->t != JV_STR) return fail(e, n, "the test name must be a string");
     if (iterate(e, n, v, &items)) return -1;
@@ -1174,7 +1180,8 @@ static bool parse_pyfloat(const char *s, double *out)
 static int filter_indent(ev *e, const node *n, jv v, cargs *a, jv *out)
 {
     jv s, *w = arg_get(a, 0, "width"), *first = arg_get(a, 1, "first"), *blank = arg_get(a, 2, "blank");
-    if (to_str(e, n, v, &s)) return -1;
+    if (v.t != JV_STR) return fail(e, n, "unsupported operand type(s) for +=: '%s' and 'str' (indent needs a string)", jv_type_name(v));
+    s = jv_ref(v);
     jbuf ind = {0}, b = {.max = e->lim->max_output};
     if (w && w->t == JV_STR) jbuf_put(&ind, w->u.s->s, w->u.s->len);
     else for (int64_t i = 0; i < (w && is_int(*w) ? as_int(*w) : 4) && i < 1024; i++) jbuf_putc(&ind, ' ');
@@ -1353,10 +1360,15 @@ static int apply_filter_inner(ev *e, const node *n, const char *name, jv v, carg
     }
     if (fname(name, "replace")) {
         jv s, *old = arg_get(a, 0, "old"), *nw = arg_get(a, 1, "new"), *cnt = arg_get(a, 2, "count");
+        jv so, sn;
         if (!old || !nw) return fail(e, n, "replace needs old and new strings");
         if (to_str(e, n, v, &s)) return -1;
-        int rc = str_replace(e, n, s, *old, *nw, cnt && is_int(*cnt) ? as_int(*cnt) : -1, out);
+        if (to_str(e, n, *old, &so)) return jv_unref(s), -1;
+        if (to_str(e, n, *nw, &sn)) return jv_unref(s), jv_unref(so), -1;
+        int rc = str_replace(e, n, s, so, sn, cnt && is_int(*cnt) ? as_int(*cnt) : -1, out);
         jv_unref(s);
+        jv_unref(so);
+        jv_unref(sn);
         return rc;
     }
     if (fname(name, "tojson")) return filter_tojson(e, n, v, a, out);
@@ -1384,6 +1396,10 @@ static int apply_filter_inner(ev *e, const node *n, const char *name, jv v, carg
     if (fname(name, "rejectattr")) return filter_select(e, n, v, a, true, false, out);
     if (fname(name, "map")) {
         jv items, *attr = arg_get(a, (size_t)-1, "attribute"), *dflt = arg_get(a, (size_t)-1, "default");
+        if (!jv_truthy(v)) {
+            *out = jv_list(&e->heap, 0, false);
+            return built(e, n, out);
+        }
         if (!attr && (!a->npos || a->pos[0].t != JV_STR)) return fail(e, n, "map needs a filter name or attribute=");
         if (iterate(e, n, v, &items)) return -1;
         *out = jv_list(&e->heap, items.u.l->n, false);
@@ -1538,6 +1554,7 @@ static int apply_filter_inner(ev *e, const node *n, const char *name, jv v, carg
         double x = as_num(v), m = pow(10.0, prec && is_int(*prec) ? (double)as_int(*prec) : 0.0);
         const char *md = method && method->t == JV_STR ? method->u.s->s : "common";
         double r;
+        if (!strcmp(md, "common") && is_int(v)) return *out = jv_int(as_int(v)), 0; /* Python round(int, k) is int */
         if (!strcmp(md, "common")) r = nearbyint(x * m) / m;
         else if (!strcmp(md, "ceil")) r = ceil(x * m) / m;
         else if (!strcmp(md, "floor")) r = floor(x * m) / m;

@@ -234,9 +234,11 @@ int tokenizer_from_gguf(const gguf_file *f, tokenizer **out, char *err, size_t e
         return util_errf(err, errlen, "%s: tokenizer.ggml.tokens must be a non-empty string array of fewer than %lld.",
                          fname, (long long)MAX_IDS);
     size_t n = (size_t)tokens->arr_n;
-    if (types && (types->type != GGUF_V_ARRAY || types->arr_n != n))
+    /* numeric element types only: gguf_arr_num gives NaN for the others */
+#define NUMERIC(kv) ((kv)->arr_type != GGUF_V_STRING && (kv)->arr_type != GGUF_V_ARRAY && (kv)->arr_type != GGUF_V_BOOL)
+    if (types && (types->type != GGUF_V_ARRAY || types->arr_n != n || !NUMERIC(types)))
         return util_errf(err, errlen, "%s: tokenizer.ggml.token_type must have one entry per token (%zu).", fname, n);
-    if (scores && (scores->type != GGUF_V_ARRAY || scores->arr_n != n))
+    if (scores && (scores->type != GGUF_V_ARRAY || scores->arr_n != n || !NUMERIC(scores)))
         return util_errf(err, errlen, "%s: tokenizer.ggml.scores must have one entry per token (%zu).", fname, n);
     if (merges && (merges->type != GGUF_V_ARRAY || merges->arr_type != GGUF_V_STRING))
         return util_errf(err, errlen, "%s: tokenizer.ggml.merges must be a string array.", fname);
@@ -326,6 +328,10 @@ int tokenizer_from_gguf(const gguf_file *f, tokenizer **out, char *err, size_t e
             /* dict(zip(tokens, scores)) keeps the last score of a duplicated piece,
              * which is this surviving (last) id's own */
             score[i] = gemma ? -(double)i : gguf_arr_num(scores, i);
+            if (score[i] != score[i]) {
+                util_errf(err, errlen, "%s: tokenizer.ggml.scores[%zu] is NaN.", fname, i);
+                goto fail;
+            }
         }
         if (generate_merges(t, score, err, errlen) != 0)
             goto fail;
@@ -384,7 +390,8 @@ int tokenizer_from_gguf(const gguf_file *f, tokenizer **out, char *err, size_t e
             t->special[sk[i].which] = (int32_t)v;
     }
     for (size_t i = 0; types && i < n; i++) {
-        int ty = (int)gguf_arr_num(types, i);
+        double tyd = gguf_arr_num(types, i);
+        int ty = tyd >= 0 && tyd <= 16 ? (int)tyd : 0;
         size_t len;
         const char *s = gguf_arr_str(f, tokens, i, &len);
         if (ty == 3 && (!gpt2 || all_in_byte_alphabet(s, len))) {

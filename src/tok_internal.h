@@ -21,8 +21,8 @@
 #include "util.h"
 
 #define MAX_NODE_DEPTH 32
-/* Largest id we accept; real vocabularies stop near 262,144. */
-#define MAX_IDS ((int64_t)1 << 24)
+/* Largest id + 1 we accept (4M); real vocabularies stop near 262,144. */
+#define MAX_IDS ((int64_t)1 << 22)
 
 typedef struct {
     char *p;
@@ -100,7 +100,9 @@ typedef struct {
     size_t literal_len;
 } pattern;
 
-/* Per-encode regex scratch: one match context with limits (and a JIT stack). */
+/* Per-call regex scratch (one per encode/decode, so a tokenizer is shared
+ * read-only between threads): a match context with limits, created on first
+ * use, and a large JIT stack only if the default one runs out. */
 typedef struct {
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit;
@@ -185,7 +187,6 @@ struct tokenizer {
     node *normalizer, *pretok, *decoder;
     int32_t *post_pre, *post_post; /* ids around the sequence when add_special */
     size_t n_post_pre, n_post_post;
-    bool needs_rx;
     int32_t special[TOK_SPECIAL_COUNT];
 };
 
@@ -199,7 +200,8 @@ bool tk_is_word(uint32_t c);
 int tk_pattern_compile(pattern *pt, const char *src, size_t len, bool regex, const char *where, char *err,
                        size_t errlen);
 void tk_pattern_free(pattern *pt);
-int tk_rx_ctx_init(rx_ctx *c);
+/* Cheap: the PCRE2 match context is created on the first regex match. */
+void tk_rx_ctx_init(rx_ctx *c);
 void tk_rx_ctx_free(rx_ctx *c);
 void tk_node_free(node *n);
 int tk_trie_init(trie *t);

@@ -321,19 +321,30 @@ void tk_pattern_free(pattern *pt)
 }
 
 
-int tk_rx_ctx_init(rx_ctx *c)
+void tk_rx_ctx_init(rx_ctx *c)
 {
     memset(c, 0, sizeof *c);
-    c->mctx = pcre2_match_context_create(NULL);
-    c->jit = pcre2_jit_stack_create(32 * 1024, 1024 * 1024, NULL);
-    c->md = pcre2_match_data_create(1, NULL);
-    if (!c->mctx || !c->md)
-        return -1;
-    pcre2_set_match_limit(c->mctx, RX_MATCH_LIMIT);
-    pcre2_set_depth_limit(c->mctx, RX_DEPTH_LIMIT);
-    pcre2_set_heap_limit(c->mctx, RX_HEAP_LIMIT_KB);
-    if (c->jit)
+}
+
+/* Creates the match context on first use, so encodes and decodes that run no
+ * regex pay nothing; the JIT stack only when the default one ran out. */
+static int rx_ctx_ready(rx_ctx *c, bool big_stack)
+{
+    if (!c->mctx) {
+        c->mctx = pcre2_match_context_create(NULL);
+        c->md = pcre2_match_data_create(1, NULL);
+        if (!c->mctx || !c->md)
+            return -1;
+        pcre2_set_match_limit(c->mctx, RX_MATCH_LIMIT);
+        pcre2_set_depth_limit(c->mctx, RX_DEPTH_LIMIT);
+        pcre2_set_heap_limit(c->mctx, RX_HEAP_LIMIT_KB);
+    }
+    if (big_stack && !c->jit) {
+        c->jit = pcre2_jit_stack_create(64 * 1024, 8 * 1024 * 1024, NULL);
+        if (!c->jit)
+            return -1;
         pcre2_jit_stack_assign(c->mctx, NULL, c->jit);
+    }
     return 0;
 }
 
@@ -401,7 +412,14 @@ static int find_matches(const pattern *pt, rx_ctx *rc, const char *s, size_t len
         bool have_last = false;
         size_t last_end = 0;
         while (pos <= len) {
+            if (rx_ctx_ready(rc, false) != 0)
+                return util_errf(err, errlen, "out of memory matching a tokenizer regex.");
             int r = pcre2_match(pt->code, (PCRE2_SPTR)s, len, pos, PCRE2_NO_UTF_CHECK, rc->md, rc->mctx);
+            if (r == PCRE2_ERROR_JIT_STACKLIMIT && !rc->jit) {
+                if (rx_ctx_ready(rc, true) != 0)
+                    return util_errf(err, errlen, "out of memory matching a tokenizer regex.");
+                r = pcre2_match(pt->code, (PCRE2_SPTR)s, len, pos, PCRE2_NO_UTF_CHECK, rc->md, rc->mctx);
+            }
             if (r == PCRE2_ERROR_NOMATCH)
                 break;
             if (r < 0) {
@@ -569,6 +587,13 @@ static int replace_all(const pattern *pt, const char *content, size_t clen, rx_c
         int r = sp.v[i].match ? sb_add(&o, content, clen) : sb_add(&o, s->p + sp.v[i].a, sp.v[i].b - sp.v[i].a);
         if (r != 0) {
             util_errf(err, errlen, "out of memory while normalizing.");
+            goto out;
+        }
+        /* a pattern matching everywhere (even empty) with a long content could
+         * grow the text quadratically: refuse past a generous bound */
+        if (o.n > 16 * s->n + ((size_t)1 << 20)) {
+            util_errf(err, errlen, "a Replace pattern grows the text more than 16-fold; the tokenizer's Replace "
+                                   "rule is unusable on this input.");
             goto out;
         }
     }

@@ -235,10 +235,7 @@ static int added_build(tokenizer *t, char *err, size_t errlen)
 {
     rx_ctx rc;
     int r = -1;
-    if (tk_rx_ctx_init(&rc) != 0) {
-        tk_rx_ctx_free(&rc);
-        return util_errf(err, errlen, "%s: out of memory.", t->name);
-    }
+    tk_rx_ctx_init(&rc);
     for (size_t i = 0; i < t->n_added; i++) {
         added_token *a = &t->added[i];
         if (a->normalized && t->normalizer) {
@@ -278,10 +275,7 @@ out:
 static int build_token_bytes(tokenizer *t, char *err, size_t errlen)
 {
     rx_ctx rc;
-    if (tk_rx_ctx_init(&rc) != 0) {
-        tk_rx_ctx_free(&rc);
-        return util_errf(err, errlen, "%s: out of memory.", t->name);
-    }
+    tk_rx_ctx_init(&rc);
     int r = 0;
     for (size_t i = 0; i < t->n_ids && r == 0; i++) {
         if (!t->id_str[i])
@@ -311,18 +305,6 @@ static int build_token_bytes(tokenizer *t, char *err, size_t errlen)
     return r;
 }
 
-static bool node_uses_rx(const node *n)
-{
-    if (!n)
-        return false;
-    if (n->has_pat && n->pat.code)
-        return true;
-    for (size_t i = 0; i < n->n_kids; i++)
-        if (node_uses_rx(&n->kids[i]))
-            return true;
-    return false;
-}
-
 static void set_default_specials(tokenizer *t)
 {
     static const char *eot[] = {"<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|endoftext|>"};
@@ -344,7 +326,6 @@ int tk_finish_load(tokenizer *t, char *err, size_t errlen)
         return -1;
     if (build_token_bytes(t, err, errlen) != 0)
         return -1;
-    t->needs_rx = node_uses_rx(t->normalizer) || node_uses_rx(t->pretok) || node_uses_rx(t->decoder);
     set_default_specials(t);
     return 0;
 }
@@ -669,7 +650,14 @@ static int jmodel(jctx *c, json_t *root, json_t *added)
         if (json_integer_value(id) > max_id)
             max_id = json_integer_value(id);
     }
-    if (tk_ids_alloc(t, (size_t)(max_id + 1)) != 0 || tk_strmap_init(&t->model.vocab, (size_t)(max_id + 1)) != 0)
+    /* Real vocabularies are dense; refusing sparse ids keeps a 20-byte file
+     * from asking for tables sized by one huge id. */
+    size_t n_entries = json_object_size(vocab) + json_array_size(added);
+    if ((uint64_t)max_id >= 2 * (uint64_t)n_entries + 1024)
+        return util_errf(c->err, c->errlen,
+                         "%s: the largest id (%lld) is far beyond the %zu vocabulary entries; ids must be dense.",
+                         t->name, (long long)max_id, n_entries);
+    if (tk_ids_alloc(t, (size_t)(max_id + 1)) != 0 || tk_strmap_init(&t->model.vocab, json_object_size(vocab)) != 0)
         return util_errf(c->err, c->errlen, "%s: out of memory for %lld ids.", t->name, (long long)(max_id + 1));
     void *it;
     for (it = json_object_iter(vocab); it; it = json_object_iter_next(vocab, it)) {
@@ -966,10 +954,10 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_
     plist a = {0}, b = {0};
     ivec out = {0};
     rx_ctx rc;
-    memset(&rc, 0, sizeof rc);
     int r = -1;
-    if (t->needs_rx && tk_rx_ctx_init(&rc) != 0)
-        goto oom;
+    if (!text)
+        len = 0;
+    tk_rx_ctx_init(&rc);
     if (tk_sb_add_lossy(&clean, text ? text : "", len) != 0)
         goto oom;
     if (split_added(t, &t->trie_raw, clean.p, clean.n, true, &a) != 0)
@@ -1015,8 +1003,7 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_
 oom:
     util_errf(err, errlen, "%s: out of memory while encoding %zu bytes.", t->name, len);
 out:
-    if (t->needs_rx)
-        tk_rx_ctx_free(&rc);
+    tk_rx_ctx_free(&rc);
     free(clean.p);
     free(norm.p);
     tk_pl_free(&a);
@@ -1036,10 +1023,8 @@ int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, bool skip
     slist l = {0};
     sbuf all = {0};
     rx_ctx rc;
-    memset(&rc, 0, sizeof rc);
     int r = -1;
-    if (t->needs_rx && tk_rx_ctx_init(&rc) != 0)
-        goto oom;
+    tk_rx_ctx_init(&rc);
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || (size_t)id >= t->n_ids || !t->id_str[id] || (skip_special && t->id_special[id]))
@@ -1069,8 +1054,7 @@ int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, bool skip
 oom:
     util_errf(err, errlen, "%s: out of memory while decoding %zu ids.", t->name, n);
 out:
-    if (t->needs_rx)
-        tk_rx_ctx_free(&rc);
+    tk_rx_ctx_free(&rc);
     tk_sl_free(&l);
     free(all.p);
     return r;

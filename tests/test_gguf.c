@@ -2,7 +2,8 @@
  * test_gguf.c — the GGUF reader against the reference reader and the malformed corpus.
  *
  * 1. tests/data/gguf/expected.json (tools/make_bad_models.py, from gguf-py's GGUFReader) lists, for
- *    the two real models, a file from gguf-py's writer and the hand-laid good_min.gguf: counts,
+ *    the two real models, a file from gguf-py's writer, the hand-laid good_min.gguf and a
+ *    tensor-less good_vocab_only.gguf: counts,
  *    alignment, data offset, every KV (scalars exactly, strings and arrays by length + sha256 of
  *    their elements) and every tensor (name, type, ne, absolute offset, size).  All must match
  *    exactly: these are integers, hashes and floats decoded from the same bytes.
@@ -335,6 +336,11 @@ static void check_api(void)
     CHECK(sc && gguf_arr_num(sc, 1) == -1.25 && isnan(gguf_arr_num(sc, 3)), "scores");
     CHECK(sc && !gguf_arr_str(f, sc, 0, &len), "arr_str of a float array");
     CHECK(gguf_find_tensor(f, "nope") == NULL, "absent tensor");
+    CHECK(gguf_get_u64(f, "test.i64pos", &u) && u == 42, "u64 of a positive i64");
+    const gguf_kv *u8a = gguf_get(f, "test.u8arr"), *ba = gguf_get(f, "test.boolarr");
+    CHECK(u8a && u8a->arr_type == GGUF_V_U8 && gguf_arr_num(u8a, 2) == 255.0, "u8 array");
+    CHECK(ba && ba->arr_type == GGUF_V_BOOL && gguf_arr_num(ba, 0) == 1.0 && gguf_arr_num(ba, 1) == 0.0, "bool array");
+    CHECK(gguf_arr_num(NULL, 0) != gguf_arr_num(NULL, 0), "arr_num(NULL) is NaN");
     gguf_close(f);
 }
 
@@ -349,7 +355,7 @@ int main(void)
         size_t i;
         json_t *m;
         json_array_foreach(json_object_get(root, "models"), i, m) check_model(m);
-        CHECK(json_array_size(json_object_get(root, "models")) == 4, "fixture covers 4 files");
+        CHECK(json_array_size(json_object_get(root, "models")) == 5, "fixture covers 5 files");
         json_decref(root);
     }
     check_api();
@@ -358,6 +364,14 @@ int main(void)
     if (util_read_file(b.name, 1u << 20, &b.data, &b.len, err, sizeof err) == 0) {
         each_tsv("tests/data/gguf/truncations.tsv", check_cut, &b);
         CHECK(b.n == (int)b.len, "truncations.tsv covers %d of %zu cuts", b.n, b.len);
+        /* v2 has the v3 layout: the same bytes with version 2 must parse */
+        uint8_t *v2 = exact_copy(b.data, b.len);
+        v2[4] = 2;
+        gguf_file *f = NULL;
+        CHECK(gguf_parse(v2, b.len, "v2", &f, err, sizeof err) == 0 && f->version == 2 && f->n_tensors == 2, "v2: %s",
+              err);
+        gguf_close(f);
+        free(v2);
         free(b.data);
     } else
         CHECK(0, "%s", err);

@@ -321,6 +321,57 @@ static void test_reference(void)
     json_decref(ref);
 }
 
+/* Allocation failure injection through jansson's allocator hook: every
+ * json_t and every dumped line goes through it. */
+static long alloc_calls, alloc_fail_at = -1;
+static void *counting_malloc(size_t n) { return ++alloc_calls == alloc_fail_at ? NULL : malloc(n); }
+
+/*
+ * For every N, fail the N-th allocation of each builder: the call returns an
+ * error with a sentence and no line, and ASan sees no leak at exit; the loop
+ * ends when a call completes without reaching N.
+ */
+static void test_oom(void)
+{
+    out_alt top[2] = {{"He", 2, -0.01f}, {"\xff", 1, -4.5f}};
+    out_token toks[2] = {{"He", 2, -0.01f, 2, top}, {"\xe2\x80", 2, -1.0f, 2, top}};
+    out_choice ch = {.text = "He\xe2\x80", .len = 4, .finish = OUT_FINISH_LENGTH, .logprobs = true, .n_tokens = 2,
+                     .tokens = toks};
+    out_stamp st = {"run", "fp", "q4", NULL};
+    out_result r = {.custom_id = "oom", .model = "m", .n_choices = 1, .choices = &ch, .stamp = &st};
+    out_http_error he = {.custom_id = "oom", .status_code = 400, .message = "bad", .param = "x", .stamp = &st};
+    json_set_alloc_funcs(counting_malloc, free);
+    int points = 0, clean = 0;
+    for (int which = 0; which < 4; which++) {
+        for (long n = 1; n < 100000; n++) {
+            char *line = NULL, err[SPILL_ERRLEN] = "";
+            size_t len = 0;
+            alloc_calls = 0;
+            alloc_fail_at = n;
+            int rc = which == 0   ? output_chat_line(&r, NULL, &line, &len, err, sizeof err)
+                     : which == 1 ? output_completion_line(&r, NULL, &line, &len, err, sizeof err)
+                     : which == 2 ? output_http_error_line(&he, NULL, &line, &len, err, sizeof err)
+                                  : output_error_line("oom", "c", "m", &st, NULL, &line, &len, err, sizeof err);
+            alloc_fail_at = -1;
+            if (alloc_calls < n) {
+                CHECK(rc == 0 && line, "builder %d failed without an injected failure: %s", which, err);
+                free(line);
+                break;
+            }
+            points++;
+            if (rc != 0 && line == NULL && strstr(err, "out of memory"))
+                clean++;
+            else {
+                CHECK(0, "builder %d, allocation %ld failed: rc %d, err \"%s\" line %s", which, n, rc, err, line ? line : "");
+                free(line);
+            }
+        }
+    }
+    json_set_alloc_funcs(malloc, free);
+    CHECK(points > 100 && clean == points, "OOM: %d of %d failure points handled cleanly", clean, points);
+    fprintf(stderr, "OOM: %d of %d allocation failure points gave a clean error\n", clean, points);
+}
+
 int main(void)
 {
     const char *sp = getenv("SPILL_OUTPUT_SAMPLES");
@@ -333,6 +384,7 @@ int main(void)
     test_bad_inputs();
     test_random_ids();
     test_reference();
+    test_oom();
     if (samples)
         fclose(samples);
     return test_finish("test_output");

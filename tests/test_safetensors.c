@@ -225,7 +225,7 @@ int main(void)
         const char *dir;
         json_t *want;
         json_object_foreach(json_object_get(root, "models"), dir, want) check_model(dir, want);
-        CHECK(json_object_size(json_object_get(root, "models")) == 3, "fixture covers 3 models");
+        CHECK(json_object_size(json_object_get(root, "models")) == 4, "fixture covers 4 models");
         json_decref(root);
     }
     /* a model given as a file path, and st_open directly */
@@ -234,6 +234,21 @@ int main(void)
           "file path: %s", err);
     st_model_close(m);
     CHECK(st_model_open("tests/data/safetensors/none", &m, err, sizeof err) < 0 && one_sentence(err), "%s", err);
+    st_file *f;
+    CHECK(st_open(GOOD, &f, err, sizeof err) < 0 && f == NULL && one_sentence(err), "directory: %s", err);
+    CHECK(st_open(GOOD "/missing.safetensors", &f, err, sizeof err) < 0 && one_sentence(err), "missing: %s", err);
+    /* the header-only entry point checks N against the file size itself */
+    CHECK(st_parse_header("{}", 2, 9, "hdr", &f, err, sizeof err) < 0 && f == NULL &&
+              !strcmp(err, "hdr: byte 0: header length 2 does not fit in the 9-byte file; the file is truncated or "
+                           "corrupt."),
+          "st_parse_header: %s", err);
+    CHECK(st_parse_header("{}", 2, 10, "hdr", &f, err, sizeof err) == 0 && f->n_tensors == 0, "empty model: %s", err);
+    st_close(f);
+    char longdir[4200];
+    memset(longdir, 'd', sizeof longdir - 1);
+    longdir[sizeof longdir - 1] = 0;
+    CHECK(st_model_open(longdir, &m, err, sizeof err) < 0 && m == NULL && strlen(err) == sizeof err - 1,
+          "long path: %.80s", err); /* the sentence names the 4 KB path, so it is cut at the buffer */
     check_single_meta();
     check_dtypes();
 

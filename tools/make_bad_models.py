@@ -117,6 +117,9 @@ def make_writer_gguf(path):
     w.add_array("test.tokens", ["a", "", "Ġthe", "<0x0A>", "日本"])
     w.add_array("test.scores", [0.5, -1.25, 3.0])
     w.add_array("test.types", [1, 2, 3, 6])
+    w.add_key_value("test.u8arr", [0, 7, 255], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT8)
+    w.add_key_value("test.boolarr", [True, False], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.BOOL)
+    w.add_int64("test.i64pos", 42)
     rng = np.random.default_rng(0)
     w.add_tensor("token_embd.weight", rng.standard_normal((3, 8)).astype(np.float32))
     w.add_tensor("output_norm.weight", rng.standard_normal(8).astype(np.float16))
@@ -335,8 +338,11 @@ def main():
     base = build_gguf(BASE_KVS, BASE_TENSORS)
     with open(f"{GG_DIR}/good_min.gguf", "wb") as fh:
         fh.write(base.b)
-    models = [describe_gguf(f"{GG_DIR}/good_writer.gguf", f"{GG_DIR}/good_writer.gguf"),
-              describe_gguf(f"{GG_DIR}/good_min.gguf", f"{GG_DIR}/good_min.gguf")]
+    # a vocab-only file (like llama.cpp's ggml-vocab-*.gguf): no tensors, no padding after the KVs
+    with open(f"{GG_DIR}/good_vocab_only.gguf", "wb") as fh:
+        fh.write(build_gguf(BASE_KVS, [], data=False).b)
+    models = [describe_gguf(f"{GG_DIR}/{f}", f"{GG_DIR}/{f}")
+              for f in ("good_writer.gguf", "good_min.gguf", "good_vocab_only.gguf")]
     for rel in REAL_MODELS:
         p = os.path.join(SPILL_HOME, rel)
         if os.path.exists(p):
@@ -359,15 +365,8 @@ def main():
             fh.write(blob)
         golden.append((fname, gguf_msg(path, msg_off, text)))
 
-    def kvs_with(extra, at=None, drop=()):
-        kvs = [kv for kv in BASE_KVS if kv[0] not in drop]
-        if at is None:
-            return kvs + extra
-        return kvs[:at] + extra + kvs[at:]
-
-    def span_of(g, label, nth=0):
-        hits = [s for s in g.spans if s[2] == label]
-        return hits[nth][0]
+    def kvs_with(extra):
+        return BASE_KVS + extra
 
     def key_start(g, key):
         """Offset of the key's length field."""
@@ -582,7 +581,7 @@ def main():
     bad_gguf("gguf_cve_offset_past_eof.gguf", blob, a, f'tensor "b": data [{a}, {a + 4 * 2**20}) runs past the end of '
                                                        f'the {len(blob)}-byte file; the file is truncated or corrupt.')
     # physical truncations at a few representative points (every cut is covered by truncations.tsv)
-    cuts = sorted({30, base.spans[3][0] + 2, base.spans[12][0] + 1, base.tensors and base.data_offset - 1,
+    cuts = sorted({30, base.spans[3][0] + 2, base.spans[12][0] + 1, base.data_offset - 1,
                    len(base.b) - 1, base.spans[-1][0] + 3, base.spans[-6][0]})
     for cut in cuts:
         fname = f"gguf_truncated_{cut}.gguf"
@@ -590,6 +589,10 @@ def main():
         with open(path, "wb") as fh:
             fh.write(base.b[:cut])
         golden.append((fname, gguf_truncation_msg(base, path, cut)))
+    long_key = b"general." + b"k" * 40 + b"\0" + b"x"
+    raw_kv_file("gguf_key_long_nul.gguf", struct.pack("<Q", len(long_key)) + long_key + struct.pack("<IB", U8, 1)
+                + b"\0" * 4, lambda p: p, lambda r: f'metadata key "{show(long_key)}" contains a NUL byte; the file '
+                                                    f'is corrupt.')
     # polyglot: a GGUF header whose "key" is a ZIP local header; the binary key is refused
     raw_kv_file("gguf_polyglot_zip_key.gguf", struct.pack("<Q", 4) + b"PK\x03\x04" + struct.pack("<IB", U8, 1)
                 + b"\0" * 4, lambda p: p, lambda r: 'metadata key "PK\\x03\\x04" is not printable ASCII; the file is '
@@ -621,8 +624,21 @@ def main():
                   "e4m3": ("float8_e4m3fn", [3], b"abc"), "e5m2": ("float8_e5m2", [1], b"z"),
                   "e8m0": ("float8_e8m0fnu", [2], b"\x7f\x80"), "c64": ("complex64", [1], bytes(range(8)))},
                  metadata={"k": "v"})
+    os.makedirs(f"{ST_DIR}/good/escaped")
+    esc = {"é.weight": b"\1\2", "emoji😀": b"\3", 'quote"back\\slash/': b"\4\5\6", "tab\tname": b"",
+           "中.bias": b"\7", "x_ascii": b"\10"}
+    hdr, pos = {"__metadata__": {"ключ": "значение"} | {f"k{i}": f"v{i}" for i in range(12)}}, 0
+    for k, v in esc.items():
+        hdr[k] = {"dtype": "U8", "shape": [len(v)], "data_offsets": [pos, pos + len(v)]}
+        pos += len(v)
+    # ensure_ascii escapes every non-ASCII character; escape one ASCII letter by hand too
+    blob, _ = st_image(json.dumps(hdr, ensure_ascii=True).replace('"x_ascii"', '"\\u0078_ascii"'),
+                       b"".join(esc.values()))
+    with open(f"{ST_DIR}/good/escaped/model.safetensors", "wb") as fh:
+        fh.write(blob)
     expect = {"format": "spill-safetensors-expected", "version": 1, "models": {}}
-    for d, files in (("single", ["model.safetensors"]), ("sharded", names), ("dtypes", ["model.safetensors"])):
+    for d, files in (("single", ["model.safetensors"]), ("sharded", names), ("dtypes", ["model.safetensors"]),
+                     ("escaped", ["model.safetensors"])):
         expect["models"][d] = describe_st([f"{ST_DIR}/good/{d}/{f}" for f in files])
     with open(f"{ST_DIR}/expected.json", "w") as fh:
         json.dump(expect, fh, indent=1, sort_keys=True)
@@ -685,26 +701,27 @@ def main():
     # JSON syntax: jansson 2.14's wording; position = bytes consumed when the error was found
     hdr = b'{"a":{"dtype":"F32"'
     blob, _ = st_image(hdr, pad_to8=False)
-    bad_st("st_json_truncated.safetensors", blob, 8 + len(hdr), "the header is not valid JSON ('}' expected near end "
-                                                                "of file); the file is corrupt.")
+    bad_st("st_json_truncated.safetensors", blob, 8 + len(hdr), "the header is not valid JSON (expected ',' or '}' "
+                                                                "after a tensor field but the header ends); the file "
+                                                                "is corrupt.")
     hdr = b'{"a":' + json.dumps(t("U8", [0], [0, 0])).encode() + b',"a":' + json.dumps(t("U8", [0], [0, 0])).encode() \
         + b'}'
     blob, _ = st_image(hdr, pad_to8=False)
-    bad_st("st_duplicate_key.safetensors", blob, 8 + hdr.rindex(b'"a"') + 3,
-           "the header is not valid JSON (duplicate object key near '\"a\"'); the file is corrupt.")
+    bad_st("st_duplicate_key.safetensors", blob, 8 + hdr.rindex(b'"a"'),
+           'tensor "a" appears twice in the header; the file is corrupt.')
     hdr = b'{"a\\u0000b":' + json.dumps(t("U8", [0], [0, 0])).encode() + b'}'
     blob, _ = st_image(hdr, pad_to8=False)
-    bad_st("st_key_nul.safetensors", blob, 8 + len(b'{"a\\u0000b"'),
-           "the header is not valid JSON (NUL byte in object key not supported near '\"a\\u0000b\"'); the file is "
-           "corrupt.")
+    bad_st("st_key_nul.safetensors", blob, 8 + hdr.index(b"\\u0000"),
+           "the header is not valid JSON (\\u0000 escape in a string); the file is corrupt.")
     hdr = json.dumps({"a": t("U8", [0], [0, 0])}).encode() + b"\0\0\0"
     blob, _ = st_image(hdr, pad_to8=False)
-    bad_st("st_nul_padding.safetensors", blob, 8 + len(hdr) - 2, "the header is not valid JSON (end of file expected "
-                                                                 "near end of file); the file is corrupt.")
+    bad_st("st_nul_padding.safetensors", blob, 8 + len(hdr) - 3, "the header is not valid JSON (expected only spaces "
+                                                                 "after the closing '}' but found byte 0x00); the file "
+                                                                 "is corrupt.")
     hdr = b'{"a":{"dtype":"U8","shape":[0],"data_offsets":[0,18446744073709551616]}}'
     blob, _ = st_image(hdr, pad_to8=False)
-    bad_st("st_offset_too_big_int.safetensors", blob, 8 + hdr.index(b"]}}"),
-           "the header is not valid JSON (too big integer near '18446744073709551616'); the file is corrupt.")
+    bad_st("st_offset_too_big_int.safetensors", blob, st_key_off(hdr, "a"),
+           'tensor "a": "data_offsets" is not [BEGIN, END] with non-negative integers; the file is corrupt.')
 
     def st_case(fname, header, data, expect, n=None):
         blob, hdr = st_image(header, data, n=n)
@@ -727,16 +744,16 @@ def main():
     st_case("st_dtype_int.safetensors", {"a": t(5, [1], [0, 1])}, b"\1",
             lambda h, n: (st_key_off(h, "a"), f'tensor "a": "dtype" is missing or not a string; {corrupt}'))
     st_case("st_shape_missing.safetensors", {"a": {"dtype": "U8", "data_offsets": [0, 1]}}, b"\1",
-            lambda h, n: (st_key_off(h, "a"), f'tensor "a": "shape" is missing or not an array; {corrupt}'))
+            lambda h, n: (st_key_off(h, "a"), f'tensor "a": "shape" is missing; {corrupt}'))
     st_case("st_shape_9_dims.safetensors", {"a": t("U8", [1] * 9, [0, 1])}, b"\1",
-            lambda h, n: (st_key_off(h, "a"), f'tensor "a": shape has 9 dimensions, more than 8; {corrupt}'))
+            lambda h, n: (st_key_off(h, "a"), f'tensor "a": shape has more than 8 dimensions; {corrupt}'))
     st_case("st_shape_negative.safetensors", {"a": t("U8", [1, -1], [0, 1])}, b"\1",
-            lambda h, n: (st_key_off(h, "a"), f'tensor "a": shape[1] is not a non-negative integer; {corrupt}'))
+            lambda h, n: (st_key_off(h, "a"), f'tensor "a": "shape" is not an array of non-negative integers; {corrupt}'))
     st_case("st_shape_float.safetensors", {"a": t("U8", [1.0], [0, 1])}, b"\1",
-            lambda h, n: (st_key_off(h, "a"), f'tensor "a": shape[0] is not a non-negative integer; {corrupt}'))
-    offs_msg = f'"data_offsets" is missing or not [BEGIN, END] with non-negative integers; {corrupt}'
+            lambda h, n: (st_key_off(h, "a"), f'tensor "a": "shape" is not an array of non-negative integers; {corrupt}'))
+    offs_msg = f'"data_offsets" is not [BEGIN, END] with non-negative integers; {corrupt}'
     st_case("st_offsets_missing.safetensors", {"a": {"dtype": "U8", "shape": [1]}}, b"\1",
-            lambda h, n: (st_key_off(h, "a"), f'tensor "a": {offs_msg}'))
+            lambda h, n: (st_key_off(h, "a"), f'tensor "a": "data_offsets" is missing; {corrupt}'))
     st_case("st_offsets_three.safetensors", {"a": t("U8", [1], [0, 1, 2])}, b"\1",
             lambda h, n: (st_key_off(h, "a"), f'tensor "a": {offs_msg}'))
     st_case("st_offsets_negative.safetensors", {"a": t("U8", [1], [-1, 0])}, b"\1",
@@ -777,6 +794,62 @@ def main():
     st_case("st_no_tensors_trailing.safetensors", {"__metadata__": {"a": "b"}}, b"x",
             lambda h, n: (8 + n, "the tensors cover 0 bytes but the data buffer holds 1; the file is corrupt "
                                  "(trailing bytes after the last tensor)."))
+
+    long_name = "model.layers.0." + "x" * 60
+    st_case("st_name_long.safetensors", {long_name: t("F17", [1], [0, 1])}, b"\1",
+            lambda h, n: (st_key_off(h, long_name), f'tensor "{long_name[:60]}...": dtype "F17" is unknown; the file '
+                                                    f'is corrupt or needs a newer spill.'))
+    # a control character in a name: quoted as \xNN in the message
+    st_case("st_name_control.safetensors", {"a\nb": t("F17", [1], [0, 1])}, b"\1",
+            lambda h, n: (8 + h.index(b'"a\\nb"'), 'tensor "a\\x0ab": dtype "F17" is unknown; the file is corrupt or needs a newer spill.'))
+
+    # JSON syntax, as the header parser words it: the byte is the offending character
+    def st_syntax(fname, hdr, at, text):
+        blob, _ = st_image(hdr)
+        bad_st(fname, blob, 8 + at, f"the header is not valid JSON ({text}); the file is corrupt.")
+
+    ok_t = b'{"dtype":"U8","shape":[0],"data_offsets":[0,0]}'
+    st_syntax("st_json_unterminated_string.safetensors", b'{"abc', 1, "a string is never closed")
+    st_syntax("st_json_bad_escape.safetensors", b'{"a\\qb":' + ok_t + b'}', 3, "invalid escape in a string")
+    st_syntax("st_json_short_u_escape.safetensors", b'{"a\\u12":' + ok_t + b'}', 3, "invalid escape in a string")
+    st_syntax("st_json_lone_high_surrogate.safetensors", b'{"a\\ud800b":' + ok_t + b'}', 3,
+              "unpaired UTF-16 surrogate escape in a string")
+    st_syntax("st_json_lone_low_surrogate.safetensors", b'{"a\\udc00":' + ok_t + b'}', 3,
+              "unpaired UTF-16 surrogate escape in a string")
+    st_syntax("st_json_control_in_string.safetensors", b'{"a\x01b":' + ok_t + b'}', 3,
+              "raw control byte 0x01 inside a string")
+    st_syntax("st_json_trailing_comma.safetensors", b'{"a":' + ok_t + b',}', 6 + len(ok_t),
+              "expected a string key but found '}'")
+    st_syntax("st_json_missing_colon.safetensors", b'{"a" ' + ok_t + b'}', 5, "expected ':' after a key but found '{'")
+    st_syntax("st_json_number_key.safetensors", b'{5:' + ok_t + b'}', 1, "expected a string key but found '5'")
+    st_syntax("st_json_missing_comma.safetensors", b'{"a":' + ok_t + b' "b":' + ok_t + b'}', 6 + len(ok_t),
+              "expected ',' or '}' after an entry but found '\"'")
+    st_syntax("st_json_trailing_garbage.safetensors", b'{"a":' + ok_t + b'} x', 7 + len(ok_t),
+              "expected only spaces after the closing '}' but found 'x'")
+    st_syntax("st_json_bad_hex_escape.safetensors", b'{"a\\u12G4":' + ok_t + b'}', 3, "invalid escape in a string")
+    st_syntax("st_json_metadata_missing_comma.safetensors", b'{"__metadata__":{"a":"b" "c":"d"}}', 25,
+              "expected ',' or '}' in \"__metadata__\" but found '\"'")
+    st_syntax("st_json_metadata_number_key.safetensors", b'{"__metadata__":{5:"d"}}', 17,
+              "expected a string key in \"__metadata__\" but found '5'")
+    st_syntax("st_json_metadata_missing_colon.safetensors", b'{"__metadata__":{"a" "b"}}', 21,
+              "expected ':' after a key but found '\"'")
+    st_syntax("st_json_field_missing_colon.safetensors", b'{"a":{"dtype" "U8"}}', 14,
+              "expected ':' after a field name but found '\"'")
+    st_syntax("st_json_fields_missing_comma.safetensors", b'{"a":{"dtype":"U8" "shape":[0]}}', 19,
+              "expected ',' or '}' after a tensor field but found '\"'")
+    st_syntax("st_json_field_not_string.safetensors", b'{"a":{dtype:"U8"}}', 6, "expected a field name but found 'd'")
+    st_case("st_field_twice.safetensors", b'{"a":{"dtype":"U8","dtype":"U8","shape":[0],"data_offsets":[0,0]}}', b"",
+            lambda h, n: (st_key_off(h, "a"), f'tensor "a" has field "dtype" twice; {corrupt}'))
+    st_case("st_metadata_dup_key.safetensors", b'{"__metadata__":{"k":"v","k":"w"}}', b"",
+            lambda h, n: (st_key_off(h, "__metadata__"), f'"__metadata__" has key "k" twice; {corrupt}'))
+    st_case("st_metadata_twice.safetensors", b'{"__metadata__":{},"__metadata__":{}}', b"",
+            lambda h, n: (8 + h.rindex(b'"__metadata__"'), f'"__metadata__" appears twice in the header; {corrupt}'))
+    st_case("st_shape_leading_zero.safetensors", b'{"a":{"dtype":"U8","shape":[01],"data_offsets":[0,1]}}', b"\1",
+            lambda h, n: (st_key_off(h, "a"), f'tensor "a": "shape" is not an array of non-negative integers; '
+                                              f'{corrupt}'))
+    st_case("st_shape_exponent.safetensors", b'{"a":{"dtype":"U8","shape":[1e0],"data_offsets":[0,1]}}', b"\1",
+            lambda h, n: (st_key_off(h, "a"), f'tensor "a": "shape" is not an array of non-negative integers; '
+                                              f'{corrupt}'))
 
     # --- sharded models (directories)
     def shard_dir(dname, shards, index, expect):
@@ -822,6 +895,9 @@ def main():
                            f"is truncated or not a safetensors file.")
     with open(f"{BAD}/st_shard_bad_shard/{sA}", "wb") as fh:
         fh.write(b"abc")
+    shard_dir("st_single_bad", {}, None, lambda d, i: f"{d}/model.safetensors: byte 0: header length 1000 does not "
+                                                      f"fit in the 16-byte file; the file is truncated or corrupt.")
+    shutil.copy(f"{BAD}/st_header_past_eof.safetensors", f"{BAD}/st_single_bad/model.safetensors")
     shard_dir("st_no_model", {"other.safetensors": {"a": x}}, None,
               lambda d, i: f"{d}: holds neither model.safetensors nor model.safetensors.index.json; pass the "
                            f"directory of a safetensors model.")

@@ -1,0 +1,339 @@
+/*
+ * bench_pass.c — one CUDA pass over a synthetic Llama-shaped bf16 model held
+ * in pinned host RAM (streamed, resident_layers 0 by default), against the
+ * speed of light: bytes streamed / 55 GB/s (docs/performance.md) and
+ * bytes / the pinned H2D rate measured here first.
+ *
+ * The model is generated in memory (no files): a model_desc with virtual
+ * tensor offsets and a weight reader that tiles a 64 MiB block of random bf16
+ * values (std ~0.02, never zeros: zeros can run faster than real data) into
+ * each tensor, straight into the engine's pinned arena.
+ *
+ * For each batch B: B rows each decode one token after a 128-token context
+ * (positions 0..127 are taken as cached; the KV arena is zero-filled at open,
+ * so attention reads real pages of the right length), every row wants logits.
+ * One warm-up pass, then the median of `reps` passes.  Then one prefill pass:
+ * `prefill_rows` rows × ctx prompt tokens in a single pass.
+ *
+ * Usage: bench_pass [--label 8b] [--layers 32] [--d 4096] [--heads 32]
+ *   [--kv-heads 8] [--ffn 14336] [--vocab 128256] [--ctx 128]
+ *   [--batches 1,8,64,256,1024] [--reps 3] [--prefill-rows 64]
+ *   [--resident-layers 0] [--resident-too] [--csv out.csv]
+ * Prints a table; appends CSV rows (header when the file is new).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda/cuda_backend.h"
+#include "gguf.h"
+#include "quant.h"
+#include "util.h"
+
+#define PATTERN_BYTES (64u << 20)
+
+typedef struct cfg {
+    const char *label, *csv;
+    int L, D, H, KH, F, V, ctx, reps, prefill_rows, resident_layers;
+    int batches[16], n_batches;
+    int resident_too;
+} cfg;
+
+static uint8_t *g_pattern;
+
+/* Weight reader: 1-D tensors are F32 ones-ish, matrices tile the random pattern. */
+static int synth_reader(void *ctx, const model_tensor *t, void *dst, char *err, size_t errlen)
+{
+    (void)ctx;
+    if (t->n_dims == 1) {
+        float *f = dst;
+        for (uint64_t i = 0; i < t->ne[0]; i++)
+            f[i] = 1.0f + 0.01f * (float)(i % 7);
+        return 0;
+    }
+    uint8_t *d = dst;
+    uint64_t start = (t->offset * 2654435761u) % PATTERN_BYTES & ~(uint64_t)1, done = 0;
+    while (done < t->size) {
+        uint64_t n = PATTERN_BYTES - start;
+        if (n > t->size - done)
+            n = t->size - done;
+        memcpy(d + done, g_pattern + start, n);
+        done += n;
+        start = 0;
+    }
+    return 0;
+}
+
+static model_tensor *add_tensor(model_desc *m, const char *name, int layer, uint32_t dtype, uint64_t ne0, uint64_t ne1,
+                                uint64_t *off)
+{
+    model_tensor *t = &m->tensors[m->n_tensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    snprintf(t->src_name, sizeof t->src_name, "%s", name);
+    t->dtype = dtype;
+    t->n_dims = ne1 > 1 ? 2 : 1;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->ne[2] = t->ne[3] = 1;
+    t->layer = layer;
+    t->file = 0;
+    t->offset = *off;
+    t->size = ne0 * ne1 * (dtype == GGML_F32 ? 4 : 2);
+    *off += (t->size + 255) / 256 * 256;
+    return t;
+}
+
+static model_desc *synth_model(const cfg *c)
+{
+    model_desc *m = calloc(1, sizeof *m);
+    m->source = "synthetic";
+    m->format = MODEL_GGUF;
+    snprintf(m->arch, sizeof m->arch, "llama");
+    m->state = ARCH_SUPPORTED;
+    m->n_layers = c->L;
+    m->d_model = c->D;
+    m->n_heads = c->H;
+    m->n_kv_heads = c->KH;
+    m->head_dim = c->D / c->H;
+    m->ffn_dim = c->F;
+    m->vocab = c->V;
+    m->ctx_len = 8192;
+    m->norm_eps = 1e-5f;
+    m->rope_style = ROPE_NORM;
+    m->rope_dim = m->head_dim;
+    m->rope_theta = 500000.0;
+    m->n_files = 1;
+    m->files = calloc(1, sizeof *m->files);
+    m->files[0].path = "synthetic";
+    m->tensors = calloc((size_t)(9 * c->L + 3), sizeof *m->tensors);
+    uint64_t off = 0, HS = (uint64_t)c->H * m->head_dim, KS = (uint64_t)c->KH * m->head_dim;
+    add_tensor(m, "token_embd.weight", -1, GGML_BF16, c->D, c->V, &off);
+    add_tensor(m, "output_norm.weight", -1, GGML_F32, c->D, 1, &off);
+    add_tensor(m, "output.weight", -1, GGML_BF16, c->D, c->V, &off);
+    char nm[96];
+    for (int l = 0; l < c->L; l++) {
+#define T2(s, ne0, ne1) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), add_tensor(m, nm, l, GGML_BF16, ne0, ne1, &off))
+        snprintf(nm, sizeof nm, "blk.%d.attn_norm.weight", l);
+        add_tensor(m, nm, l, GGML_F32, c->D, 1, &off);
+        snprintf(nm, sizeof nm, "blk.%d.ffn_norm.weight", l);
+        add_tensor(m, nm, l, GGML_F32, c->D, 1, &off);
+        T2("attn_q.weight", c->D, HS);
+        T2("attn_k.weight", c->D, KS);
+        T2("attn_v.weight", c->D, KS);
+        T2("attn_output.weight", HS, c->D);
+        T2("ffn_gate.weight", c->D, c->F);
+        T2("ffn_up.weight", c->D, c->F);
+        T2("ffn_down.weight", c->F, c->D);
+#undef T2
+    }
+    m->total_bytes = off;
+    return m;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct result {
+    const char *kind;
+    int rows, tokens;
+    double pass_s, h2d_busy_s;
+} result;
+
+/* Runs `rows` rows of n tokens each (pos0 = ctx for decode, 0 for prefill), reps times; median pass. */
+static int run_case(cuda_engine *e, const cfg *c, int rows, int n, int32_t pos0, int reps, result *out, float *logits,
+                    int32_t *toks)
+{
+    char err[SPILL_ERRLEN];
+    kv_cache *kv = cuda_engine_kv(e);
+    kv_row *kr = calloc((size_t)rows, sizeof *kr);
+    fwd_seq *seqs = calloc((size_t)rows, sizeof *seqs);
+    double times[32], busy[32];
+    int rc = 0;
+    for (int r = 0; r < rows && rc == 0; r++) {
+        if (kv_row_reserve(kv, &kr[r], pos0 + n)) {
+            fprintf(stderr, "KV reserve failed for row %d\n", r);
+            rc = -1;
+        }
+        seqs[r] = (fwd_seq){&kr[r], pos0, n, toks + (size_t)r * n % 4096, true};
+    }
+    for (int i = 0; i <= reps && rc == 0; i++) {
+        rc = cuda_engine_forward(e, seqs, rows, logits, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "forward (%d rows × %d): %s\n", rows, n, err);
+            break;
+        }
+        cuda_engine_stats st;
+        cuda_engine_get_stats(e, &st);
+        if (i > 0) {
+            times[i - 1] = st.last_pass_s;
+            busy[i - 1] = st.last_h2d_busy_s;
+        }
+    }
+    if (rc == 0) {
+        qsort(times, (size_t)reps, sizeof times[0], cmp_d);
+        qsort(busy, (size_t)reps, sizeof busy[0], cmp_d);
+        out->pass_s = times[reps / 2];
+        out->h2d_busy_s = busy[reps / 2];
+        out->rows = rows;
+        out->tokens = rows * n;
+    }
+    for (int r = 0; r < rows; r++)
+        kv_row_free(kv, &kr[r]);
+    free(kr);
+    free(seqs);
+    return rc;
+}
+
+static void parse(cfg *c, int argc, char **argv)
+{
+    *c = (cfg){"8b", NULL, 32, 4096, 32, 8, 14336, 128256, 128, 3, 64, 0, {1, 8, 64, 256, 1024}, 5, 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "--resident-too")) {
+            c->resident_too = 1;
+            continue;
+        }
+        i++;
+        if (!strcmp(a, "--label")) c->label = v;
+        else if (!strcmp(a, "--csv")) c->csv = v;
+        else if (!strcmp(a, "--layers")) c->L = atoi(v);
+        else if (!strcmp(a, "--d")) c->D = atoi(v);
+        else if (!strcmp(a, "--heads")) c->H = atoi(v);
+        else if (!strcmp(a, "--kv-heads")) c->KH = atoi(v);
+        else if (!strcmp(a, "--ffn")) c->F = atoi(v);
+        else if (!strcmp(a, "--vocab")) c->V = atoi(v);
+        else if (!strcmp(a, "--ctx")) c->ctx = atoi(v);
+        else if (!strcmp(a, "--reps")) c->reps = atoi(v) < 1 ? 1 : atoi(v) > 31 ? 31 : atoi(v);
+        else if (!strcmp(a, "--prefill-rows")) c->prefill_rows = atoi(v);
+        else if (!strcmp(a, "--resident-layers")) c->resident_layers = atoi(v);
+        else if (!strcmp(a, "--batches")) {
+            c->n_batches = 0;
+            for (const char *p = v; *p && c->n_batches < 16;) {
+                c->batches[c->n_batches++] = atoi(p);
+                p = strchr(p, ',');
+                if (!p)
+                    break;
+                p++;
+            }
+        } else {
+            fprintf(stderr, "unknown option %s\n", a);
+            exit(2);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    cfg c;
+    parse(&c, argc, argv);
+    char err[SPILL_ERRLEN], name[256];
+    uint64_t tot, fr;
+    if (cuda_device_info(0, name, sizeof name, &tot, &fr, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    double probe = 0;
+    if (cuda_probe_h2d(0, 1u << 30, 7, &probe, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "device %s, %.1f GiB free; pinned H2D probe (1 GiB copies): %.1f GB/s\n", name, fr / 1073741824.0,
+            probe);
+    g_pattern = malloc(PATTERN_BYTES);
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < PATTERN_BYTES / 2; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        float v = ((float)(s >> 40) / (float)(1u << 24) - 0.5f) * 0.07f; /* uniform, std 0.02 */
+        uint16_t h = quant_fp32_to_bf16(v);
+        memcpy(g_pattern + 2 * i, &h, 2);
+    }
+    model_desc *m = synth_model(&c);
+    int max_b = 1;
+    for (int i = 0; i < c.n_batches; i++)
+        max_b = c.batches[i] > max_b ? c.batches[i] : max_b;
+    int P = 16, per_row = (c.ctx + 1 + P - 1) / P;
+    int max_T = max_b > c.prefill_rows * c.ctx ? max_b : c.prefill_rows * c.ctx;
+    int max_rows = max_b > c.prefill_rows ? max_b : c.prefill_rows;
+    float *logits = malloc((size_t)max_rows * (size_t)c.V * 4);
+    int32_t *toks = malloc((4096 + (size_t)max_T) * 4);
+    for (int i = 0; i < 4096 + max_T; i++)
+        toks[i] = (int32_t)((i * 7919u) % (unsigned)c.V);
+    FILE *csv = NULL;
+    if (c.csv) {
+        FILE *t = fopen(c.csv, "r");
+        csv = fopen(c.csv, "a");
+        if (csv && !t)
+            fprintf(csv, "label,mode,layers,d,ffn,kind,rows,tokens,pass_s,streamed_gb,limit55_s,ratio55,probe_gbps,"
+                         "ratio_probe,h2d_busy_gbps,h2d_pass_gbps,tok_s,peak_hbm_gib,pinned_gib\n");
+        if (t)
+            fclose(t);
+    }
+    printf("%-4s %-9s %-7s %6s %7s %9s %9s %7s %9s %9s %10s %8s\n", "lab", "mode", "kind", "rows", "tokens", "pass_ms",
+           "limit_ms", "ratio", "busyGB/s", "passGB/s", "tok/s", "HBM_GiB");
+    for (int mode = 0; mode < 1 + c.resident_too; mode++) {
+        cuda_engine_opts o = {.max_pass_tokens = max_T, .max_pass_seqs = max_rows, .page_tokens = P,
+                              .kv_pages = max_rows * per_row, .streamed = mode == 0,
+                              .resident_layers = c.resident_layers, .ring_slots = 3, .reader = synth_reader};
+        cuda_engine *e;
+        double t0 = now();
+        int rc = cuda_engine_open(m, &o, &e, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "open (%s): %s\n", mode ? "resident" : "streamed", err);
+            return rc == CUDA_ENGINE_EDEVICE ? 75 : 1;
+        }
+        cuda_engine_stats st;
+        cuda_engine_get_stats(e, &st);
+        fprintf(stderr, "%s engine open in %.1f s: %.2f GiB pinned, %.2f GiB in HBM, %d layers streamed, %d slots\n",
+                mode ? "resident" : "streamed", now() - t0, st.pinned_bytes / 1073741824.0,
+                st.device_bytes / 1073741824.0, st.n_streamed, st.ring_slots);
+        for (int bi = 0; bi <= c.n_batches; bi++) {
+            result r = {0};
+            bool prefill = bi == c.n_batches;
+            if (prefill && c.prefill_rows <= 0)
+                break;
+            r.kind = prefill ? "prefill" : "decode";
+            rc = prefill ? run_case(e, &c, c.prefill_rows, c.ctx, 0, c.reps, &r, logits, toks)
+                         : run_case(e, &c, c.batches[bi], 1, c.ctx, c.reps, &r, logits, toks);
+            if (rc)
+                break;
+            cuda_engine_get_stats(e, &st);
+            double gb = st.streamed_bytes_per_pass / 1e9, lim = gb / 55.0, limp = gb / probe;
+            double busy_gbps = r.h2d_busy_s > 0 ? gb / r.h2d_busy_s : 0, pass_gbps = gb / r.pass_s;
+            double tok_s = r.tokens / r.pass_s, hbm = st.peak_device_used / 1073741824.0;
+            printf("%-4s %-9s %-7s %6d %7d %9.1f %9.1f %7.3f %9.1f %9.1f %10.0f %8.1f\n", c.label,
+                   mode ? "resident" : "streamed", r.kind, r.rows, r.tokens, r.pass_s * 1e3, lim * 1e3,
+                   lim > 0 ? r.pass_s / lim : 0, busy_gbps, pass_gbps, tok_s, hbm);
+            fflush(stdout);
+            if (csv)
+                fprintf(csv, "%s,%s,%d,%d,%d,%s,%d,%d,%.6f,%.3f,%.6f,%.4f,%.2f,%.4f,%.2f,%.2f,%.1f,%.2f,%.2f\n",
+                        c.label, mode ? "resident" : "streamed", c.L, c.D, c.F, r.kind, r.rows, r.tokens, r.pass_s, gb,
+                        lim, lim > 0 ? r.pass_s / lim : 0, probe, limp > 0 ? r.pass_s / limp : 0, busy_gbps,
+                        pass_gbps, tok_s, hbm, st.pinned_bytes / 1073741824.0);
+        }
+        cuda_engine_close(e);
+        if (rc)
+            return rc == CUDA_ENGINE_EDEVICE ? 75 : 1;
+    }
+    if (csv)
+        fclose(csv);
+    free(logits);
+    free(toks);
+    free(g_pattern);
+    free(m->tensors);
+    free(m->files);
+    free(m);
+    return 0;
+}

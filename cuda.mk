@@ -1,0 +1,44 @@
+# cuda.mk — the CUDA backend's build rules; the Makefile includes this only when
+# nvcc is on PATH.  `make cuda` builds build/cuda/libspillcuda.a, the GPU tests
+# and the pass benchmark; `make test-cuda` runs the GPU tests (needs a GPU).
+#
+# The CPU sources the GPU binaries need (the oracle ops, loaders, KV pages) are
+# compiled here without sanitizers: ASan and the CUDA runtime do not mix.
+# On a machine without jansson/openssl headers, point CUDA_CFLAGS at copies
+# (-I.carry/include) and CUDA_LIBS at static archives (tools/cuda_device_run.sh).
+
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCCFLAGS  ?= -O2 -g -arch=sm_90 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+CUDA_CFLAGS ?=
+CUDA_LIBS  ?= -ljansson -lcrypto
+CUDA_LINK  := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lm -lstdc++
+
+CUDA_OBJ   := $(patsubst src/cuda/%.cu,build/cuda/%.o,$(wildcard src/cuda/*.cu))
+CUDA_CSRC  := cpu quant kv model gguf safetensors util stream forward
+CUDA_COBJ  := $(patsubst %,build/cuda/c/%.o,$(CUDA_CSRC))
+CUDA_TESTS := $(patsubst tests/cuda/%.c,build/cuda/%,$(wildcard tests/cuda/test_*.c))
+
+.PHONY: cuda test-cuda
+
+build/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/cuda/cuda_backend.h $(wildcard src/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+build/cuda/c/%.o: src/%.c $(wildcard src/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O2 -g $(CUDA_CFLAGS) -c $< -o $@
+
+build/cuda/libspillcuda.a: $(CUDA_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+build/cuda/test_%: tests/cuda/test_%.c tests/test.h build/cuda/libspillcuda.a $(CUDA_COBJ)
+	$(CC) $(WARN) -O1 -g -Isrc -Itests $(CUDA_CFLAGS) -o $@ $< build/cuda/libspillcuda.a $(CUDA_COBJ) $(CUDA_LINK) $(CUDA_LIBS)
+
+build/cuda/bench_pass: bench/cuda/bench_pass.c build/cuda/libspillcuda.a $(CUDA_COBJ)
+	$(CC) $(WARN) -O2 -g -Isrc -Itests $(CUDA_CFLAGS) -o $@ $< build/cuda/libspillcuda.a $(CUDA_COBJ) $(CUDA_LINK) $(CUDA_LIBS)
+
+cuda: build/cuda/libspillcuda.a $(CUDA_TESTS) build/cuda/bench_pass
+
+test-cuda: cuda
+	@set -e; for t in $(CUDA_TESTS); do echo "== $$t"; $$t; done

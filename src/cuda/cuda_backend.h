@@ -1,0 +1,148 @@
+/*
+ * cuda_backend.h — the CUDA backend as C sees it: an opaque engine with the
+ * semantics of engine.h (same fwd_seq, same paged KV bookkeeping), plus the
+ * op-level entry points the GPU tests compare against the CPU ops.
+ *
+ * This is the only header C code includes from src/cuda/: plain C types,
+ * extern "C" entry points, no CUDA types.  Everything else in src/cuda/ is
+ * CUDA C++ and private.
+ *
+ * Precision (stated once, relied on by the tests): the residual stream and
+ * every activation are fp32; each weight matrix is dequantized on the GPU
+ * from its file dtype into a bf16 scratch (BF16 weights are used in place),
+ * the GEMM input rows are rounded to bf16, and cuBLAS multiplies with fp32
+ * accumulation: Y(T,N) = X(T,K) · W(N,K)^T.  Norms, RoPE, attention (fp32
+ * KV pages), SiLU and the residual adds stay in fp32.
+ *
+ * Tiers: resident (every layer's matrices in HBM) or streamed (matrices of
+ * layers >= resident_layers in one pinned host arena of exact size, copied
+ * per layer on a separate copy stream into a ring of device buffers, several
+ * layers ahead of compute).  Globals (embedding, output head, norms, biases)
+ * always live in HBM.
+ */
+#ifndef SPILL_CUDA_BACKEND_H
+#define SPILL_CUDA_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "../engine.h"
+
+/* Returned by every call once the CUDA context is poisoned (illegal address,
+ * launch failure, ECC, ...): the process must exit (75 = EX_TEMPFAIL) and be
+ * resumed; no further call on any engine will succeed. */
+#define CUDA_ENGINE_EDEVICE (-75)
+
+/* Fills dst with the `size` bytes of tensor t (the model's file bytes at
+ * t->offset).  Lets a caller (the benchmark) provide weights from memory;
+ * returns 0 or -1 with a sentence. */
+typedef int (*cuda_weight_reader)(void *ctx, const model_tensor *t, void *dst, char *err, size_t errlen);
+
+typedef struct cuda_engine cuda_engine;
+
+typedef struct cuda_engine_opts {
+    int device;              /* CUDA device ordinal */
+    int max_pass_tokens;     /* T cap per pass (0 = 512) */
+    int max_pass_seqs;       /* sequences per pass (0 = max_pass_tokens) */
+    int page_tokens;         /* KV page size in positions (0 = 16) */
+    int32_t kv_pages;        /* pages in the device KV arena (0 = 256) */
+    bool streamed;           /* false: every layer resident in HBM */
+    int resident_layers;     /* streamed: layers [0, resident_layers) stay in HBM */
+    int ring_slots;          /* streamed: device layer buffers (0 = 3, at least 2; at most the streamed layer count) */
+    cuda_weight_reader reader; /* NULL: pread from the model's files */
+    void *reader_ctx;
+    int fail_alloc_at;       /* test hook: the n-th device allocation (1-based) fails as out of memory; 0 = off */
+} cuda_engine_opts;
+
+/* What the engine holds and what the last pass moved. */
+typedef struct cuda_engine_stats {
+    uint64_t device_bytes;     /* HBM taken by the engine (weights, ring, KV, buffers, cuBLAS workspace) */
+    uint64_t pinned_bytes;     /* pinned host arena of streamed layers */
+    uint64_t resident_weight_bytes; /* layer matrices + globals held in HBM */
+    uint64_t streamed_bytes_per_pass; /* layer bytes copied host->device each pass */
+    int n_streamed;            /* layers streamed each pass */
+    int ring_slots;
+    uint64_t passes;
+    double last_pass_s;        /* host wall time of the last cuda_engine_forward */
+    double last_h2d_busy_s;    /* sum of the last pass's layer copy times (device events) */
+    double last_h2d_span_s;    /* first copy start to last copy end of the last pass's layers */
+    uint64_t peak_device_used; /* max (total - free) device memory seen at open and after passes */
+} cuda_engine_stats;
+
+/* Loads the model onto the GPU: globals and resident layers into HBM, the
+ * rest into one pinned host arena (read once, in tensor order), sizes the
+ * pass buffers, the dequant scratch and the KV arena (layout of kv.h, on the
+ * device).  The model must stay open while the engine lives.  Returns 0,
+ * -1 with a sentence (bad model, out of GPU or pinned memory: the sentence
+ * says what to lower), or CUDA_ENGINE_EDEVICE. */
+int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out, char *err, size_t errlen);
+
+/* Frees everything; safe on NULL and on a poisoned context. */
+void cuda_engine_close(cuda_engine *e);
+
+/* One pass, same contract as engine_forward: the caller has reserved KV pages
+ * (through cuda_engine_kv, whose page bookkeeping lives on the host while the
+ * pages themselves live on the GPU) for pos0+n positions of every sequence;
+ * logits receives (R, V) floats in host memory, one row per sequence with
+ * want_logits, in sequence order.  Returns 0, -1 with a sentence, or
+ * CUDA_ENGINE_EDEVICE. */
+int cuda_engine_forward(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen);
+
+/* The page allocator (kv_row_reserve/release work on it; its arena is NULL:
+ * the pages live on the GPU). */
+kv_cache *cuda_engine_kv(cuda_engine *e);
+void cuda_engine_get_stats(const cuda_engine *e, cuda_engine_stats *st);
+
+/* Test hook: launches a kernel that writes through a wild pointer, poisoning
+ * the context; the next forward returns CUDA_ENGINE_EDEVICE. */
+void cuda_engine_inject_fault(cuda_engine *e);
+
+/* Device name and memory, for logs.  Returns 0 or -1 with a sentence. */
+int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total_bytes, uint64_t *free_bytes, char *err,
+                     size_t errlen);
+
+/* Pinned host->device copy rate: `reps` copies of `bytes` from one pinned
+ * buffer into device memory, timed with events; *gbps is bytes/s / 1e9 of the
+ * median copy.  Returns 0, -1 with a sentence, or CUDA_ENGINE_EDEVICE. */
+int cuda_probe_h2d(int device, size_t bytes, int reps, double *gbps, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- op entry points (tests) */
+/* Each uploads its host inputs, runs the GPU op once, downloads the result.
+ * Return 0, -1 with a sentence, or CUDA_ENGINE_EDEVICE. */
+
+/* out(N, K) fp32 = dequant of W (N rows of K elements in `type`). */
+int cuda_op_dequant(uint32_t type, const void *w, int64_t N, int64_t K, float *out, char *err, size_t errlen);
+
+/* Y(T, N) = bf16(X)(T, K) · bf16(dequant W)(N, K)^T with fp32 accumulation. */
+int cuda_op_matmul(uint32_t type, const void *w, int64_t N, int64_t K, const float *x, int64_t T, float *y, char *err,
+                   size_t errlen);
+
+/* y(T, D) = rmsnorm(x) * w (or 1 + w). */
+int cuda_op_rmsnorm(const float *x, const float *w, int64_t T, int64_t D, float eps, bool plus_one, float *y,
+                    char *err, size_t errlen);
+
+/* x(T, H, S) rotated in place; inv_freq (n_rot/2), style 0 NEOX / 1 NORM. */
+int cuda_op_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int n_rot, int style,
+                 float attn_scale, char *err, size_t errlen);
+
+/* g(n) = silu(g) * u (gelu_tanh when gelu). */
+int cuda_op_act_mul(float *g, const float *u, int64_t n, bool gelu, char *err, size_t errlen);
+
+/* Attention over a host paged KV arena (kv.h layout, one layer): q (T, H, S),
+ * token t belongs to sequence seq[t] at position pos[t]; sequence s's page
+ * table is pages[pt_off[s] ...]; out (T, H, S). */
+int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S,
+                      const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
+                      int32_t n_table, int n_seqs, int window, float scale, float softcap, float *out, char *err,
+                      size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

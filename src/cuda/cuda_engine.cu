@@ -1,0 +1,1005 @@
+/*
+ * cuda_engine.cu — the CUDA engine: weights on the GPU (resident or streamed
+ * through pinned host RAM), the paged KV arena in HBM, and the forward pass of
+ * forward.c on the GPU.
+ *
+ * Owns: device and pinned memory, the two streams (compute, copy), the layer
+ * ring, cuBLAS, and turning CUDA failures into sentences and the sticky code.
+ * Does not own: kernels (kernels.cu), page allocation (kv.c, on the host),
+ * scheduling, sampling.
+ *
+ * Memory (L layers, of which Lr resident, Ls = L - Lr streamed):
+ *   HBM:    globals (embedding and output head in file dtype; norms, biases as
+ *           fp32) · resident arena: Lr layer packs · ring: slots × largest
+ *           streamed pack · KV arena (L, n_pages, 2, Kh, P, S) fp32 (kv.h) ·
+ *           pass buffers for max_T tokens · bf16 dequant scratch (largest
+ *           non-bf16 matrix) · cuBLAS workspace.
+ *   pinned: one cudaHostAlloc arena holding the Ls packs at exact size.
+ * A layer pack is its seven matrices (q, k, v, o, gate, up, down) in file
+ * dtype, each at a 256-byte-aligned offset, so a streamed layer is one
+ * contiguous H2D copy (what reaches the copy engine's rate).
+ *
+ * Streaming: copies are numbered k = pass * Ls + i (i = streamed layer index)
+ * and go to slot k % slots on the copy stream; copy k waits for the event
+ * that compute k - slots recorded after its last use of the slot, and compute
+ * k waits for copy k's event.  Copies are issued up to slots - 1 ahead of
+ * compute and run on across pass boundaries (the next pass's first layers
+ * load while this pass's head and the host's sampling run), so with 3 slots
+ * two layers are always in flight.  Streamed and resident layers run the same
+ * kernels and GEMMs on the same bytes, so their logits are bit-identical.
+ *
+ * Errors: every CUDA and cuBLAS call is checked.  Errors that poison the
+ * context (illegal address, launch failure, ECC, ...) set a process-wide flag
+ * and return CUDA_ENGINE_EDEVICE from then on; other failures return -1 with
+ * a sentence.  A failure in the middle of a pass leaves the ring's numbering
+ * unknown, so the engine then refuses further passes (reopen it).
+ */
+#include "cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+extern "C" {
+#include "../cpu.h"
+#include "../gguf.h"
+#include "../quant.h"
+#include "../util.h"
+}
+#include "kernels.cuh"
+
+#define PACK_ALIGN 256
+
+enum { M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, M_COUNT };
+
+typedef struct dmat {
+    const model_tensor *t;
+    uint32_t type;
+    int64_t n, k;      /* N rows of K elements */
+    size_t row_bytes;
+    size_t off;        /* byte offset in the layer pack (0 for globals) */
+} dmat;
+
+typedef struct dlayer {
+    dmat m[M_COUNT];
+    size_t pack_bytes;
+    bool resident;
+    uint8_t *dev;      /* resident: the pack in HBM */
+    uint8_t *host;     /* streamed: the pack in the pinned arena */
+    float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffw_norm; /* (D) device fp32 */
+    float *q_norm, *k_norm;                                       /* (S) */
+    float *bq, *bk, *bv;                                          /* (H*S), (Kh*S), (Kh*S) */
+} dlayer;
+
+struct cuda_engine {
+    model_desc *m;
+    cuda_engine_opts o;
+    int max_T, max_seqs;
+    kv_cache kv;       /* host page bookkeeping; arena NULL */
+    float *d_kv;       /* (L, n_pages, 2, Kh, P, S) */
+
+    cudaStream_t cs, xs; /* compute, copy */
+    cublasHandle_t blas;
+    void *blas_ws;
+
+    uint8_t *d_embd, *d_out;
+    dmat embd, out;
+    float *out_norm;
+    dlayer *layers;
+    uint8_t *d_res;    /* resident packs */
+    uint8_t *h_pinned; /* streamed packs */
+    float *d_inv_freq, *d_inv_freq_local;
+    cpu_rope rope, rope_local;
+    float embed_scale;
+    bool gelu;
+
+    /* ring */
+    int ns, slots, first_streamed;
+    size_t slot_bytes;
+    uint8_t *d_ring;
+    cudaEvent_t *ev_copied, *ev_free; /* (slots) */
+    cudaEvent_t *ev_cs[2], *ev_ce[2]; /* (ns) per pass parity: copy start / end */
+    uint64_t copies_issued, computes_freed;
+
+    /* pass buffers (device) */
+    float *x, *h, *q, *k, *v, *att, *g, *u, *last, *logits; /* (T,D) (T,D) (T,HS) (T,KS)x2 (T,HS) (T,F)x2 (B,D) (B,V) */
+    bf16 *xb, *lastb, *wscratch; /* (T, max(D,HS,F)), (B, D), largest non-bf16 matrix */
+    int32_t *d_meta, *h_meta;    /* tok(T) pos(T) seq(T) rows(B) pt_off(B) pages(n_pages) */
+    float *h_logits;             /* pinned (B, V) */
+
+    void **allocs;     /* every cudaMalloc, freed at close */
+    size_t n_allocs, cap_allocs;
+    int n_dev_allocs;  /* for the fail_alloc_at hook */
+    cuda_engine_stats st;
+    bool broken;
+};
+
+static bool g_poisoned; /* the process's CUDA context is unusable */
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------- errors */
+
+static bool is_sticky(cudaError_t c)
+{
+    switch (c) {
+    case cudaErrorIllegalAddress: case cudaErrorLaunchFailure: case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction: case cudaErrorMisalignedAddress: case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc: case cudaErrorAssert: case cudaErrorLaunchTimeout: case cudaErrorECCUncorrectable:
+    case cudaErrorUnknown: case cudaErrorContextIsDestroyed:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Turns a failed CUDA call into the return code and one sentence. */
+static int cu_fail(cudaError_t c, const char *what, int line, char *err, size_t errlen)
+{
+    if (is_sticky(c) || g_poisoned) {
+        g_poisoned = true;
+        util_errf(err, errlen,
+                  "GPU fault during %s (cuda_engine.cu:%d): %s (%s); the CUDA context is unusable, exit and resume "
+                  "the job.",
+                  what, line, cudaGetErrorName(c), cudaGetErrorString(c));
+        return CUDA_ENGINE_EDEVICE;
+    }
+    cudaGetLastError(); /* clear a non-sticky error */
+    return util_errf(err, errlen, "CUDA call %s failed (cuda_engine.cu:%d): %s (%s).", what, line, cudaGetErrorName(c),
+                     cudaGetErrorString(c));
+}
+
+#define CU(call)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t c_ = (call);                                                                                       \
+        if (c_ != cudaSuccess)                                                                                         \
+            return cu_fail(c_, #call, __LINE__, err, errlen);                                                          \
+    } while (0)
+
+static int blas_fail(cublasStatus_t s, const char *what, int line, char *err, size_t errlen)
+{
+    cudaError_t c = cudaPeekAtLastError();
+    if (c != cudaSuccess || g_poisoned)
+        return cu_fail(c != cudaSuccess ? c : cudaErrorUnknown, what, line, err, errlen);
+    return util_errf(err, errlen, "cuBLAS call %s failed (cuda_engine.cu:%d): %s.", what, line,
+                     cublasGetStatusString(s));
+}
+
+#define CB(call)                                                                                                       \
+    do {                                                                                                               \
+        cublasStatus_t s_ = (call);                                                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                               \
+            return blas_fail(s_, #call, __LINE__, err, errlen);                                                        \
+    } while (0)
+
+/* cudaMalloc with accounting, the test hook, and the out-of-memory sentence. */
+static int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char *err, size_t errlen)
+{
+    *p = NULL;
+    if (bytes == 0)
+        bytes = 256;
+    if (e->n_allocs == e->cap_allocs) {
+        size_t cap = e->cap_allocs ? 2 * e->cap_allocs : 64;
+        void **a = (void **)realloc(e->allocs, cap * sizeof *a);
+        if (!a)
+            return util_errf(err, errlen, "out of host memory tracking GPU allocations.");
+        e->allocs = a;
+        e->cap_allocs = cap;
+    }
+    e->n_dev_allocs++;
+    cudaError_t c = e->o.fail_alloc_at == e->n_dev_allocs ? cudaErrorMemoryAllocation : cudaMalloc(p, bytes);
+    if (c == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        *p = NULL;
+        return util_errf(err, errlen,
+                         "out of GPU memory allocating %.1f MiB for %s (%.2f of %.2f GiB free); lower the KV pages or "
+                         "the per-pass token cap, or stream more layers (fewer resident layers).",
+                         (double)bytes / (1 << 20), what, (double)fr / (1 << 30), (double)tot / (1 << 30));
+    }
+    if (c != cudaSuccess)
+        return cu_fail(c, "cudaMalloc", __LINE__, err, errlen);
+    e->allocs[e->n_allocs++] = *p;
+    e->st.device_bytes += bytes;
+    return 0;
+}
+
+static void note_peak(cuda_engine *e)
+{
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot - fr > e->st.peak_device_used)
+        e->st.peak_device_used = tot - fr;
+}
+
+/* ---------------------------------------------------------------- loading */
+
+static const model_tensor *find(const model_desc *m, const char *name)
+{
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name))
+            return &m->tensors[i];
+    return NULL;
+}
+
+typedef struct file_reader {
+    const model_desc *m;
+    int *fds;
+} file_reader;
+
+static int read_from_files(void *ctx, const model_tensor *t, void *dst, char *err, size_t errlen)
+{
+    file_reader *fr = (file_reader *)ctx;
+    const char *path = fr->m->files[t->file].path;
+    if (fr->fds[t->file] < 0 && (fr->fds[t->file] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return util_errf(err, errlen, "%s: cannot open: %s.", path, strerror(errno));
+    uint8_t *d = (uint8_t *)dst;
+    uint64_t off = t->offset, len = t->size;
+    while (len) {
+        size_t chunk = len > (64u << 20) ? (64u << 20) : (size_t)len;
+        ssize_t r = pread(fr->fds[t->file], d, chunk, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return util_errf(err, errlen, "%s: read of tensor %s failed at byte %llu: %s.", path, t->name,
+                             (unsigned long long)off, r < 0 ? strerror(errno) : "unexpected end of file");
+        d += r;
+        off += (uint64_t)r;
+        len -= (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Reads tensor t with the engine's reader. */
+static int read_tensor(cuda_engine *e, file_reader *fr, const model_tensor *t, void *dst, char *err, size_t errlen)
+{
+    if (e->o.reader)
+        return e->o.reader(e->o.reader_ctx, t, dst, err, errlen);
+    return read_from_files(fr, t, dst, err, errlen);
+}
+
+/* Describes a matrix of N rows × K columns (GGUF ne = [K, N]); w->t stays NULL when absent and optional. */
+static int bind_mat(cuda_engine *e, dmat *w, const char *name, int64_t n, int64_t k, bool required, char *err,
+                    size_t errlen)
+{
+    const model_tensor *t = find(e->m, name);
+    memset(w, 0, sizeof *w);
+    if (!t)
+        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", e->m->source, name) : 0;
+    if (t->n_dims != 2 || (int64_t)t->ne[0] != k || (int64_t)t->ne[1] != n)
+        return util_errf(err, errlen, "%s: tensor %s has shape [%llu, %llu] but the config implies [%lld, %lld].",
+                         e->m->source, name, (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (long long)n,
+                         (long long)k);
+    if (!kq_type_supported(t->dtype) || quant_row_bytes(t->dtype, k, &w->row_bytes) != 0 ||
+        (uint64_t)w->row_bytes * (uint64_t)n != t->size)
+        return util_errf(err, errlen, "%s: tensor %s is stored as %s, which the CUDA backend cannot multiply.",
+                         e->m->source, name, quant_type_name(t->dtype));
+    w->t = t;
+    w->type = t->dtype;
+    w->n = n;
+    w->k = k;
+    return 0;
+}
+
+/* Uploads a 1-D tensor of n elements as fp32 (NULL when absent and optional). */
+static int bind_vec(cuda_engine *e, file_reader *fr, float **out, const char *name, int64_t n, bool required,
+                    char *err, size_t errlen)
+{
+    const model_tensor *t = find(e->m, name);
+    *out = NULL;
+    if (!t)
+        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", e->m->source, name) : 0;
+    if (t->ne[0] != (uint64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1 ||
+        (t->dtype != GGML_F32 && t->dtype != GGML_F16 && t->dtype != GGML_BF16))
+        return util_errf(err, errlen, "%s: tensor %s must be %lld F32, F16 or BF16 values.", e->m->source, name,
+                         (long long)n);
+    uint8_t *raw = (uint8_t *)malloc((size_t)t->size + 4);
+    float *f = (float *)malloc((size_t)n * sizeof(float));
+    int rc = !raw || !f ? util_errf(err, errlen, "out of host memory binding %s.", name)
+                        : read_tensor(e, fr, t, raw, err, errlen);
+    if (rc == 0 && quant_dequant_row(t->dtype, raw, f, n) != 0)
+        rc = util_errf(err, errlen, "%s: tensor %s cannot be converted.", e->m->source, name);
+    if (rc == 0)
+        rc = dalloc(e, (void **)out, (size_t)n * sizeof(float), name, err, errlen);
+    if (rc == 0) {
+        cudaError_t c = cudaMemcpy(*out, f, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
+        if (c != cudaSuccess)
+            rc = cu_fail(c, "cudaMemcpy (1-D tensor)", __LINE__, err, errlen);
+    }
+    free(raw);
+    free(f);
+    return rc;
+}
+
+/* Reads a whole matrix into HBM at dst (through a host bounce buffer; load time only). */
+static int upload_mat(cuda_engine *e, file_reader *fr, const dmat *w, uint8_t *dst, uint8_t **bounce,
+                      size_t *bounce_cap, char *err, size_t errlen)
+{
+    size_t sz = (size_t)w->t->size;
+    if (sz > *bounce_cap) {
+        free(*bounce);
+        *bounce = (uint8_t *)malloc(sz);
+        *bounce_cap = *bounce ? sz : 0;
+        if (!*bounce)
+            return util_errf(err, errlen, "out of host memory reading %s (%zu bytes).", w->t->name, sz);
+    }
+    if (read_tensor(e, fr, w->t, *bounce, err, errlen))
+        return -1;
+    CU(cudaMemcpy(dst, *bounce, sz, cudaMemcpyHostToDevice));
+    return 0;
+}
+
+static int rope_setup(cuda_engine *e, char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    cpu_rope_cfg c;
+    memset(&c, 0, sizeof c);
+    c.style = m->rope_style == ROPE_NORM ? CPU_ROPE_NORM : CPU_ROPE_NEOX;
+    c.n_rot = m->rope_dim;
+    c.freq_base = m->rope_theta;
+    c.scaling = m->rope_scaling == ROPE_SCALE_LINEAR   ? CPU_ROPE_SCALE_LINEAR
+                : m->rope_scaling == ROPE_SCALE_LLAMA3 ? CPU_ROPE_SCALE_LLAMA3
+                : m->rope_scaling == ROPE_SCALE_YARN   ? CPU_ROPE_SCALE_YARN
+                                                       : CPU_ROPE_SCALE_NONE;
+    if (m->rope_scaling == ROPE_SCALE_DYNAMIC)
+        return util_errf(err, errlen, "%s: dynamic RoPE scaling is not implemented.", m->source);
+    if (m->format == MODEL_GGUF && m->rope_scaling == ROPE_SCALE_LLAMA3)
+        return util_errf(err, errlen, "%s: GGUF llama3 RoPE scaling (rope_freqs tensor) is not wired yet.", m->source);
+    c.factor = m->rope_factor;
+    c.low_freq_factor = m->rope_low_freq;
+    c.high_freq_factor = m->rope_high_freq;
+    c.orig_max_pos = m->rope_orig_ctx;
+    c.beta_fast = m->rope_beta_fast;
+    c.beta_slow = m->rope_beta_slow;
+    c.attn_factor = m->rope_attn_factor;
+    if (cpu_rope_init(&e->rope, &c, err, errlen))
+        return -1;
+    c.freq_base = m->rope_theta_local > 0 ? m->rope_theta_local : m->rope_theta;
+    if (m->rope_theta_local > 0)
+        c.scaling = CPU_ROPE_SCALE_NONE;
+    if (cpu_rope_init(&e->rope_local, &c, err, errlen))
+        return -1;
+    size_t bytes = (size_t)(m->rope_dim / 2) * sizeof(float);
+    if (dalloc(e, (void **)&e->d_inv_freq, bytes, "RoPE frequencies", err, errlen) ||
+        dalloc(e, (void **)&e->d_inv_freq_local, bytes, "RoPE frequencies", err, errlen))
+        return -1;
+    CU(cudaMemcpy(e->d_inv_freq, e->rope.inv_freq, bytes, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(e->d_inv_freq_local, e->rope_local.inv_freq, bytes, cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* Describes every layer's matrices and pack layout, uploads norms and biases. */
+static int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    int64_t D = m->d_model, H = m->n_heads, K = m->n_kv_heads, S = m->head_dim, F = m->ffn_dim;
+    char nm[96];
+    e->layers = (dlayer *)calloc((size_t)m->n_layers, sizeof *e->layers);
+    if (!e->layers)
+        return util_errf(err, errlen, "out of host memory binding layers.");
+    for (int l = 0; l < m->n_layers; l++) {
+        dlayer *w = &e->layers[l];
+#define NM(s) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), nm)
+        if (bind_mat(e, &w->m[M_Q], NM("attn_q.weight"), H * S, D, true, err, errlen) ||
+            bind_mat(e, &w->m[M_K], NM("attn_k.weight"), K * S, D, true, err, errlen) ||
+            bind_mat(e, &w->m[M_V], NM("attn_v.weight"), K * S, D, true, err, errlen) ||
+            bind_mat(e, &w->m[M_O], NM("attn_output.weight"), D, H * S, true, err, errlen) ||
+            bind_mat(e, &w->m[M_GATE], NM("ffn_gate.weight"), F, D, true, err, errlen) ||
+            bind_mat(e, &w->m[M_UP], NM("ffn_up.weight"), F, D, true, err, errlen) ||
+            bind_mat(e, &w->m[M_DOWN], NM("ffn_down.weight"), D, F, true, err, errlen) ||
+            bind_vec(e, fr, &w->attn_norm, NM("attn_norm.weight"), D, true, err, errlen) ||
+            bind_vec(e, fr, &w->bq, NM("attn_q.bias"), H * S, false, err, errlen) ||
+            bind_vec(e, fr, &w->bk, NM("attn_k.bias"), K * S, false, err, errlen) ||
+            bind_vec(e, fr, &w->bv, NM("attn_v.bias"), K * S, false, err, errlen) ||
+            bind_vec(e, fr, &w->q_norm, NM("attn_q_norm.weight"), S, m->qk_norm, err, errlen) ||
+            bind_vec(e, fr, &w->k_norm, NM("attn_k_norm.weight"), S, m->qk_norm, err, errlen) ||
+            bind_vec(e, fr, &w->post_attn_norm, NM("post_attention_norm.weight"), D, false, err, errlen) ||
+            bind_vec(e, fr, &w->ffn_norm, NM("ffn_norm.weight"), D, true, err, errlen) ||
+            bind_vec(e, fr, &w->post_ffw_norm, NM("post_ffw_norm.weight"), D, false, err, errlen))
+            return -1;
+#undef NM
+        size_t off = 0;
+        for (int i = 0; i < M_COUNT; i++) {
+            w->m[i].off = off;
+            off += ((size_t)w->m[i].t->size + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
+        }
+        w->pack_bytes = off;
+    }
+    return 0;
+}
+
+/* Places layer packs: a resident prefix in one HBM arena, the rest in one pinned arena (exact size) plus the ring. */
+static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    int L = m->n_layers;
+    int lr = !e->o.streamed ? L : (e->o.resident_layers < 0 ? 0 : e->o.resident_layers > L ? L : e->o.resident_layers);
+    size_t res_bytes = 0, pin_bytes = 0;
+    for (int l = 0; l < L; l++) {
+        dlayer *w = &e->layers[l];
+        w->resident = l < lr;
+        if (w->resident) {
+            w->dev = (uint8_t *)(uintptr_t)res_bytes; /* offset until the arena exists */
+            res_bytes += w->pack_bytes;
+        } else {
+            w->host = (uint8_t *)(uintptr_t)pin_bytes;
+            pin_bytes += w->pack_bytes;
+            if (w->pack_bytes > e->slot_bytes)
+                e->slot_bytes = w->pack_bytes;
+        }
+    }
+    e->first_streamed = lr;
+    e->ns = L - lr;
+    if (res_bytes && dalloc(e, (void **)&e->d_res, res_bytes, "resident layers", err, errlen))
+        return -1;
+    if (pin_bytes) {
+        cudaError_t c = cudaHostAlloc((void **)&e->h_pinned, pin_bytes, cudaHostAllocDefault);
+        if (c != cudaSuccess) {
+            e->h_pinned = NULL;
+            if (c == cudaErrorMemoryAllocation) {
+                cudaGetLastError();
+                return util_errf(err, errlen,
+                                 "cannot pin %.2f GiB of host RAM for %d streamed layers; keep more layers resident "
+                                 "or free host memory.",
+                                 (double)pin_bytes / (1 << 30), e->ns);
+            }
+            return cu_fail(c, "cudaHostAlloc", __LINE__, err, errlen);
+        }
+        e->st.pinned_bytes = pin_bytes;
+    }
+    uint8_t *bounce = NULL;
+    size_t bounce_cap = 0;
+    int rc = 0;
+    for (int l = 0; l < L && rc == 0; l++) {
+        dlayer *w = &e->layers[l];
+        if (w->resident)
+            w->dev = e->d_res + (size_t)(uintptr_t)w->dev;
+        else
+            w->host = e->h_pinned + (size_t)(uintptr_t)w->host;
+        for (int i = 0; i < M_COUNT && rc == 0; i++)
+            rc = w->resident ? upload_mat(e, fr, &w->m[i], w->dev + w->m[i].off, &bounce, &bounce_cap, err, errlen)
+                             : read_tensor(e, fr, w->m[i].t, w->host + w->m[i].off, err, errlen);
+    }
+    free(bounce);
+    if (rc)
+        return rc;
+    e->st.resident_weight_bytes += res_bytes;
+    e->st.streamed_bytes_per_pass = pin_bytes;
+    e->st.n_streamed = e->ns;
+    if (e->ns == 0)
+        return 0;
+    int slots = e->o.ring_slots > 0 ? e->o.ring_slots : 3;
+    slots = slots < 2 ? 2 : slots;
+    e->slots = slots > e->ns ? e->ns : slots; /* keeps copies within one pass ahead (see the header comment) */
+    e->st.ring_slots = e->slots;
+    if (dalloc(e, (void **)&e->d_ring, e->slot_bytes * (size_t)e->slots, "the streaming ring", err, errlen))
+        return -1;
+    e->ev_copied = (cudaEvent_t *)calloc((size_t)e->slots, sizeof(cudaEvent_t));
+    e->ev_free = (cudaEvent_t *)calloc((size_t)e->slots, sizeof(cudaEvent_t));
+    for (int p = 0; p < 2; p++) {
+        e->ev_cs[p] = (cudaEvent_t *)calloc((size_t)e->ns, sizeof(cudaEvent_t));
+        e->ev_ce[p] = (cudaEvent_t *)calloc((size_t)e->ns, sizeof(cudaEvent_t));
+        if (!e->ev_cs[p] || !e->ev_ce[p])
+            return util_errf(err, errlen, "out of host memory for stream events.");
+    }
+    if (!e->ev_copied || !e->ev_free)
+        return util_errf(err, errlen, "out of host memory for stream events.");
+    for (int i = 0; i < e->slots; i++) {
+        CU(cudaEventCreateWithFlags(&e->ev_copied[i], cudaEventDisableTiming));
+        CU(cudaEventCreateWithFlags(&e->ev_free[i], cudaEventDisableTiming));
+    }
+    for (int p = 0; p < 2; p++)
+        for (int i = 0; i < e->ns; i++) {
+            CU(cudaEventCreate(&e->ev_cs[p][i]));
+            CU(cudaEventCreate(&e->ev_ce[p][i]));
+        }
+    return 0;
+}
+
+static int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    int64_t D = m->d_model, V = m->vocab;
+    if (bind_mat(e, &e->embd, "token_embd.weight", V, D, true, err, errlen) ||
+        bind_mat(e, &e->out, "output.weight", V, D, false, err, errlen) ||
+        bind_vec(e, fr, &e->out_norm, "output_norm.weight", D, true, err, errlen))
+        return -1;
+    uint8_t *bounce = NULL;
+    size_t cap = 0;
+    int rc = dalloc(e, (void **)&e->d_embd, (size_t)e->embd.t->size, "the embedding table", err, errlen);
+    if (rc == 0)
+        rc = upload_mat(e, fr, &e->embd, e->d_embd, &bounce, &cap, err, errlen);
+    if (rc == 0 && e->out.t) {
+        rc = dalloc(e, (void **)&e->d_out, (size_t)e->out.t->size, "the output head", err, errlen);
+        if (rc == 0)
+            rc = upload_mat(e, fr, &e->out, e->d_out, &bounce, &cap, err, errlen);
+    }
+    free(bounce);
+    if (rc)
+        return rc;
+    if (!e->out.t) { /* tied embeddings */
+        e->out = e->embd;
+        e->d_out = e->d_embd;
+    } else {
+        e->st.resident_weight_bytes += e->out.t->size;
+    }
+    e->st.resident_weight_bytes += e->embd.t->size;
+    return 0;
+}
+
+static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    size_t T = (size_t)e->max_T, B = (size_t)e->max_seqs, D = (size_t)m->d_model, V = (size_t)m->vocab;
+    size_t HS = (size_t)m->n_heads * m->head_dim, KS = (size_t)m->n_kv_heads * m->head_dim, F = (size_t)m->ffn_dim;
+    size_t wide = D > HS ? D : HS;
+    wide = wide > F ? wide : F;
+    size_t scratch = 0; /* largest matrix that needs dequantizing */
+    for (int l = 0; l < m->n_layers; l++)
+        for (int i = 0; i < M_COUNT; i++)
+            if (e->layers[l].m[i].type != GGML_BF16 && (size_t)(e->layers[l].m[i].n * e->layers[l].m[i].k) > scratch)
+                scratch = (size_t)(e->layers[l].m[i].n * e->layers[l].m[i].k);
+    if (e->out.type != GGML_BF16 && (size_t)(e->out.n * e->out.k) > scratch)
+        scratch = (size_t)(e->out.n * e->out.k);
+    size_t meta = 3 * T + 2 * B + (size_t)e->kv.n_pages;
+    size_t kv_bytes;
+    if (!ck_mul_size(kv_page_bytes(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens),
+                     (size_t)e->kv.n_pages, &kv_bytes))
+        return util_errf(err, errlen, "a KV arena of %d pages cannot be sized.", e->kv.n_pages);
+    if (dalloc(e, (void **)&e->d_kv, kv_bytes, "the KV cache", err, errlen) ||
+        dalloc(e, (void **)&e->x, T * D * 4, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->h, T * D * 4, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->q, T * HS * 4, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->k, T * KS * 4, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->v, T * KS * 4, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->att, T * HS * 4, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->g, T * F * 4, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->u, T * F * 4, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->last, B * D * 4, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->logits, B * V * 4, "logits", err, errlen) ||
+        dalloc(e, (void **)&e->xb, T * wide * 2, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->lastb, B * D * 2, "pass buffers", err, errlen) ||
+        (scratch && dalloc(e, (void **)&e->wscratch, scratch * 2, "the dequant scratch", err, errlen)) ||
+        dalloc(e, (void **)&e->d_meta, meta * 4, "pass metadata", err, errlen) ||
+        dalloc(e, &e->blas_ws, 32u << 20, "the cuBLAS workspace", err, errlen))
+        return -1;
+    CU(cudaMemset(e->d_kv, 0, kv_bytes)); /* pages never hold garbage, even before their first write */
+    CU(cudaHostAlloc((void **)&e->h_meta, meta * 4, cudaHostAllocDefault));
+    CU(cudaHostAlloc((void **)&e->h_logits, B * V * 4, cudaHostAllocDefault));
+    return 0;
+}
+
+int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (g_poisoned)
+        return util_errf(err, errlen, "the CUDA context is unusable after an earlier GPU fault; restart."),
+               CUDA_ENGINE_EDEVICE;
+    if (m->state == ARCH_UNSUPPORTED)
+        return util_errf(err, errlen, "%s: architecture %s is not supported: %s", m->source, m->arch, m->state_note);
+    if (strcmp(m->arch, "llama") && strcmp(m->arch, "qwen2") && strcmp(m->arch, "qwen3") && strcmp(m->arch, "mistral"))
+        return util_errf(err, errlen, "%s: architecture %s is described but its forward pass is not wired yet.",
+                         m->source, m->arch);
+    if (m->head_dim > 256 || m->n_experts > 0)
+        return util_errf(err, errlen, "%s: head size %d or %d experts is beyond the CUDA backend (head size <= 256, "
+                         "dense models).", m->source, m->head_dim, m->n_experts);
+    cuda_engine *e = (cuda_engine *)calloc(1, sizeof *e);
+    if (!e)
+        return util_errf(err, errlen, "out of host memory.");
+    e->m = m;
+    e->o = *o;
+    e->max_T = o->max_pass_tokens > 0 ? o->max_pass_tokens : 512;
+    e->max_seqs = o->max_pass_seqs > 0 ? o->max_pass_seqs : e->max_T;
+    e->embed_scale = !strncmp(m->arch, "gemma", 5) ? sqrtf((float)m->d_model) : 1.0f;
+    e->gelu = !strncmp(m->arch, "gemma", 5);
+    int fds_stack[8];
+    int *fds = m->n_files <= 8 ? fds_stack : (int *)malloc(m->n_files * sizeof(int));
+    file_reader fr = {m, fds};
+    int rc = 0;
+    if (!fds) {
+        free(e);
+        return util_errf(err, errlen, "out of host memory.");
+    }
+    for (size_t f = 0; f < m->n_files; f++)
+        fds[f] = -1;
+    int P = o->page_tokens > 0 ? o->page_tokens : 16;
+    int32_t np = o->kv_pages > 0 ? o->kv_pages : 256;
+    e->kv.n_layers = m->n_layers;
+    e->kv.n_kv_heads = m->n_kv_heads;
+    e->kv.head_dim = m->head_dim;
+    e->kv.page_tokens = P;
+    e->kv.n_pages = np;
+    e->kv.free_list = (int32_t *)malloc((size_t)np * sizeof(int32_t));
+    if (!e->kv.free_list) {
+        rc = util_errf(err, errlen, "out of host memory for the KV page list.");
+        goto out;
+    }
+    for (int32_t i = 0; i < np; i++) /* same order as kv_create: page 0 on top */
+        e->kv.free_list[i] = np - 1 - i;
+    e->kv.n_free = np;
+    {
+        cudaError_t c = cudaSetDevice(o->device);
+        if (c == cudaSuccess)
+            c = cudaStreamCreateWithFlags(&e->cs, cudaStreamNonBlocking);
+        if (c == cudaSuccess)
+            c = cudaStreamCreateWithFlags(&e->xs, cudaStreamNonBlocking);
+        if (c != cudaSuccess) {
+            rc = cu_fail(c, "cudaSetDevice/cudaStreamCreate", __LINE__, err, errlen);
+            goto out;
+        }
+        cublasStatus_t s = cublasCreate(&e->blas);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            e->blas = NULL;
+            rc = blas_fail(s, "cublasCreate", __LINE__, err, errlen);
+            goto out;
+        }
+    }
+    if ((rc = bind_globals(e, &fr, err, errlen)) || (rc = bind_layers(e, &fr, err, errlen)) ||
+        (rc = rope_setup(e, err, errlen)) || (rc = place_layers(e, &fr, err, errlen)) ||
+        (rc = alloc_pass(e, err, errlen)))
+        goto out;
+    {
+        cublasStatus_t s = cublasSetStream(e->blas, e->cs);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = cublasSetWorkspace(e->blas, e->blas_ws, 32u << 20);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            rc = blas_fail(s, "cublasSetStream/cublasSetWorkspace", __LINE__, err, errlen);
+            goto out;
+        }
+    }
+    {
+        /* pageable cudaMemcpy and cudaMemset may still be in flight on the legacy stream, which the
+         * non-blocking compute and copy streams do not wait for */
+        cudaError_t c = cudaDeviceSynchronize();
+        if (c != cudaSuccess) {
+            rc = cu_fail(c, "cudaDeviceSynchronize (after loading)", __LINE__, err, errlen);
+            goto out;
+        }
+    }
+    note_peak(e);
+out:
+    for (size_t f = 0; f < m->n_files; f++)
+        if (fds[f] >= 0)
+            close(fds[f]);
+    if (fds != fds_stack)
+        free(fds);
+    if (rc) {
+        cuda_engine_close(e);
+        return rc;
+    }
+    *out = e;
+    return 0;
+}
+
+void cuda_engine_close(cuda_engine *e)
+{
+    if (!e)
+        return;
+    if (!g_poisoned) {
+        if (e->cs)
+            cudaStreamSynchronize(e->cs);
+        if (e->xs)
+            cudaStreamSynchronize(e->xs);
+    }
+    for (int i = 0; e->ev_copied && i < e->slots; i++)
+        if (e->ev_copied[i])
+            cudaEventDestroy(e->ev_copied[i]);
+    for (int i = 0; e->ev_free && i < e->slots; i++)
+        if (e->ev_free[i])
+            cudaEventDestroy(e->ev_free[i]);
+    for (int p = 0; p < 2; p++) {
+        for (int i = 0; e->ev_cs[p] && i < e->ns; i++)
+            if (e->ev_cs[p][i])
+                cudaEventDestroy(e->ev_cs[p][i]);
+        for (int i = 0; e->ev_ce[p] && i < e->ns; i++)
+            if (e->ev_ce[p][i])
+                cudaEventDestroy(e->ev_ce[p][i]);
+        free(e->ev_cs[p]);
+        free(e->ev_ce[p]);
+    }
+    free(e->ev_copied);
+    free(e->ev_free);
+    if (e->blas)
+        cublasDestroy(e->blas);
+    for (size_t i = 0; i < e->n_allocs; i++)
+        cudaFree(e->allocs[i]);
+    free(e->allocs);
+    if (e->h_pinned)
+        cudaFreeHost(e->h_pinned);
+    if (e->h_meta)
+        cudaFreeHost(e->h_meta);
+    if (e->h_logits)
+        cudaFreeHost(e->h_logits);
+    if (e->cs)
+        cudaStreamDestroy(e->cs);
+    if (e->xs)
+        cudaStreamDestroy(e->xs);
+    free(e->layers);
+    free(e->kv.free_list);
+    free(e);
+}
+
+kv_cache *cuda_engine_kv(cuda_engine *e)
+{
+    return &e->kv;
+}
+
+void cuda_engine_get_stats(const cuda_engine *e, cuda_engine_stats *st)
+{
+    *st = e->st;
+}
+
+void cuda_engine_inject_fault(cuda_engine *e)
+{
+    k_poison(e->cs);
+}
+
+int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total_bytes, uint64_t *free_bytes, char *err,
+                     size_t errlen)
+{
+    cudaDeviceProp p;
+    size_t fr = 0, tot = 0;
+    CU(cudaSetDevice(device));
+    CU(cudaGetDeviceProperties(&p, device));
+    CU(cudaMemGetInfo(&fr, &tot));
+    snprintf(name, name_cap, "%s (sm_%d%d, %d SMs)", p.name, p.major, p.minor, p.multiProcessorCount);
+    *total_bytes = tot;
+    *free_bytes = fr;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the pass */
+
+/* Y(T, N) = X(T, K) · W(N, K)^T: W dequantized into the bf16 scratch unless it is bf16 already. */
+static int gemm(cuda_engine *e, const dmat *w, const uint8_t *base, const bf16 *x, int64_t T, float *y, char *err,
+                size_t errlen)
+{
+    const bf16 *W = (const bf16 *)(base + w->off);
+    if (w->type != GGML_BF16) {
+        CU(k_dequant(w->type, base + w->off, w->row_bytes, w->n, w->k, e->wscratch, NULL, e->cs));
+        W = e->wscratch;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    CB(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n, (int)T, (int)w->k, &one, W, CUDA_R_16BF,
+                    (int)w->k, x, CUDA_R_16BF, (int)w->k, &zero, y, CUDA_R_32F, (int)w->n, CUBLAS_COMPUTE_32F,
+                    CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+/* Issues layer copies while a slot is free (see the header comment). */
+static int pump(cuda_engine *e, char *err, size_t errlen)
+{
+    while (e->copies_issued < e->computes_freed + (uint64_t)e->slots) {
+        uint64_t k = e->copies_issued;
+        int slot = (int)(k % (uint64_t)e->slots), i = (int)(k % (uint64_t)e->ns), par = (int)((k / e->ns) % 2);
+        const dlayer *w = &e->layers[e->first_streamed + i];
+        if (k >= (uint64_t)e->slots)
+            CU(cudaStreamWaitEvent(e->xs, e->ev_free[slot], 0));
+        CU(cudaEventRecord(e->ev_cs[par][i], e->xs));
+        CU(cudaMemcpyAsync(e->d_ring + (size_t)slot * e->slot_bytes, w->host, w->pack_bytes, cudaMemcpyHostToDevice,
+                           e->xs));
+        CU(cudaEventRecord(e->ev_ce[par][i], e->xs));
+        CU(cudaEventRecord(e->ev_copied[slot], e->xs));
+        e->copies_issued++;
+    }
+    return 0;
+}
+
+typedef struct pass_meta {
+    int32_t *tok, *pos, *seq, *rows, *pt_off, *pages; /* device views of d_meta */
+} pass_meta;
+
+static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, const uint8_t *base, int l, int64_t T,
+                         char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    int64_t D = m->d_model, H = m->n_heads, K = m->n_kv_heads, S = m->head_dim, F = m->ffn_dim;
+    int64_t HS = H * S, KS = K * S;
+    cudaStream_t s = e->cs;
+    bool sliding = m->layer_sliding && m->layer_sliding[l];
+    int rc;
+    CU(k_rmsnorm(e->x, w->attn_norm, T, D, m->norm_eps, m->norm_plus_one, NULL, e->xb, s));
+    if ((rc = gemm(e, &w->m[M_Q], base, e->xb, T, e->q, err, errlen)) ||
+        (rc = gemm(e, &w->m[M_K], base, e->xb, T, e->k, err, errlen)) ||
+        (rc = gemm(e, &w->m[M_V], base, e->xb, T, e->v, err, errlen)))
+        return rc;
+    if (w->bq)
+        CU(k_add_bias(e->q, w->bq, T, HS, s));
+    if (w->bk)
+        CU(k_add_bias(e->k, w->bk, T, KS, s));
+    if (w->bv)
+        CU(k_add_bias(e->v, w->bv, T, KS, s));
+    if (w->q_norm) {
+        CU(k_rmsnorm(e->q, w->q_norm, T * H, S, m->norm_eps, m->norm_plus_one, e->q, NULL, s));
+        CU(k_rmsnorm(e->k, w->k_norm, T * K, S, m->norm_eps, m->norm_plus_one, e->k, NULL, s));
+    }
+    bool local = sliding && m->rope_theta_local > 0;
+    const cpu_rope *rope = local ? &e->rope_local : &e->rope;
+    const float *inv = local ? e->d_inv_freq_local : e->d_inv_freq;
+    CU(k_rope(e->q, T, (int)H, (int)S, pm->pos, inv, rope->n_rot, rope->style, rope->attn_scale, s));
+    CU(k_rope(e->k, T, (int)K, (int)S, pm->pos, inv, rope->n_rot, rope->style, rope->attn_scale, s));
+    kv_geom g;
+    g.P = e->kv.page_tokens;
+    g.Kh = (int)K;
+    g.S = (int)S;
+    g.layer_base = e->d_kv + (size_t)l * (size_t)e->kv.n_pages * 2 * (size_t)KS * (size_t)g.P;
+    CU(k_kv_write(g, e->k, e->v, pm->pos, pm->seq, pm->pt_off, pm->pages, T, s));
+    float scale = m->query_scale > 0 ? (float)m->query_scale : 1.0f / sqrtf((float)S);
+    CU(k_attention(g, e->q, pm->pos, pm->seq, pm->pt_off, pm->pages, T, (int)H, sliding ? m->sliding_window : 0, scale,
+                   (float)m->attn_softcap, e->att, s));
+    CU(k_to_bf16(e->att, e->xb, T * HS, s));
+    if ((rc = gemm(e, &w->m[M_O], base, e->xb, T, e->h, err, errlen)))
+        return rc;
+    if (w->post_attn_norm && w->post_ffw_norm)
+        CU(k_rmsnorm(e->h, w->post_attn_norm, T, D, m->norm_eps, m->norm_plus_one, e->h, NULL, s));
+    CU(k_add(e->x, e->h, T * D, s));
+
+    CU(k_rmsnorm(e->x, w->ffn_norm, T, D, m->norm_eps, m->norm_plus_one, NULL, e->xb, s));
+    if ((rc = gemm(e, &w->m[M_GATE], base, e->xb, T, e->g, err, errlen)) ||
+        (rc = gemm(e, &w->m[M_UP], base, e->xb, T, e->u, err, errlen)))
+        return rc;
+    CU(k_act_mul(e->g, e->u, T * F, e->gelu, e->xb, NULL, s));
+    if ((rc = gemm(e, &w->m[M_DOWN], base, e->xb, T, e->h, err, errlen)))
+        return rc;
+    if (w->post_ffw_norm)
+        CU(k_rmsnorm(e->h, w->post_ffw_norm, T, D, m->norm_eps, m->norm_plus_one, e->h, NULL, s));
+    CU(k_add(e->x, e->h, T * D, s));
+    return 0;
+}
+
+/* Validates the pass and lays its metadata into the pinned staging buffer. */
+static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *T_out, int *R_out, size_t *n_ints,
+                      char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    int64_t T = 0, Tmax = e->max_T;
+    int R = 0;
+    int32_t npt = 0;
+    if (n_seqs <= 0 || n_seqs > e->max_seqs)
+        return util_errf(err, errlen, "a pass of %d sequences is outside the engine's 1..%d.", n_seqs, e->max_seqs);
+    for (int s = 0; s < n_seqs; s++) {
+        const fwd_seq *sq = &seqs[s];
+        if (sq->n <= 0 || T + sq->n > Tmax)
+            return util_errf(err, errlen, "a pass of more than %lld tokens (or an empty sequence) was requested.",
+                             (long long)Tmax);
+        if (sq->pos0 < 0 || kv_pages_for(&e->kv, sq->pos0 + sq->n) > sq->kv->n_pages || sq->pos0 + sq->n > m->ctx_len)
+            return util_errf(err, errlen, "sequence %d has no KV room for positions up to %d.", s, sq->pos0 + sq->n);
+        T += sq->n;
+        npt += kv_pages_for(&e->kv, sq->pos0 + sq->n);
+        if (npt > e->kv.n_pages)
+            return util_errf(err, errlen, "the pass's page tables hold more than the %d pages of the KV arena.",
+                             e->kv.n_pages);
+    }
+    int32_t *tok = e->h_meta, *pos = tok + Tmax, *seq = pos + Tmax, *rows = seq + Tmax;
+    int32_t *pt_off = rows + e->max_seqs, *pages = pt_off + e->max_seqs;
+    int64_t t = 0;
+    npt = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const fwd_seq *sq = &seqs[s];
+        int32_t need = kv_pages_for(&e->kv, sq->pos0 + sq->n);
+        pt_off[s] = npt;
+        for (int32_t i = 0; i < need; i++) {
+            int32_t pg = sq->kv->pages[i];
+            if (pg < 0 || pg >= e->kv.n_pages)
+                return util_errf(err, errlen, "sequence %d's page table names page %d outside the arena.", s, pg);
+            pages[npt++] = pg;
+        }
+        for (int32_t i = 0; i < sq->n; i++, t++) {
+            if (sq->tokens[i] < 0 || sq->tokens[i] >= m->vocab)
+                return util_errf(err, errlen, "token id %d is outside the vocabulary of %d.", sq->tokens[i], m->vocab);
+            tok[t] = sq->tokens[i];
+            pos[t] = sq->pos0 + i;
+            seq[t] = s;
+        }
+        if (sq->want_logits)
+            rows[R++] = (int32_t)(t - 1);
+    }
+    *T_out = T;
+    *R_out = R;
+    *n_ints = (size_t)(pages + npt - e->h_meta);
+    return 0;
+}
+
+/* Sums the last pass's layer copy times (all its copies finished: compute waited on each). */
+static void harvest_copy_times(cuda_engine *e, uint64_t pass)
+{
+    int par = (int)(pass % 2);
+    double busy = 0;
+    float ms;
+    for (int i = 0; i < e->ns; i++)
+        if (cudaEventElapsedTime(&ms, e->ev_cs[par][i], e->ev_ce[par][i]) == cudaSuccess)
+            busy += ms * 1e-3;
+    e->st.last_h2d_busy_s = busy;
+    e->st.last_h2d_span_s =
+        cudaEventElapsedTime(&ms, e->ev_cs[par][0], e->ev_ce[par][e->ns - 1]) == cudaSuccess ? ms * 1e-3 : 0;
+    cudaGetLastError(); /* a copy of layer 0 issued in an earlier pass's tail can make the span unavailable */
+}
+
+static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    int64_t T = 0, D = m->d_model, V = m->vocab;
+    int R = 0, rc;
+    size_t n_ints = 0;
+    if ((rc = build_meta(e, seqs, n_seqs, &T, &R, &n_ints, err, errlen)))
+        return rc;
+    e->broken = true; /* until the pass completes */
+    cudaStream_t s = e->cs;
+    CU(cudaMemcpyAsync(e->d_meta, e->h_meta, n_ints * 4, cudaMemcpyHostToDevice, s));
+    size_t Tm = (size_t)e->max_T, B = (size_t)e->max_seqs;
+    pass_meta pm = {e->d_meta, e->d_meta + Tm, e->d_meta + 2 * Tm, e->d_meta + 3 * Tm, e->d_meta + 3 * Tm + B,
+                    e->d_meta + 3 * Tm + 2 * B};
+    CU(k_embed(e->embd.type, e->d_embd, e->embd.row_bytes, pm.tok, T, D, e->embed_scale, e->x, s));
+    if (e->ns && (rc = pump(e, err, errlen)))
+        return rc;
+    for (int l = 0; l < m->n_layers; l++) {
+        const dlayer *w = &e->layers[l];
+        if (w->resident) {
+            if ((rc = forward_layer(e, &pm, w, w->dev, l, T, err, errlen)))
+                return rc;
+            continue;
+        }
+        uint64_t k = e->computes_freed;
+        int slot = (int)(k % (uint64_t)e->slots);
+        CU(cudaStreamWaitEvent(s, e->ev_copied[slot], 0));
+        if ((rc = forward_layer(e, &pm, w, e->d_ring + (size_t)slot * e->slot_bytes, l, T, err, errlen)))
+            return rc;
+        CU(cudaEventRecord(e->ev_free[slot], s));
+        e->computes_freed++;
+        if ((rc = pump(e, err, errlen)))
+            return rc;
+    }
+    if (R > 0) {
+        CU(k_gather(e->last, e->x, pm.rows, R, D, s));
+        CU(k_rmsnorm(e->last, e->out_norm, R, D, m->norm_eps, m->norm_plus_one, NULL, e->lastb, s));
+        if ((rc = gemm(e, &e->out, e->d_out, e->lastb, R, e->logits, err, errlen)))
+            return rc;
+        if (m->final_softcap > 0)
+            CU(k_softcap(e->logits, (int64_t)R * V, (float)m->final_softcap, s));
+        CU(cudaMemcpyAsync(e->h_logits, e->logits, (size_t)R * (size_t)V * 4, cudaMemcpyDeviceToHost, s));
+    }
+    CU(cudaStreamSynchronize(s));
+    if (R > 0)
+        memcpy(logits, e->h_logits, (size_t)R * (size_t)V * 4);
+    if (e->ns)
+        harvest_copy_times(e, e->st.passes);
+    e->broken = false;
+    return 0;
+}
+
+int cuda_engine_forward(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen)
+{
+    if (g_poisoned)
+        return util_errf(err, errlen, "the CUDA context is unusable after an earlier GPU fault; exit and resume."),
+               CUDA_ENGINE_EDEVICE;
+    if (e->broken)
+        return util_errf(err, errlen, "the CUDA engine stopped in the middle of an earlier pass; reopen it.");
+    double t0 = mono();
+    int rc = forward_inner(e, seqs, n_seqs, logits, err, errlen);
+    if (rc == 0 || !e->broken) {
+        if (rc == 0) {
+            e->st.last_pass_s = mono() - t0;
+            e->st.passes++;
+            note_peak(e);
+        }
+        return rc;
+    }
+    /* A failure after work was enqueued: see whether the context survived, so a sticky fault is reported as such. */
+    cudaError_t c = cudaStreamSynchronize(e->cs);
+    if (c != cudaSuccess && is_sticky(c)) {
+        g_poisoned = true;
+        return CUDA_ENGINE_EDEVICE;
+    }
+    return rc;
+}

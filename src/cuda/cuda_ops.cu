@@ -1,0 +1,229 @@
+/*
+ * cuda_ops.cu — one-shot entry points around single kernels, for the GPU op
+ * tests (tests/cuda/test_cuda_ops.c compares each with the CPU op).
+ *
+ * Owns: staging host inputs to the device and results back, per call.  Not
+ * for the hot path: every call allocates and synchronizes.  The engine
+ * (cuda_engine.cu) runs the same kernels and the same cuBLAS call shape.
+ */
+#include "cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "../gguf.h"
+#include "../quant.h"
+#include "../util.h"
+}
+#include "kernels.cuh"
+
+#define MAXBUF 8
+
+/* Device buffers of one call, freed together. */
+typedef struct op_ctx {
+    void *p[MAXBUF];
+    int n;
+    char *err;
+    size_t errlen;
+} op_ctx;
+
+static int op_fail(op_ctx *c, cudaError_t e, const char *what)
+{
+    bool sticky = e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure || e == cudaErrorMisalignedAddress ||
+                  e == cudaErrorIllegalInstruction || e == cudaErrorUnknown;
+    util_errf(c->err, c->errlen, "CUDA %s failed: %s (%s).", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    return sticky ? CUDA_ENGINE_EDEVICE : -1;
+}
+
+/* Allocates bytes on the device and copies src (when non-NULL) into it. */
+static int op_up(op_ctx *c, void **d, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMalloc(d, bytes ? bytes : 4);
+    if (e != cudaSuccess)
+        return op_fail(c, e, "cudaMalloc");
+    c->p[c->n++] = *d;
+    if (src && (e = cudaMemcpy(*d, src, bytes, cudaMemcpyHostToDevice)) != cudaSuccess)
+        return op_fail(c, e, "cudaMemcpy H2D");
+    return 0;
+}
+
+/* Waits for the launch and copies the result back. */
+static int op_down(op_ctx *c, cudaError_t launch, void *dst, const void *d, size_t bytes)
+{
+    if (launch != cudaSuccess)
+        return op_fail(c, launch, "kernel launch");
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess)
+        e = cudaMemcpy(dst, d, bytes, cudaMemcpyDeviceToHost);
+    return e == cudaSuccess ? 0 : op_fail(c, e, "kernel or copy back");
+}
+
+static int op_done(op_ctx *c, int rc)
+{
+    for (int i = 0; i < c->n; i++)
+        cudaFree(c->p[i]);
+    return rc;
+}
+
+#define OP_BEGIN op_ctx c_ = {{0}, 0, err, errlen}, *c = &c_; int rc = 0
+#define TRY(x) do { if ((rc = (x)) != 0) return op_done(c, rc); } while (0)
+
+int cuda_op_dequant(uint32_t type, const void *w, int64_t N, int64_t K, float *out, char *err, size_t errlen)
+{
+    OP_BEGIN;
+    size_t rb;
+    if (!kq_type_supported(type) || quant_row_bytes(type, K, &rb))
+        return util_errf(err, errlen, "type %u with %lld columns cannot be dequantized on the GPU.", type,
+                         (long long)K);
+    void *dw, *dy;
+    TRY(op_up(c, &dw, w, rb * (size_t)N));
+    TRY(op_up(c, &dy, NULL, (size_t)(N * K) * 4));
+    TRY(op_down(c, k_dequant(type, dw, rb, N, K, NULL, (float *)dy, 0), out, dy, (size_t)(N * K) * 4));
+    return op_done(c, 0);
+}
+
+int cuda_op_matmul(uint32_t type, const void *w, int64_t N, int64_t K, const float *x, int64_t T, float *y, char *err,
+                   size_t errlen)
+{
+    OP_BEGIN;
+    size_t rb;
+    if (!kq_type_supported(type) || quant_row_bytes(type, K, &rb))
+        return util_errf(err, errlen, "type %u with %lld columns cannot be multiplied on the GPU.", type,
+                         (long long)K);
+    void *dw, *dwb, *dx, *dxb, *dy;
+    TRY(op_up(c, &dw, w, rb * (size_t)N));
+    TRY(op_up(c, &dwb, NULL, (size_t)(N * K) * 2));
+    TRY(op_up(c, &dx, x, (size_t)(T * K) * 4));
+    TRY(op_up(c, &dxb, NULL, (size_t)(T * K) * 2));
+    TRY(op_up(c, &dy, NULL, (size_t)(T * N) * 4));
+    cudaError_t e = k_dequant(type, dw, rb, N, K, (bf16 *)dwb, NULL, 0);
+    if (e == cudaSuccess)
+        e = k_to_bf16((const float *)dx, (bf16 *)dxb, T * K, 0);
+    if (e != cudaSuccess)
+        return op_done(c, op_fail(c, e, "kernel launch"));
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+        return op_done(c, util_errf(err, errlen, "cublasCreate failed."));
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one, dwb, CUDA_R_16BF,
+                                    (int)K, dxb, CUDA_R_16BF, (int)K, &zero, dy, CUDA_R_32F, (int)N,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasDestroy(h);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return op_done(c, util_errf(err, errlen, "cublasGemmEx failed: %s.", cublasGetStatusString(s)));
+    TRY(op_down(c, cudaSuccess, y, dy, (size_t)(T * N) * 4));
+    return op_done(c, 0);
+}
+
+int cuda_op_rmsnorm(const float *x, const float *w, int64_t T, int64_t D, float eps, bool plus_one, float *y,
+                    char *err, size_t errlen)
+{
+    OP_BEGIN;
+    void *dx, *dw;
+    TRY(op_up(c, &dx, x, (size_t)(T * D) * 4));
+    TRY(op_up(c, &dw, w, (size_t)D * 4));
+    TRY(op_down(c, k_rmsnorm((float *)dx, (float *)dw, T, D, eps, plus_one, (float *)dx, NULL, 0), y, dx,
+                (size_t)(T * D) * 4));
+    return op_done(c, 0);
+}
+
+int cuda_op_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int n_rot, int style,
+                 float attn_scale, char *err, size_t errlen)
+{
+    OP_BEGIN;
+    void *dx, *dp, *df;
+    size_t n = (size_t)T * (size_t)H * (size_t)S;
+    TRY(op_up(c, &dx, x, n * 4));
+    TRY(op_up(c, &dp, pos, (size_t)T * 4));
+    TRY(op_up(c, &df, inv_freq, (size_t)(n_rot / 2) * 4));
+    TRY(op_down(c, k_rope((float *)dx, T, H, S, (int32_t *)dp, (float *)df, n_rot, style, attn_scale, 0), x, dx,
+                n * 4));
+    return op_done(c, 0);
+}
+
+int cuda_op_act_mul(float *g, const float *u, int64_t n, bool gelu, char *err, size_t errlen)
+{
+    OP_BEGIN;
+    void *dg, *du, *dy;
+    TRY(op_up(c, &dg, g, (size_t)n * 4));
+    TRY(op_up(c, &du, u, (size_t)n * 4));
+    TRY(op_up(c, &dy, NULL, (size_t)n * 4));
+    TRY(op_down(c, k_act_mul((float *)dg, (float *)du, n, gelu, NULL, (float *)dy, 0), g, dy, (size_t)n * 4));
+    return op_done(c, 0);
+}
+
+int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S,
+                      const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
+                      int32_t n_table, int n_seqs, int window, float scale, float softcap, float *out, char *err,
+                      size_t errlen)
+{
+    OP_BEGIN;
+    void *dq, *dkv, *dpos, *dseq, *dpt, *dpg, *dout;
+    size_t qn = (size_t)T * (size_t)H * (size_t)S;
+    TRY(op_up(c, &dq, q, qn * 4));
+    TRY(op_up(c, &dkv, kv_arena, (size_t)n_pages * 2 * (size_t)K * (size_t)P * (size_t)S * 4));
+    TRY(op_up(c, &dpos, pos, (size_t)T * 4));
+    TRY(op_up(c, &dseq, seq, (size_t)T * 4));
+    TRY(op_up(c, &dpt, pt_off, (size_t)n_seqs * 4));
+    TRY(op_up(c, &dpg, pages, (size_t)n_table * 4));
+    TRY(op_up(c, &dout, NULL, qn * 4));
+    kv_geom g;
+    g.layer_base = (float *)dkv;
+    g.P = P;
+    g.Kh = K;
+    g.S = S;
+    TRY(op_down(c,
+                k_attention(g, (float *)dq, (int32_t *)dpos, (int32_t *)dseq, (int32_t *)dpt, (int32_t *)dpg, T, H,
+                            window, scale, softcap, (float *)dout, 0),
+                out, dout, qn * 4));
+    return op_done(c, 0);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int cuda_probe_h2d(int device, size_t bytes, int reps, double *gbps, char *err, size_t errlen)
+{
+    OP_BEGIN;
+    void *h = NULL, *d;
+    cudaEvent_t a = NULL, b = NULL;
+    double ms_all[64];
+    reps = reps < 1 ? 1 : reps > 64 ? 64 : reps;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess)
+        return op_fail(c, e, "cudaSetDevice");
+    TRY(op_up(c, &d, NULL, bytes));
+    if ((e = cudaHostAlloc(&h, bytes, cudaHostAllocDefault)) != cudaSuccess)
+        return op_done(c, op_fail(c, e, "cudaHostAlloc"));
+    memset(h, 0x5a, bytes); /* touch every page before timing */
+    if ((e = cudaEventCreate(&a)) == cudaSuccess)
+        e = cudaEventCreate(&b);
+    for (int r = 0; r < reps && e == cudaSuccess; r++) {
+        float ms = 0;
+        e = cudaEventRecord(a, 0);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, 0);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(b, 0);
+        if (e == cudaSuccess)
+            e = cudaEventSynchronize(b);
+        if (e == cudaSuccess)
+            e = cudaEventElapsedTime(&ms, a, b);
+        ms_all[r] = ms;
+    }
+    if (e == cudaSuccess) {
+        qsort(ms_all, (size_t)reps, sizeof ms_all[0], cmp_double);
+        *gbps = (double)bytes / (ms_all[reps / 2] * 1e-3) / 1e9;
+    }
+    if (a)
+        cudaEventDestroy(a);
+    if (b)
+        cudaEventDestroy(b);
+    cudaFreeHost(h);
+    return op_done(c, e == cudaSuccess ? 0 : op_fail(c, e, "H2D probe"));
+}

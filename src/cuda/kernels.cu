@@ -1,0 +1,454 @@
+/*
+ * kernels.cu — the CUDA backend's elementwise, norm, RoPE, dequant and
+ * attention kernels (the GEMMs are cuBLAS, in cuda_engine.cu).
+ *
+ * Owns: GPU arithmetic that mirrors the CPU ops in cpu.c / quant.c.  Does not
+ * own: memory, streams, weights (cuda_engine.cu).
+ *
+ * Dequantization reads the GGUF block layouts documented in quant.c and
+ * computes each value with the same IEEE operations in the same order
+ * (explicit __fmul_rn/__fadd_rn so nvcc cannot contract them into FMAs), so
+ * the fp32 values equal quant_dequant_row's bit for bit; the bf16 variant
+ * then rounds to nearest even.  One thread per element: the block header is
+ * re-read by each of its elements from L1, and stores are coalesced.
+ *
+ * Attention: one warp per (token, head), online softmax over the token's
+ * row's pages (scores in fp32, one warp reduction per position).  Simple and
+ * right for mixed prefill chunks and decode tokens in one launch; a tiled
+ * flash kernel is the later speed-up for long contexts.
+ */
+#include "kernels.cuh"
+
+#include <cuda_fp16.h>
+#include <math.h>
+
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
+       T_Q6_K = 14, T_Q8_K = 15, T_BF16 = 30 };
+
+bool kq_type_supported(uint32_t type)
+{
+    switch (type) {
+    case T_F32: case T_F16: case T_BF16: case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0:
+    case T_Q4_K: case T_Q5_K: case T_Q6_K: case T_Q8_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static inline int grid_for(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    return (int)(b > 65535LL * 32 ? 65535LL * 32 : (b < 1 ? 1 : b));
+}
+
+/* ---------------------------------------------------------------- dequant */
+
+__device__ __forceinline__ float rd_half(const uint8_t *p)
+{
+    __half_raw r;
+    r.x = (unsigned short)(p[0] | (p[1] << 8));
+    return __half2float(__half(r));
+}
+
+/* Element j (< 256) of a 256-element K-quant sub-block pair: scale and min of sub-block js. */
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t *s, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Value of element k of a row starting at `row` (type's blocks back to back). */
+__device__ float dq_elem(uint32_t type, const uint8_t *row, int64_t k)
+{
+    switch (type) {
+    case T_F32: {
+        const uint8_t *p = row + k * 4;
+        uint32_t u = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+        return __uint_as_float(u);
+    }
+    case T_F16:
+        return rd_half(row + k * 2);
+    case T_BF16: {
+        const uint8_t *p = row + k * 2;
+        return __uint_as_float(((uint32_t)p[0] | ((uint32_t)p[1] << 8)) << 16);
+    }
+    case T_Q8_0: {
+        const uint8_t *b = row + (k / 32) * 34;
+        return __fmul_rn((float)(int8_t)b[2 + k % 32], rd_half(b));
+    }
+    case T_Q4_0: {
+        const uint8_t *b = row + (k / 32) * 18;
+        int j = (int)(k % 32);
+        int q = j < 16 ? (b[2 + j] & 0xF) : (b[2 + j - 16] >> 4);
+        return __fmul_rn((float)(q - 8), rd_half(b));
+    }
+    case T_Q4_1: {
+        const uint8_t *b = row + (k / 32) * 20;
+        int j = (int)(k % 32);
+        int q = j < 16 ? (b[4 + j] & 0xF) : (b[4 + j - 16] >> 4);
+        return __fadd_rn(__fmul_rn((float)q, rd_half(b)), rd_half(b + 2));
+    }
+    case T_Q5_0:
+    case T_Q5_1: {
+        bool one = type == T_Q5_1;
+        const uint8_t *b = row + (k / 32) * (one ? 24 : 22);
+        const uint8_t *qhp = b + (one ? 4 : 2), *qs = b + (one ? 8 : 6);
+        uint32_t qh = (uint32_t)qhp[0] | ((uint32_t)qhp[1] << 8) | ((uint32_t)qhp[2] << 16) | ((uint32_t)qhp[3] << 24);
+        int j = (int)(k % 32), x;
+        if (j < 16)
+            x = (int)((qs[j] & 0xF) | (((qh >> j) << 4) & 0x10));
+        else
+            x = (int)((qs[j - 16] >> 4) | ((qh >> (j - 16 + 12)) & 0x10));
+        if (!one)
+            return __fmul_rn((float)(x - 16), rd_half(b));
+        return __fadd_rn(__fmul_rn((float)x, rd_half(b)), rd_half(b + 2));
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+        bool five = type == T_Q5_K;
+        const uint8_t *b = row + (k / 256) * (five ? 176 : 144);
+        int j = (int)(k % 256), c = j / 64, hi = (j % 64) / 32, l = j % 32;
+        int sc, m;
+        scale_min_k4(2 * c + hi, b + 4, &sc, &m);
+        float d = __fmul_rn(rd_half(b), (float)sc), mn = __fmul_rn(rd_half(b + 2), (float)m);
+        const uint8_t *q = b + (five ? 48 : 16) + c * 32;
+        int v = hi ? (q[l] >> 4) : (q[l] & 0xF);
+        if (five && (b[16 + l] & ((hi ? 2u : 1u) << (2 * c))))
+            v += 16;
+        return __fsub_rn(__fmul_rn(d, (float)v), mn);
+    }
+    case T_Q6_K: {
+        const uint8_t *b = row + (k / 256) * 210;
+        int j = (int)(k % 256), h = j / 128, r = j % 128, quarter = r / 32, l = r % 32;
+        const uint8_t *ql = b + h * 64, *qh = b + 128 + h * 32;
+        const int8_t *sc = (const int8_t *)(b + 192 + h * 8);
+        int is = l / 16, q;
+        switch (quarter) {
+        case 0: q = (int)((ql[l] & 0xF) | ((qh[l] & 3) << 4)); break;
+        case 1: q = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)); break;
+        case 2: q = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)); break;
+        default: q = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)); break;
+        }
+        return __fmul_rn(__fmul_rn(rd_half(b + 208), (float)sc[is + 2 * quarter]), (float)(q - 32));
+    }
+    case T_Q8_K: {
+        const uint8_t *b = row + (k / 256) * 292;
+        uint32_t u = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+        return __fmul_rn(__uint_as_float(u), (float)(int8_t)b[4 + k % 256]);
+    }
+    default:
+        return __int_as_float(0x7fc00000);
+    }
+}
+
+__global__ void dequant_kernel(uint32_t type, const uint8_t *w, size_t row_bytes, int64_t N, int64_t K, bf16 *out_b,
+                               float *out_f)
+{
+    int64_t total = N * K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n = i / K, k = i % K;
+        float v = dq_elem(type, w + n * row_bytes, k);
+        if (out_b)
+            out_b[i] = __float2bfloat16_rn(v);
+        else
+            out_f[i] = v;
+    }
+}
+
+cudaError_t k_dequant(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, bf16 *out_b, float *out_f,
+                      cudaStream_t s)
+{
+    dequant_kernel<<<grid_for(N * K, 256), 256, 0, s>>>(type, (const uint8_t *)w, row_bytes, N, K, out_b, out_f);
+    return cudaGetLastError();
+}
+
+__global__ void embed_kernel(uint32_t type, const uint8_t *emb, size_t row_bytes, const int32_t *tok, int64_t D,
+                             float scale, float *x)
+{
+    int64_t t = blockIdx.x;
+    const uint8_t *row = emb + (int64_t)tok[t] * row_bytes;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+        float v = dq_elem(type, row, i);
+        x[t * D + i] = scale != 1.0f ? __fmul_rn(v, scale) : v;
+    }
+}
+
+cudaError_t k_embed(uint32_t type, const void *emb, size_t row_bytes, const int32_t *tok, int64_t T, int64_t D,
+                    float scale, float *x, cudaStream_t s)
+{
+    embed_kernel<<<(unsigned)T, 256, 0, s>>>(type, (const uint8_t *)emb, row_bytes, tok, D, scale, x);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- norms and elementwise */
+
+/* One block per row; the sum of squares in double like cpu_rmsnorm (order differs, far below fp32 rounding). */
+__global__ void rmsnorm_kernel(const float *x, const float *w, int64_t D, float eps, bool plus_one, float *y_f,
+                               bf16 *y_b)
+{
+    __shared__ double part[32];
+    int64_t r = blockIdx.x;
+    const float *xr = x + r * D;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+        ss += (double)xr[i] * (double)xr[i];
+    for (int o = 16; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0;
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0)
+            part[0] = v;
+    }
+    __syncthreads();
+    float inv = (float)(1.0 / sqrt(part[0] / (double)D + (double)eps));
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+        float wi = plus_one ? __fadd_rn(1.0f, w[i]) : w[i];
+        float v = __fmul_rn(__fmul_rn(xr[i], inv), wi);
+        if (y_b)
+            y_b[r * D + i] = __float2bfloat16_rn(v);
+        if (y_f)
+            y_f[r * D + i] = v;
+    }
+}
+
+cudaError_t k_rmsnorm(const float *x, const float *w, int64_t rows, int64_t D, float eps, bool plus_one, float *y_f,
+                      bf16 *y_b, cudaStream_t s)
+{
+    int threads = D >= 1024 ? 512 : D >= 256 ? 256 : 64;
+    rmsnorm_kernel<<<(unsigned)rows, threads, 0, s>>>(x, w, D, eps, plus_one, y_f, y_b);
+    return cudaGetLastError();
+}
+
+__global__ void add_bias_kernel(float *y, const float *b, int64_t T, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(y[i], b[i % n]);
+}
+
+cudaError_t k_add_bias(float *y, const float *b, int64_t T, int64_t n, cudaStream_t s)
+{
+    add_bias_kernel<<<grid_for(T * n, 256), 256, 0, s>>>(y, b, T, n);
+    return cudaGetLastError();
+}
+
+__global__ void add_kernel(float *y, const float *x, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(y[i], x[i]);
+}
+
+cudaError_t k_add(float *y, const float *x, int64_t n, cudaStream_t s)
+{
+    add_kernel<<<grid_for(n, 256), 256, 0, s>>>(y, x, n);
+    return cudaGetLastError();
+}
+
+__global__ void to_bf16_kernel(const float *x, bf16 *out, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16_rn(x[i]);
+}
+
+cudaError_t k_to_bf16(const float *x, bf16 *out, int64_t n, cudaStream_t s)
+{
+    to_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, out, n);
+    return cudaGetLastError();
+}
+
+/* One thread per (token, head, pair); the angle in fp32 as cpu_rope_apply computes it. */
+__global__ void rope_kernel(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int half,
+                            int style, float attn_scale)
+{
+    int64_t total = T * H * half;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int p = (int)(i % half);
+        int64_t th = i / half, t = th / H;
+        float a = __fmul_rn((float)pos[t], inv_freq[p]);
+        float c = __fmul_rn(cosf(a), attn_scale), sn = __fmul_rn(sinf(a), attn_scale);
+        float *v = x + th * S;
+        int i0 = style == 0 ? p : 2 * p, i1 = style == 0 ? p + half : 2 * p + 1;
+        float x0 = v[i0], x1 = v[i1];
+        v[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+        v[i1] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, sn));
+    }
+}
+
+cudaError_t k_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int n_rot, int style,
+                   float attn_scale, cudaStream_t s)
+{
+    int half = n_rot / 2;
+    rope_kernel<<<grid_for(T * H * half, 256), 256, 0, s>>>(x, T, H, S, pos, inv_freq, half, style, attn_scale);
+    return cudaGetLastError();
+}
+
+__global__ void act_mul_kernel(const float *g, const float *u, int64_t n, bool gelu, bf16 *out_b, float *out_f)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = g[i], a;
+        if (gelu) {
+            const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+            a = 0.5f * v * (1.0f + tanhf(k0 * (v + k1 * v * v * v)));
+        } else {
+            a = __fdiv_rn(v, __fadd_rn(1.0f, expf(-v)));
+        }
+        float r = __fmul_rn(a, u[i]);
+        if (out_b)
+            out_b[i] = __float2bfloat16_rn(r);
+        else
+            out_f[i] = r;
+    }
+}
+
+cudaError_t k_act_mul(const float *g, const float *u, int64_t n, bool gelu, bf16 *out_b, float *out_f, cudaStream_t s)
+{
+    act_mul_kernel<<<grid_for(n, 256), 256, 0, s>>>(g, u, n, gelu, out_b, out_f);
+    return cudaGetLastError();
+}
+
+__global__ void softcap_kernel(float *y, int64_t n, float cap)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = (float)((double)cap * tanh((double)y[i] / (double)cap));
+}
+
+cudaError_t k_softcap(float *y, int64_t n, float cap, cudaStream_t s)
+{
+    softcap_kernel<<<grid_for(n, 256), 256, 0, s>>>(y, n, cap);
+    return cudaGetLastError();
+}
+
+__global__ void gather_kernel(float *dst, const float *x, const int32_t *rows, int64_t D)
+{
+    int r = blockIdx.x;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+        dst[(int64_t)r * D + i] = x[(int64_t)rows[r] * D + i];
+}
+
+cudaError_t k_gather(float *dst, const float *x, const int32_t *rows, int R, int64_t D, cudaStream_t s)
+{
+    gather_kernel<<<R, 256, 0, s>>>(dst, x, rows, D);
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- paged KV and attention */
+
+__device__ __forceinline__ int64_t kv_off(const kv_geom &g, int32_t page, int kh, int32_t pos)
+{
+    return (int64_t)page * 2 * g.Kh * g.P * g.S + ((int64_t)kh * g.P + pos % g.P) * g.S;
+}
+
+__global__ void kv_write_kernel(kv_geom g, const float *k, const float *v, const int32_t *pos, const int32_t *seq,
+                                const int32_t *pt_off, const int32_t *pages, int64_t T)
+{
+    int64_t KS = (int64_t)g.Kh * g.S, total = T * KS;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / KS;
+        int kh = (int)((i % KS) / g.S), d = (int)(i % g.S);
+        int32_t p = pos[t];
+        int32_t page = pages[pt_off[seq[t]] + p / g.P];
+        float *dst = g.layer_base + kv_off(g, page, kh, p) + d;
+        dst[0] = k[i];
+        dst[(int64_t)g.Kh * g.P * g.S] = v[i];
+    }
+}
+
+cudaError_t k_kv_write(kv_geom g, const float *k, const float *v, const int32_t *pos, const int32_t *seq,
+                       const int32_t *pt_off, const int32_t *pages, int64_t T, cudaStream_t s)
+{
+    kv_write_kernel<<<grid_for(T * g.Kh * g.S, 256), 256, 0, s>>>(g, k, v, pos, seq, pt_off, pages, T);
+    return cudaGetLastError();
+}
+
+#define ATT_MAXD 8 /* dims per lane: S <= 256 */
+
+__global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq,
+                                 const int32_t *pt_off, const int32_t *pages, int64_t T, int H, int window,
+                                 float scale, float softcap, float *out)
+{
+    int64_t w = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (w >= T * H)
+        return;
+    int64_t t = w / H;
+    int h = (int)(w % H), kh = h / (H / g.Kh), S = g.S;
+    int32_t p = pos[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    const int32_t *pt = pages + pt_off[seq[t]];
+    const float *qr = q + w * S;
+    float qv[ATT_MAXD], acc[ATT_MAXD];
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD; i++) {
+        int d = lane + 32 * i;
+        qv[i] = d < S ? qr[d] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float mx = -INFINITY, l = 0.0f;
+    int64_t vstride = (int64_t)g.Kh * g.P * S;
+    for (int32_t j = lo; j <= p; j++) {
+        const float *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j);
+        float part = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++) {
+            int d = lane + 32 * i;
+            if (d < S)
+                part += qv[i] * kr[d];
+        }
+        for (int o = 16; o > 0; o >>= 1)
+            part += __shfl_xor_sync(0xffffffffu, part, o);
+        float sc = part * scale;
+        if (softcap > 0.0f)
+            sc = softcap * tanhf(sc / softcap);
+        float mn = fmaxf(mx, sc);
+        float corr = expf(mx - mn), pe = expf(sc - mn);
+        l = l * corr + pe;
+        const float *vr = kr + vstride;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++) {
+            int d = lane + 32 * i;
+            if (d < S)
+                acc[i] = acc[i] * corr + pe * vr[d];
+        }
+        mx = mn;
+    }
+    float inv = 1.0f / l;
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD; i++) {
+        int d = lane + 32 * i;
+        if (d < S)
+            out[w * S + d] = acc[i] * inv;
+    }
+}
+
+cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
+                        const int32_t *pages, int64_t T, int H, int window, float scale, float softcap, float *out,
+                        cudaStream_t s)
+{
+    if (g.S > 32 * ATT_MAXD || g.Kh <= 0 || H % g.Kh)
+        return cudaErrorInvalidValue;
+    int warps = 4;
+    int64_t blocks = (T * H + warps - 1) / warps;
+    attention_kernel<<<(unsigned)blocks, 32 * warps, 0, s>>>(g, q, pos, seq, pt_off, pages, T, H, window, scale,
+                                                             softcap, out);
+    return cudaGetLastError();
+}
+
+__global__ void poison_kernel(float *p)
+{
+    p[threadIdx.x] = 1.0f;
+}
+
+cudaError_t k_poison(cudaStream_t s)
+{
+    poison_kernel<<<1, 32, 0, s>>>((float *)(uintptr_t)0x10);
+    return cudaGetLastError();
+}

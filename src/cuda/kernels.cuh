@@ -1,0 +1,76 @@
+/*
+ * kernels.cuh — the CUDA backend's kernel launchers (private to src/cuda/).
+ *
+ * Every launcher enqueues on the given stream and returns the launch status
+ * (cudaGetLastError); none allocates or synchronizes.  Dimension letters as in
+ * cpu.h: T tokens, N output features, K input features, D model dim, H heads,
+ * Kh kv heads, S head size, P page tokens.  Activations are fp32 row-major;
+ * GEMM inputs are bf16.
+ */
+#ifndef SPILL_CUDA_KERNELS_CUH
+#define SPILL_CUDA_KERNELS_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+/* Whether the GPU dequantizer knows `type` (enum ggml_type). */
+bool kq_type_supported(uint32_t type);
+
+/* out(N, K) = dequant(W), W = N rows of row_bytes bytes.  One of out_b / out_f is non-NULL. */
+cudaError_t k_dequant(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, bf16 *out_b, float *out_f,
+                      cudaStream_t s);
+
+/* x(T, D) = dequant(emb row tok[t]) * scale. */
+cudaError_t k_embed(uint32_t type, const void *emb, size_t row_bytes, const int32_t *tok, int64_t T, int64_t D,
+                    float scale, float *x, cudaStream_t s);
+
+/* Row-wise RMS norm of x(rows, D) with weight w(D); writes y_f (fp32, may be x) and/or y_b (bf16). */
+cudaError_t k_rmsnorm(const float *x, const float *w, int64_t rows, int64_t D, float eps, bool plus_one, float *y_f,
+                      bf16 *y_b, cudaStream_t s);
+
+/* y(T, n) += b(n) */
+cudaError_t k_add_bias(float *y, const float *b, int64_t T, int64_t n, cudaStream_t s);
+
+/* y(n) += x(n) */
+cudaError_t k_add(float *y, const float *x, int64_t n, cudaStream_t s);
+
+/* out_b(n) = bf16(x) */
+cudaError_t k_to_bf16(const float *x, bf16 *out, int64_t n, cudaStream_t s);
+
+/* x(T, H, S) rotated in place at positions pos(T). */
+cudaError_t k_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int n_rot, int style,
+                   float attn_scale, cudaStream_t s);
+
+/* out(n) = act(g) * u; out_b bf16 (GEMM input) or out_f fp32 (tests). */
+cudaError_t k_act_mul(const float *g, const float *u, int64_t n, bool gelu, bf16 *out_b, float *out_f,
+                      cudaStream_t s);
+
+/* y(n) = cap * tanh(y / cap) */
+cudaError_t k_softcap(float *y, int64_t n, float cap, cudaStream_t s);
+
+/* dst(R, D) = x(rows[r], D) */
+cudaError_t k_gather(float *dst, const float *x, const int32_t *rows, int R, int64_t D, cudaStream_t s);
+
+/* Paged KV geometry of one layer: block of page p at layer_base + p * 2*Kh*P*S floats. */
+typedef struct kv_geom {
+    float *layer_base; /* arena + l * n_pages * 2*Kh*P*S */
+    int P, Kh, S;
+} kv_geom;
+
+/* Writes k, v (T, Kh*S) of every token into its row's page at pos[t]. */
+cudaError_t k_kv_write(kv_geom g, const float *k, const float *v, const int32_t *pos, const int32_t *seq,
+                       const int32_t *pt_off, const int32_t *pages, int64_t T, cudaStream_t s);
+
+/* out(T, H*S) = causal attention of q(T, H*S) over each token's row's cached
+ * positions [max(0, pos-window+1), pos] (window 0 = full); GQA by H/Kh. */
+cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
+                        const int32_t *pages, int64_t T, int H, int window, float scale, float softcap, float *out,
+                        cudaStream_t s);
+
+/* Test hook: a write through a wild device pointer. */
+cudaError_t k_poison(cudaStream_t s);
+
+#endif

@@ -1,0 +1,593 @@
+/*
+ * test_cuda_engine.c — the CUDA engine end to end.
+ *
+ * 1. The reference fixtures (tests/data/ref/, tiny random-weight models of
+ *    each llama-family architecture, logits from transformers, fp32) run
+ *    through a resident CUDA engine with the same pass schedule as
+ *    tests/test_forward.c (rows prefilled token by token, in chunks of 4, and
+ *    whole, then decoded with the rows at different lengths), and in lockstep
+ *    through a streamed CUDA engine (resident_layers 0 or 1, KV pages of one
+ *    position): streamed logits must equal resident logits bit for bit (same
+ *    bytes, same kernels, same GEMM shapes).
+ * 2. A synthetic llama GGUF written here with mixed quant types (Q4_0, Q4_1,
+ *    Q5_0, Q8_0, Q4_K, Q6_K, BF16, F16, F32 matrices) runs through the CPU
+ *    engine and the CUDA engine (resident and streamed) on the same passes.
+ * 3. Error paths: a refused device allocation gives a sentence and leaks
+ *    nothing; a bad token is refused without harming the engine; an injected
+ *    GPU fault makes the next pass return CUDA_ENGINE_EDEVICE (last, since it
+ *    poisons the process's context).
+ *
+ * Tolerance, fixed before the first GPU run: max |Δ log-softmax| ≤ 5e-2 and
+ * greedy agreement wherever the reference's top-2 margin exceeds 0.1.  Every
+ * GEMM input (weights and activations) is rounded to bf16, a relative error of
+ * 2^-9 per operand; test_cuda_ops bounds one dot product's error by about
+ * 2^-8 relative to its terms' rms, i.e. ~0.4-1% of a typical output.  Seven
+ * GEMMs per layer compound over 2-3 layers plus the head through norms that
+ * renormalise, so logits O(1-3) move by ~1e-2; 5e-2 leaves a 3-5x margin
+ * while a wrong RoPE pair, mask, page or bias moves log-probs by 0.1 or more
+ * in the fixtures (checked by the CPU test's sensitivity).  A margin of 0.1
+ * between the top two logits is beyond that error, so argmax must agree there.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "cuda/cuda_backend.h"
+#include "engine.h"
+#include "gguf.h"
+#include "model.h"
+#include "quant.h"
+#include "test.h"
+#include "util.h"
+
+#define MAXROWS 4
+#define TOL_LOGSOFTMAX 5e-2
+#define MARGIN 0.1f
+
+typedef struct ref_row {
+    uint32_t n_prompt, n_total;
+    int32_t *ids;
+    float *logits; /* (n_total, V) */
+} ref_row;
+
+static int load_ref(const char *path, ref_row *rows, uint32_t *n_rows, uint32_t *vocab)
+{
+    char *buf, err[SPILL_ERRLEN];
+    size_t len;
+    if (util_read_file(path, 64u << 20, &buf, &len, err, sizeof err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    if (len < 16 || memcmp(buf, "SPLREF01", 8)) {
+        free(buf);
+        return -1;
+    }
+    size_t off = 8;
+    memcpy(n_rows, buf + off, 4);
+    memcpy(vocab, buf + off + 4, 4);
+    off += 8;
+    if (*n_rows > MAXROWS) {
+        free(buf);
+        return -1;
+    }
+    for (uint32_t r = 0; r < *n_rows; r++) {
+        memcpy(&rows[r].n_prompt, buf + off, 4);
+        memcpy(&rows[r].n_total, buf + off + 4, 4);
+        off += 8;
+        size_t ni = rows[r].n_total, nl = (size_t)rows[r].n_total * *vocab;
+        rows[r].ids = malloc(ni * 4);
+        rows[r].logits = malloc(nl * 4);
+        memcpy(rows[r].ids, buf + off, ni * 4);
+        off += ni * 4;
+        memcpy(rows[r].logits, buf + off, nl * 4);
+        off += nl * 4;
+    }
+    free(buf);
+    return off == len ? 0 : -1;
+}
+
+static void log_softmax(const float *x, double *y, int n)
+{
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++)
+        s += exp(x[i] - mx);
+    for (int i = 0; i < n; i++)
+        y[i] = x[i] - mx - log(s);
+}
+
+static double compare(const float *got, const float *want, int V)
+{
+    double *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b), worst = 0;
+    log_softmax(got, a, V);
+    log_softmax(want, b, V);
+    for (int i = 0; i < V; i++) {
+        double d = fabs(a[i] - b[i]);
+        worst = !(d <= worst) ? d : worst; /* NaN sticks */
+    }
+    free(a);
+    free(b);
+    return worst;
+}
+
+static int argmax(const float *x, int V, float *margin)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (x[i] > x[best])
+            best = i;
+    float second = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (i != best && x[i] > second)
+            second = x[i];
+    *margin = x[best] - second;
+    return best;
+}
+
+static void run_fixture(const char *name, int resident_layers)
+{
+    char dir[512], path[600], err[SPILL_ERRLEN];
+    snprintf(dir, sizeof dir, "tests/data/ref/%s", name);
+    snprintf(path, sizeof path, "%s/ref.bin", dir);
+    ref_row rows[MAXROWS];
+    uint32_t n_rows, V;
+    if (load_ref(path, rows, &n_rows, &V) != 0) {
+        CHECK(0, "%s: cannot load reference", name);
+        return;
+    }
+    model_desc *m;
+    int rc = model_open(dir, &m, err, sizeof err);
+    CHECK(rc == 0, "%s: model_open: %s", name, err);
+    if (rc)
+        return;
+    cuda_engine_opts o = {.max_pass_tokens = 64, .max_pass_seqs = 8, .page_tokens = 16, .kv_pages = 64};
+    cuda_engine_opts os = {.max_pass_tokens = 64, .max_pass_seqs = 8, .page_tokens = 1, .kv_pages = 1024,
+                           .streamed = true, .resident_layers = resident_layers, .ring_slots = 3};
+    cuda_engine *e = NULL, *es = NULL;
+    rc = cuda_engine_open(m, &o, &e, err, sizeof err);
+    CHECK(rc == 0, "%s: cuda_engine_open: %s", name, err);
+    if (rc == 0) {
+        rc = cuda_engine_open(m, &os, &es, err, sizeof err);
+        CHECK(rc == 0, "%s: streamed cuda_engine_open: %s", name, err);
+    }
+    if (rc) {
+        cuda_engine_close(e);
+        model_close(m);
+        return;
+    }
+    kv_cache *kv = cuda_engine_kv(e), *kvs = cuda_engine_kv(es);
+    kv_row kr[MAXROWS] = {0}, krs[MAXROWS] = {0};
+    int32_t done[MAXROWS] = {0};
+    float *logits = malloc((size_t)MAXROWS * V * sizeof(float)), *logits_s = malloc((size_t)MAXROWS * V * sizeof(float));
+    double worst = 0;
+    int compared = 0, token_mismatch = 0, stream_diff = 0, close_calls = 0;
+    for (int pass = 0; pass < 200; pass++) {
+        fwd_seq seqs[MAXROWS], seqs_s[MAXROWS];
+        int ns = 0, idx[MAXROWS];
+        for (uint32_t r = 0; r < n_rows; r++) {
+            int32_t left = (int32_t)rows[r].n_total - 1 - done[r];
+            if (left <= 0)
+                continue;
+            int32_t n = 1;
+            if (done[r] < (int32_t)rows[r].n_prompt) {
+                int32_t rest = (int32_t)rows[r].n_prompt - done[r];
+                n = r == 0 ? 1 : r == 1 ? (rest < 4 ? rest : 4) : rest;
+            }
+            CHECK(kv_row_reserve(kv, &kr[r], done[r] + n) == 0, "%s: KV reserve", name);
+            CHECK(kv_row_reserve(kvs, &krs[r], done[r] + n) == 0, "%s: KV reserve (streamed)", name);
+            seqs[ns] = (fwd_seq){&kr[r], done[r], n, rows[r].ids + done[r], true};
+            seqs_s[ns] = (fwd_seq){&krs[r], done[r], n, rows[r].ids + done[r], true};
+            idx[ns++] = (int)r;
+        }
+        if (!ns)
+            break;
+        for (size_t i = 0; i < (size_t)ns * V; i++)
+            logits[i] = logits_s[i] = NAN;
+        rc = cuda_engine_forward(e, seqs, ns, logits, err, sizeof err);
+        CHECK(rc == 0, "%s: forward: %s", name, err);
+        int rcs = cuda_engine_forward(es, seqs_s, ns, logits_s, err, sizeof err);
+        CHECK(rcs == 0, "%s: streamed forward: %s", name, err);
+        if (rc || rcs)
+            break;
+        stream_diff += memcmp(logits, logits_s, (size_t)ns * V * sizeof(float)) != 0;
+        for (int s = 0; s < ns; s++) {
+            int r = idx[s];
+            int32_t at = done[r] + seqs[s].n - 1;
+            const float *want = rows[r].logits + (size_t)at * V;
+            double d = compare(logits + (size_t)s * V, want, (int)V);
+            worst = !(d <= worst) ? d : worst;
+            compared++;
+            float mg, mg2;
+            int a = argmax(logits + (size_t)s * V, (int)V, &mg), b = argmax(want, (int)V, &mg2);
+            if (a != b && mg2 > MARGIN)
+                token_mismatch++;
+            close_calls += mg2 <= MARGIN;
+            done[r] += seqs[s].n;
+        }
+    }
+    CHECK(worst <= TOL_LOGSOFTMAX, "%s: max |dlogsoftmax| %.3g over %d positions", name, worst, compared);
+    CHECK(token_mismatch == 0, "%s: %d greedy tokens differ where the reference margin > %.2f", name, token_mismatch,
+          MARGIN);
+    CHECK(compared >= 96, "%s: only %d positions compared", name, compared);
+    CHECK(stream_diff == 0, "%s: streamed logits differ from resident in %d passes", name, stream_diff);
+    cuda_engine_stats st;
+    cuda_engine_get_stats(es, &st);
+    CHECK(st.n_streamed == m->n_layers - resident_layers && st.streamed_bytes_per_pass > 0,
+          "%s: %d layers streamed", name, st.n_streamed);
+    fprintf(stderr,
+            "%-28s %3d positions, max |dlogsoftmax| %.2e, %d near-ties skipped, streamed %d layers (%d slots, "
+            "%.1f KB/pass), identical: %s\n",
+            name, compared, worst, close_calls, st.n_streamed, st.ring_slots, st.streamed_bytes_per_pass / 1024.0,
+            stream_diff ? "NO" : "yes");
+    for (uint32_t r = 0; r < n_rows; r++) {
+        kv_row_free(kv, &kr[r]);
+        kv_row_free(kvs, &krs[r]);
+        free(rows[r].ids);
+        free(rows[r].logits);
+    }
+    CHECK(kv->n_free == kv->n_pages && kvs->n_free == kvs->n_pages, "%s: pages leaked", name);
+    free(logits);
+    free(logits_s);
+    cuda_engine_close(e);
+    cuda_engine_close(es);
+    model_close(m);
+}
+
+/* ---------------------------------------------------------------- synthetic GGUF */
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+static float frand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / (float)0x1000000;
+}
+
+static void put_half(uint8_t *p, float v)
+{
+    uint16_t h = quant_fp32_to_fp16(v);
+    memcpy(p, &h, 2);
+}
+
+/* Random weights of about `scale` in magnitude (as in test_cuda_ops.c). */
+static void fill_weights(uint32_t type, uint8_t *buf, int64_t n_elems, float scale)
+{
+    size_t bytes;
+    quant_row_bytes(type, n_elems, &bytes);
+    for (size_t i = 0; i < bytes; i++)
+        buf[i] = (uint8_t)rnd();
+    int64_t be = quant_block_elems(type);
+    size_t bb = quant_block_bytes(type);
+    for (int64_t b = 0; b < n_elems / be; b++) {
+        uint8_t *p = buf + (size_t)b * bb;
+        switch (type) {
+        case GGML_F32: {
+            float v = frand(-scale, scale);
+            memcpy(p, &v, 4);
+            break;
+        }
+        case GGML_F16: put_half(p, frand(-scale, scale)); break;
+        case GGML_BF16: {
+            uint16_t h = quant_fp32_to_bf16(frand(-scale, scale));
+            memcpy(p, &h, 2);
+            break;
+        }
+        case GGML_Q8_0: put_half(p, frand(0.5f, 1.5f) * scale / 64); break;
+        case GGML_Q4_0: case GGML_Q5_0: put_half(p, frand(0.5f, 1.5f) * scale / 8); break;
+        case GGML_Q4_1: case GGML_Q5_1:
+            put_half(p, frand(0.5f, 1.5f) * scale / 8);
+            put_half(p + 2, -frand(0.5f, 1.5f) * scale);
+            break;
+        case GGML_Q4_K: case GGML_Q5_K:
+            put_half(p, frand(0.5f, 1.5f) * scale / 256);
+            put_half(p + 2, frand(0.5f, 1.5f) * scale / 32);
+            break;
+        case GGML_Q6_K: put_half(p + 208, frand(0.5f, 1.5f) * scale / 2048); break;
+        }
+    }
+}
+
+typedef struct gt {
+    char name[64];
+    uint32_t type, n_dims;
+    uint64_t ne[2];
+    uint8_t *data;
+    size_t size;
+} gt;
+
+static void wr(FILE *f, const void *p, size_t n)
+{
+    fwrite(p, 1, n, f);
+}
+static void wr_u32(FILE *f, uint32_t v)
+{
+    wr(f, &v, 4);
+}
+static void wr_u64(FILE *f, uint64_t v)
+{
+    wr(f, &v, 8);
+}
+static void wr_str(FILE *f, const char *s)
+{
+    wr_u64(f, strlen(s));
+    wr(f, s, strlen(s));
+}
+static void kv_u32(FILE *f, const char *k, uint32_t v)
+{
+    wr_str(f, k);
+    wr_u32(f, GGUF_V_U32);
+    wr_u32(f, v);
+}
+static void kv_f32(FILE *f, const char *k, float v)
+{
+    wr_str(f, k);
+    wr_u32(f, GGUF_V_F32);
+    wr(f, &v, 4);
+}
+
+/* Writes a 3-layer llama GGUF (D=256, H=4, Kh=2, S=64, F=512, V=384) whose
+ * layers use different weight types; weights of magnitude ~2/sqrt(K) (the
+ * head 1/sqrt(K), so logits are O(1-2) as the tolerance assumes).  Returns 0 or -1. */
+static int write_gguf(const char *path)
+{
+    enum { D = 256, H = 4, KH = 2, S = 64, F = 512, V = 384, L = 3 };
+    static const uint32_t lt[L][7] = {
+        {GGML_Q4_0, GGML_Q4_1, GGML_Q5_0, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K, GGML_Q4_K},
+        {GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16},
+        {GGML_F16, GGML_F32, GGML_Q8_0, GGML_F16, GGML_Q6_K, GGML_Q4_0, GGML_Q5_0}};
+    static const char *mn[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+    const uint64_t mshape[7][2] = {{D, H * S}, {D, KH * S}, {D, KH * S}, {H * S, D}, {D, F}, {D, F}, {F, D}};
+    gt t[64];
+    int n = 0;
+#define MAT(nm, ty, k, rows)                                                                                           \
+    do {                                                                                                               \
+        snprintf(t[n].name, sizeof t[n].name, "%s", nm);                                                               \
+        t[n].type = ty, t[n].n_dims = 2, t[n].ne[0] = k, t[n].ne[1] = rows;                                            \
+        quant_row_bytes(ty, (int64_t)(k) * (int64_t)(rows), &t[n].size);                                              \
+        t[n].data = malloc(t[n].size);                                                                                 \
+        fill_weights(ty, t[n].data, (int64_t)(k) * (int64_t)(rows), (strcmp(nm, "output.weight") ? 2.0f : 1.0f) /     \
+                     sqrtf((float)(k)));                                                                               \
+        n++;                                                                                                           \
+    } while (0)
+#define VEC(nm, len)                                                                                                   \
+    do {                                                                                                               \
+        snprintf(t[n].name, sizeof t[n].name, "%s", nm);                                                               \
+        t[n].type = GGML_F32, t[n].n_dims = 1, t[n].ne[0] = len, t[n].ne[1] = 1, t[n].size = (size_t)(len) * 4;       \
+        t[n].data = malloc(t[n].size);                                                                                 \
+        for (int i_ = 0; i_ < (len); i_++) {                                                                           \
+            float v_ = frand(0.7f, 1.3f);                                                                              \
+            memcpy(t[n].data + 4 * i_, &v_, 4);                                                                        \
+        }                                                                                                              \
+        n++;                                                                                                           \
+    } while (0)
+    MAT("token_embd.weight", GGML_Q8_0, D, V);
+    char nm[64];
+    for (int l = 0; l < L; l++) {
+        snprintf(nm, sizeof nm, "blk.%d.attn_norm.weight", l);
+        VEC(nm, D);
+        for (int i = 0; i < 7; i++) {
+            snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, mn[i]);
+            MAT(nm, lt[l][i], mshape[i][0], mshape[i][1]);
+        }
+        snprintf(nm, sizeof nm, "blk.%d.ffn_norm.weight", l);
+        VEC(nm, D);
+    }
+    VEC("output_norm.weight", D);
+    MAT("output.weight", GGML_Q6_K, D, V);
+#undef MAT
+#undef VEC
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    wr_u32(f, 0x46554747u);
+    wr_u32(f, 3);
+    wr_u64(f, (uint64_t)n);
+    wr_u64(f, 9);
+    wr_str(f, "general.architecture");
+    wr_u32(f, GGUF_V_STRING);
+    wr_str(f, "llama");
+    kv_u32(f, "llama.block_count", L);
+    kv_u32(f, "llama.embedding_length", D);
+    kv_u32(f, "llama.attention.head_count", H);
+    kv_u32(f, "llama.attention.head_count_kv", KH);
+    kv_u32(f, "llama.feed_forward_length", F);
+    kv_u32(f, "llama.context_length", 256);
+    kv_f32(f, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    kv_f32(f, "llama.rope.freq_base", 10000.0f);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        wr_str(f, t[i].name);
+        wr_u32(f, t[i].n_dims);
+        for (uint32_t d = 0; d < t[i].n_dims; d++)
+            wr_u64(f, t[i].ne[d]);
+        wr_u32(f, t[i].type);
+        wr_u64(f, off);
+        off += (t[i].size + 31) / 32 * 32;
+    }
+    long pos = ftell(f);
+    static const uint8_t zero[32];
+    wr(f, zero, (size_t)((32 - pos % 32) % 32));
+    for (int i = 0; i < n; i++) {
+        wr(f, t[i].data, t[i].size);
+        wr(f, zero, (32 - t[i].size % 32) % 32);
+        free(t[i].data);
+    }
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* CPU engine vs CUDA engines (resident and streamed with 3 ring slots) on the synthetic GGUF. */
+static void run_gguf(void)
+{
+    char path[] = "/tmp/spill_cuda_test_XXXXXX.gguf", err[SPILL_ERRLEN];
+    int fd = mkstemps(path, 5);
+    CHECK(fd >= 0, "mkstemps");
+    if (fd < 0)
+        return;
+    close(fd);
+    CHECK(write_gguf(path) == 0, "cannot write %s", path);
+    model_desc *m;
+    int rc = model_open(path, &m, err, sizeof err);
+    CHECK(rc == 0, "synthetic gguf: model_open: %s", err);
+    if (rc) {
+        unlink(path);
+        return;
+    }
+    engine_opts co = {.threads = 4, .max_pass_tokens = 64, .max_pass_seqs = 4, .page_tokens = 16, .kv_pages = 32};
+    cuda_engine_opts go = {.max_pass_tokens = 64, .max_pass_seqs = 4, .page_tokens = 16, .kv_pages = 32};
+    cuda_engine_opts gs = {.max_pass_tokens = 64, .max_pass_seqs = 4, .page_tokens = 8, .kv_pages = 64,
+                           .streamed = true, .ring_slots = 3};
+    spill_engine *ce = NULL;
+    cuda_engine *ge = NULL, *gse = NULL;
+    rc = engine_open(m, &co, &ce, err, sizeof err);
+    CHECK(rc == 0, "synthetic gguf: engine_open: %s", err);
+    if (rc == 0 && (rc = cuda_engine_open(m, &go, &ge, err, sizeof err)))
+        CHECK(0, "synthetic gguf: cuda_engine_open: %s", err);
+    if (rc == 0 && (rc = cuda_engine_open(m, &gs, &gse, err, sizeof err)))
+        CHECK(0, "synthetic gguf: streamed cuda_engine_open: %s", err);
+    int V = m->vocab;
+    enum { R = 3, STEPS = 12 };
+    int32_t toks[R][64];
+    int32_t plen[R] = {7, 1, 19}, len[R];
+    for (int r = 0; r < R; r++) {
+        for (int i = 0; i < 64; i++)
+            toks[r][i] = (int32_t)(rnd() % (uint32_t)V);
+        len[r] = 0;
+    }
+    kv_row kc[R] = {0}, kg[R] = {0}, ks[R] = {0};
+    float *lc = malloc((size_t)R * V * 4), *lg = malloc((size_t)R * V * 4), *ls = malloc((size_t)R * V * 4);
+    double worst = 0;
+    int mismatch = 0, compared = 0, sdiff = 0;
+    for (int step = 0; step < STEPS && rc == 0; step++) {
+        fwd_seq sc[R], sg[R], ss[R];
+        for (int r = 0; r < R; r++) {
+            int32_t n = step == 0 ? plen[r] : 1;
+            CHECK(kv_row_reserve(engine_kv(ce), &kc[r], len[r] + n) == 0 &&
+                      kv_row_reserve(cuda_engine_kv(ge), &kg[r], len[r] + n) == 0 &&
+                      kv_row_reserve(cuda_engine_kv(gse), &ks[r], len[r] + n) == 0,
+                  "synthetic gguf: KV reserve");
+            sc[r] = (fwd_seq){&kc[r], len[r], n, toks[r] + len[r], true};
+            sg[r] = (fwd_seq){&kg[r], len[r], n, toks[r] + len[r], true};
+            ss[r] = (fwd_seq){&ks[r], len[r], n, toks[r] + len[r], true};
+        }
+        if ((rc = engine_forward(ce, sc, R, lc, err, sizeof err)))
+            CHECK(0, "synthetic gguf: cpu forward: %s", err);
+        else if ((rc = cuda_engine_forward(ge, sg, R, lg, err, sizeof err)))
+            CHECK(0, "synthetic gguf: cuda forward: %s", err);
+        else if ((rc = cuda_engine_forward(gse, ss, R, ls, err, sizeof err)))
+            CHECK(0, "synthetic gguf: streamed cuda forward: %s", err);
+        if (rc)
+            break;
+        sdiff += memcmp(lg, ls, (size_t)R * V * 4) != 0;
+        for (int r = 0; r < R; r++) {
+            double d = compare(lg + (size_t)r * V, lc + (size_t)r * V, V);
+            worst = !(d <= worst) ? d : worst;
+            float mg, mc;
+            int a = argmax(lg + (size_t)r * V, V, &mg), b = argmax(lc + (size_t)r * V, V, &mc);
+            mismatch += a != b && mc > MARGIN;
+            compared++;
+            len[r] += sc[r].n;
+            toks[r][len[r]] = b; /* feed the CPU's greedy token to both */
+        }
+    }
+    CHECK(worst <= TOL_LOGSOFTMAX, "synthetic gguf: max |dlogsoftmax| CUDA vs CPU %.3g", worst);
+    CHECK(mismatch == 0, "synthetic gguf: %d greedy tokens differ", mismatch);
+    CHECK(sdiff == 0, "synthetic gguf: streamed differs from resident in %d passes", sdiff);
+    CHECK(compared == R * STEPS, "synthetic gguf: only %d positions compared", compared);
+    fprintf(stderr, "synthetic gguf (%s) %d positions, max |dlogsoftmax| vs CPU %.2e, streamed identical: %s\n",
+            m->quant_summary, compared, worst, sdiff ? "NO" : "yes");
+
+    /* a bad token is refused before any GPU work, and the engine goes on */
+    if (rc == 0) {
+        int32_t bad = V + 5;
+        fwd_seq b = {&kg[0], len[0], 1, &bad, true};
+        CHECK(cuda_engine_forward(ge, &b, 1, lg, err, sizeof err) == -1 && strstr(err, "vocabulary"),
+              "bad token: %s", err);
+        fwd_seq ok = {&kg[0], len[0], 1, toks[0] + len[0], true};
+        CHECK(cuda_engine_forward(ge, &ok, 1, lg, err, sizeof err) == 0, "after a bad token: %s", err);
+    }
+    for (int r = 0; r < R; r++) {
+        if (ce)
+            kv_row_free(engine_kv(ce), &kc[r]);
+        if (ge)
+            kv_row_free(cuda_engine_kv(ge), &kg[r]);
+        if (gse)
+            kv_row_free(cuda_engine_kv(gse), &ks[r]);
+    }
+    free(lc), free(lg), free(ls);
+    engine_close(ce);
+    cuda_engine_close(ge);
+    cuda_engine_close(gse);
+
+    /* a refused device allocation: one sentence, nothing leaked */
+    char name[256];
+    uint64_t tot, fr0, fr1;
+    cuda_device_info(0, name, sizeof name, &tot, &fr0, err, sizeof err);
+    for (int at = 1; at <= 12; at += 5) {
+        cuda_engine_opts fo = go;
+        fo.fail_alloc_at = at;
+        cuda_engine *fe = NULL;
+        rc = cuda_engine_open(m, &fo, &fe, err, sizeof err);
+        CHECK(rc == -1 && fe == NULL && strstr(err, "out of GPU memory"), "allocation %d refused: rc %d, %s", at, rc,
+              err);
+        if (at == 1)
+            fprintf(stderr, "refused allocation says: %s\n", err);
+    }
+    cuda_device_info(0, name, sizeof name, &tot, &fr1, err, sizeof err);
+    CHECK(fr1 + (4u << 20) >= fr0, "failed opens leaked %.1f MiB of GPU memory", ((double)fr0 - (double)fr1) / 1048576);
+    model_close(m);
+    unlink(path);
+}
+
+/* Last: poisons the context. */
+static void run_fault(void)
+{
+    char err[SPILL_ERRLEN];
+    model_desc *m;
+    if (model_open("tests/data/ref/llama_gqa_s64", &m, err, sizeof err)) {
+        CHECK(0, "fault: model_open: %s", err);
+        return;
+    }
+    cuda_engine_opts o = {.max_pass_tokens = 16, .max_pass_seqs = 2, .page_tokens = 16, .kv_pages = 8};
+    cuda_engine *e;
+    if (cuda_engine_open(m, &o, &e, err, sizeof err)) {
+        CHECK(0, "fault: open: %s", err);
+        model_close(m);
+        return;
+    }
+    kv_row r = {0};
+    int32_t tok = 3;
+    float *lg = malloc((size_t)m->vocab * 4);
+    kv_row_reserve(cuda_engine_kv(e), &r, 1);
+    fwd_seq s = {&r, 0, 1, &tok, true};
+    CHECK(cuda_engine_forward(e, &s, 1, lg, err, sizeof err) == 0, "fault: first pass: %s", err);
+    cuda_engine_inject_fault(e);
+    int rc = cuda_engine_forward(e, &s, 1, lg, err, sizeof err);
+    CHECK(rc == CUDA_ENGINE_EDEVICE, "fault: pass after an injected fault returned %d: %s", rc, err);
+    fprintf(stderr, "injected fault: rc %d: %s\n", rc, err);
+    cuda_engine *e2 = NULL;
+    rc = cuda_engine_open(m, &o, &e2, err, sizeof err);
+    CHECK(rc == CUDA_ENGINE_EDEVICE, "fault: open after the fault returned %d", rc);
+    kv_row_free(cuda_engine_kv(e), &r);
+    free(lg);
+    cuda_engine_close(e);
+    model_close(m);
+}
+
+int main(void)
+{
+    static const char *models[] = {"llama_gqa_s64",   "llama_mha_s128_tied_llama3", "llama_mqa_linear", "llama_yarn",
+                                   "qwen2_bias",      "qwen3_qknorm",               "mistral_window8"};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+        run_fixture(models[i], (int)(i % 2));
+    run_gguf();
+    run_fault();
+    return test_finish("test_cuda_engine");
+}

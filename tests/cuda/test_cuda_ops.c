@@ -1,0 +1,371 @@
+/*
+ * test_cuda_ops.c — every CUDA op against the CPU op it mirrors, on fresh
+ * random inputs (the CPU backend is the oracle; see cpu.h, quant.h).
+ *
+ * Tolerances, fixed before the first GPU run:
+ *  - dequant (fp32 output): bit-identical to quant_dequant_row_scalar.  The
+ *    kernel issues the same IEEE operations in the same order with explicit
+ *    round-to-nearest intrinsics (no FMA contraction), so any difference is a
+ *    layout bug.
+ *  - matmul: the GPU rounds both W (dequantized) and X to bf16 (unit roundoff
+ *    u = 2^-9 each) and accumulates in fp32, the CPU is exact fp32.  Each term
+ *    w_k x_k then carries a relative error of at most about 2u = 2^-8, and
+ *    these errors are independent with random signs, so the error of a dot
+ *    product is a random walk of size ~2^-8 * sqrt(sum_k (w_k x_k)^2) — i.e.
+ *    2^-8 relative rounding × sqrt(K) × the typical term.  Bound per output:
+ *    |dy| <= 4 * 2^-8 * sqrt(sum_k (w_k x_k)^2) + 1e-5 * sum_k |w_k x_k| (the
+ *    factor 4 is > 6 standard deviations of the walk; the second term covers
+ *    fp32 accumulation order, K * 2^-24 relative).  Plus a global
+ *    ||dy|| / ||y|| <= 1e-2 (METHOD.md: bf16 operands land in 1e-3..1e-2).
+ *  - rmsnorm: the same fp32 operations after a double sum of squares whose
+ *    order differs: |dy| <= 1e-6 |y|.
+ *  - RoPE: CUDA cosf/sinf are within 2 ulp (glibc within 1), so each rotated
+ *    value differs by at most ~3 ulp of the pair's magnitude: |dy| <= 1e-6 (|a|+|b|).
+ *  - SiLU·mul: CUDA expf within 2 ulp: |dy| <= 1e-6 |y| + 1e-30;  GELU·mul
+ *    (1 + tanh cancels for negative inputs): |dy| <= 1e-6 (|g u| + |y|).
+ *  - attention: fp32 online softmax against a double-precision two-pass
+ *    reference; values in [-1, 1], scores O(1): |dy| <= 2e-5.
+ * Every output buffer is poisoned with NaN before the GPU writes it, and a NaN
+ * never passes a comparison.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "cpu.h"
+#include "cuda/cuda_backend.h"
+#include "gguf.h"
+#include "quant.h"
+#include "test.h"
+#include "util.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+static float frand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / (float)0x1000000;
+}
+
+static void put_half(uint8_t *p, float v)
+{
+    uint16_t h = quant_fp32_to_fp16(v);
+    memcpy(p, &h, 2);
+}
+
+/* Fills n_elems of `type` with random values whose magnitude is about `scale`:
+ * random bytes for the quants, sane fp16 scales (never inf/NaN). */
+static void fill_weights(uint32_t type, uint8_t *buf, int64_t n_elems, float scale)
+{
+    size_t bytes;
+    quant_row_bytes(type, n_elems, &bytes);
+    for (size_t i = 0; i < bytes; i++)
+        buf[i] = (uint8_t)rnd();
+    int64_t be = quant_block_elems(type);
+    size_t bb = quant_block_bytes(type);
+    for (int64_t b = 0; b < n_elems / be; b++) {
+        uint8_t *p = buf + (size_t)b * bb;
+        switch (type) {
+        case GGML_F32: {
+            float v = frand(-scale, scale);
+            memcpy(p, &v, 4);
+            break;
+        }
+        case GGML_F16: put_half(p, frand(-scale, scale)); break;
+        case GGML_BF16: {
+            uint16_t h = quant_fp32_to_bf16(frand(-scale, scale));
+            memcpy(p, &h, 2);
+            break;
+        }
+        case GGML_Q8_0: put_half(p, frand(0.5f, 1.5f) * scale / 64); break;
+        case GGML_Q4_0: case GGML_Q5_0: put_half(p, frand(0.5f, 1.5f) * scale / 8); break;
+        case GGML_Q4_1: case GGML_Q5_1:
+            put_half(p, frand(0.5f, 1.5f) * scale / 8);
+            put_half(p + 2, -frand(0.5f, 1.5f) * scale);
+            break;
+        case GGML_Q4_K: case GGML_Q5_K:
+            put_half(p, frand(0.5f, 1.5f) * scale / 256);
+            put_half(p + 2, frand(0.5f, 1.5f) * scale / 32);
+            break;
+        case GGML_Q6_K: put_half(p + 208, frand(0.5f, 1.5f) * scale / 2048); break;
+        case GGML_Q8_K: {
+            float d = frand(0.5f, 1.5f) * scale / 64;
+            memcpy(p, &d, 4);
+            break;
+        }
+        }
+    }
+}
+
+static const uint32_t TYPES[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
+                                 GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K, GGML_Q8_K};
+#define NTYPES (sizeof TYPES / sizeof TYPES[0])
+
+static void test_dequant(void)
+{
+    char err[SPILL_ERRLEN];
+    int64_t N = 7, K = 768;
+    for (size_t ti = 0; ti < NTYPES; ti++) {
+        uint32_t type = TYPES[ti];
+        size_t rb;
+        quant_row_bytes(type, K, &rb);
+        uint8_t *w = malloc(rb * (size_t)N);
+        float *got = malloc((size_t)(N * K) * 4), *want = malloc((size_t)(N * K) * 4);
+        fill_weights(type, w, N * K, 1.0f);
+        for (int64_t i = 0; i < N * K; i++)
+            got[i] = NAN;
+        for (int64_t n = 0; n < N; n++)
+            quant_dequant_row_scalar(type, w + (size_t)n * rb, want + n * K, K);
+        int rc = cuda_op_dequant(type, w, N, K, got, err, sizeof err);
+        CHECK(rc == 0, "dequant %s: %s", quant_type_name(type), err);
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < N * K; i++)
+            if (memcmp(&got[i], &want[i], 4) != 0) {
+                bad++;
+                if (first < 0)
+                    first = i;
+            }
+        CHECK(bad == 0, "dequant %s: %lld of %lld values differ (first at %lld: %.9g vs %.9g)",
+              quant_type_name(type), (long long)bad, (long long)(N * K), (long long)first,
+              first >= 0 ? got[first] : 0.0, first >= 0 ? want[first] : 0.0);
+        fprintf(stderr, "dequant %-5s %lld values: %s\n", quant_type_name(type), (long long)(N * K),
+                bad ? "DIFFER" : "bit-identical");
+        free(w), free(got), free(want);
+    }
+}
+
+static void test_matmul(cpu_pool *pool)
+{
+    static const uint32_t mt[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
+                                  GGML_Q5_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+    static const int64_t Ts[] = {1, 7, 64};
+    char err[SPILL_ERRLEN];
+    int64_t N = 96, K = 512;
+    for (size_t ti = 0; ti < sizeof mt / sizeof mt[0]; ti++) {
+        uint32_t type = mt[ti];
+        size_t rb;
+        quant_row_bytes(type, K, &rb);
+        uint8_t *w = malloc(rb * (size_t)N);
+        float *wf = malloc((size_t)(N * K) * 4);
+        fill_weights(type, w, N * K, 1.0f / sqrtf((float)K) * 2);
+        for (int64_t n = 0; n < N; n++)
+            quant_dequant_row_scalar(type, w + (size_t)n * rb, wf + n * K, K);
+        for (size_t tj = 0; tj < sizeof Ts / sizeof Ts[0]; tj++) {
+            int64_t T = Ts[tj];
+            float *x = malloc((size_t)(T * K) * 4), *y = malloc((size_t)(T * N) * 4), *yc = malloc((size_t)(T * N) * 4);
+            for (int64_t i = 0; i < T * K; i++)
+                x[i] = frand(-1, 1);
+            for (int64_t i = 0; i < T * N; i++)
+                y[i] = NAN;
+            int rc = cuda_op_matmul(type, w, N, K, x, T, y, err, sizeof err);
+            CHECK(rc == 0, "matmul %s: %s", quant_type_name(type), err);
+            rc = cpu_matmul(pool, w, type, N, K, x, T, yc, err, sizeof err);
+            CHECK(rc == 0, "cpu matmul %s: %s", quant_type_name(type), err);
+            double worst = 0, dn = 0, yn = 0;
+            int bad = 0;
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t n = 0; n < N; n++) {
+                    double s2 = 0, s1 = 0;
+                    for (int64_t k = 0; k < K; k++) {
+                        double p = (double)wf[n * K + k] * x[t * K + k];
+                        s2 += p * p;
+                        s1 += fabs(p);
+                    }
+                    double tol = 4.0 / 256 * sqrt(s2) + 1e-5 * s1;
+                    double d = fabs((double)y[t * N + n] - yc[t * N + n]);
+                    if (!(d <= tol))
+                        bad++;
+                    if (d / (tol > 0 ? tol : 1) > worst || isnan(d))
+                        worst = isnan(d) ? INFINITY : d / tol;
+                    dn += d * d;
+                    yn += (double)yc[t * N + n] * yc[t * N + n];
+                }
+            double rel = sqrt(dn / (yn > 0 ? yn : 1));
+            CHECK(bad == 0, "matmul %s T=%lld: %d outputs beyond the bf16 bound (worst %.2f of the bound)",
+                  quant_type_name(type), (long long)T, bad, worst);
+            CHECK(rel <= 1e-2, "matmul %s T=%lld: relative error %.3g", quant_type_name(type), (long long)T, rel);
+            if (T == 64)
+                fprintf(stderr, "matmul %-5s N=%lld K=%lld T=%lld: rel err %.2e, worst %.2f of the bound\n",
+                        quant_type_name(type), (long long)N, (long long)K, (long long)T, rel, worst);
+            free(x), free(y), free(yc);
+        }
+        free(w), free(wf);
+    }
+}
+
+static void test_rmsnorm(void)
+{
+    char err[SPILL_ERRLEN];
+    int64_t T = 5, D = 576;
+    float *x = malloc((size_t)(T * D) * 4), *w = malloc((size_t)D * 4), *y = malloc((size_t)(T * D) * 4),
+          *yc = malloc((size_t)(T * D) * 4);
+    for (int plus = 0; plus < 2; plus++) {
+        for (int64_t i = 0; i < T * D; i++)
+            x[i] = frand(-3, 3), y[i] = NAN;
+        for (int64_t i = 0; i < D; i++)
+            w[i] = frand(-1, 2);
+        CHECK(cuda_op_rmsnorm(x, w, T, D, 1e-5f, plus, y, err, sizeof err) == 0, "rmsnorm: %s", err);
+        cpu_rmsnorm(yc, x, w, T, D, 1e-5f, plus);
+        int bad = 0;
+        for (int64_t i = 0; i < T * D; i++)
+            bad += !(fabsf(y[i] - yc[i]) <= 1e-6f * fabsf(yc[i]));
+        CHECK(bad == 0, "rmsnorm (plus_one %d): %d values differ", plus, bad);
+    }
+    free(x), free(w), free(y), free(yc);
+}
+
+static void test_rope(void)
+{
+    char err[SPILL_ERRLEN];
+    int64_t T = 6;
+    int H = 3, S = 64;
+    int32_t pos[6] = {0, 1, 17, 255, 1000, 4095};
+    float *x = malloc((size_t)(T * H * S) * 4), *xc = malloc((size_t)(T * H * S) * 4);
+    for (int style = 0; style < 2; style++)
+        for (int nr = 0; nr < 2; nr++) {
+            cpu_rope_cfg cfg = {0};
+            cfg.style = style;
+            cfg.n_rot = nr ? 32 : 64;
+            cfg.freq_base = 10000.0;
+            cpu_rope r;
+            CHECK(cpu_rope_init(&r, &cfg, err, sizeof err) == 0, "rope init: %s", err);
+            for (int64_t i = 0; i < T * H * S; i++)
+                x[i] = xc[i] = frand(-2, 2);
+            CHECK(cuda_op_rope(x, T, H, S, pos, r.inv_freq, r.n_rot, r.style, r.attn_scale, err, sizeof err) == 0,
+                  "rope: %s", err);
+            cpu_rope_apply(&r, xc, T, H, S, pos);
+            int bad = 0;
+            for (int64_t i = 0; i < T * H * S; i++)
+                bad += !(fabsf(x[i] - xc[i]) <= 1e-6f * 4.0f);
+            CHECK(bad == 0, "rope style %d n_rot %d: %d values differ", style, r.n_rot, bad);
+        }
+    free(x), free(xc);
+}
+
+static void test_act(void)
+{
+    char err[SPILL_ERRLEN];
+    int64_t n = 4099;
+    float *g = malloc((size_t)n * 4), *u = malloc((size_t)n * 4), *gc = malloc((size_t)n * 4);
+    for (int gelu = 0; gelu < 2; gelu++) {
+        for (int64_t i = 0; i < n; i++)
+            g[i] = gc[i] = frand(-8, 8), u[i] = frand(-2, 2);
+        CHECK(cuda_op_act_mul(g, u, n, gelu, err, sizeof err) == 0, "act_mul: %s", err);
+        float *gin = malloc((size_t)n * 4);
+        memcpy(gin, gc, (size_t)n * 4);
+        if (gelu)
+            cpu_gelu_tanh_mul(gc, u, n);
+        else
+            cpu_silu_mul(gc, u, n);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            float tol = gelu ? 1e-6f * (fabsf(gin[i] * u[i]) + fabsf(gc[i])) : 1e-6f * fabsf(gc[i]) + 1e-30f;
+            bad += !(fabsf(g[i] - gc[i]) <= tol);
+        }
+        CHECK(bad == 0, "%s: %d values differ", gelu ? "gelu_mul" : "silu_mul", bad);
+        free(gin);
+    }
+    free(g), free(u), free(gc);
+}
+
+/* Double-precision reference over the same paged layout (kv.h). */
+static void attention_ref(const float *q, const float *arena, int P, int H, int K, int S, const int32_t *pos,
+                          const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages, int window,
+                          float scale, float softcap, float *out)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            int kh = h / (H / K);
+            int32_t p = pos[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+            double sc[256], mx = -INFINITY, sum = 0, o[256] = {0};
+            for (int32_t j = lo; j <= p; j++) {
+                const float *kr = arena + (size_t)pages[pt_off[seq[t]] + j / P] * 2 * K * P * S +
+                                  ((size_t)kh * P + (size_t)(j % P)) * S;
+                double s = 0;
+                for (int d = 0; d < S; d++)
+                    s += (double)q[(t * H + h) * S + d] * kr[d];
+                s *= scale;
+                if (softcap > 0)
+                    s = softcap * tanh(s / softcap);
+                sc[j - lo] = s;
+                mx = s > mx ? s : mx;
+            }
+            for (int32_t j = lo; j <= p; j++) {
+                sc[j - lo] = exp(sc[j - lo] - mx);
+                sum += sc[j - lo];
+            }
+            for (int32_t j = lo; j <= p; j++) {
+                const float *vr = arena + (size_t)pages[pt_off[seq[t]] + j / P] * 2 * K * P * S +
+                                  ((size_t)kh * P + (size_t)(j % P)) * S + (size_t)K * P * S;
+                for (int d = 0; d < S; d++)
+                    o[d] += sc[j - lo] / sum * vr[d];
+            }
+            for (int d = 0; d < S; d++)
+                out[(t * H + h) * S + d] = (float)o[d];
+        }
+}
+
+static void test_attention(void)
+{
+    char err[SPILL_ERRLEN];
+    enum { P = 4, H = 4, K = 2, NP = 16 };
+    static const int Ss[] = {64, 128, 80};
+    /* three rows: a decode token at position 8, a chunk at 9..12, a prefill at 0..4 */
+    int32_t pos[10] = {8, 9, 10, 11, 12, 0, 1, 2, 3, 4}, seq[10] = {0, 1, 1, 1, 1, 2, 2, 2, 2, 2};
+    int32_t pt_off[3] = {0, 3, 7}, pages[9] = {11, 2, 7, 5, 0, 14, 9, 3, 12};
+    int64_t T = 10;
+    for (size_t si = 0; si < sizeof Ss / sizeof Ss[0]; si++) {
+        int S = Ss[si];
+        size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
+        float *arena = malloc(an * 4), *q = malloc(qn * 4), *y = malloc(qn * 4), *yr = malloc(qn * 4);
+        for (size_t i = 0; i < an; i++)
+            arena[i] = frand(-1, 1);
+        for (size_t i = 0; i < qn; i++)
+            q[i] = frand(-1, 1) * 2, y[i] = NAN;
+        for (int variant = 0; variant < 3; variant++) {
+            int window = variant == 1 ? 3 : 0;
+            float softcap = variant == 2 ? 2.0f : 0.0f, scale = 1.0f / sqrtf((float)S) * 3;
+            int rc = cuda_op_attention(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, 9, 3, window, scale,
+                                       softcap, y, err, sizeof err);
+            CHECK(rc == 0, "attention: %s", err);
+            attention_ref(q, arena, P, H, K, S, pos, seq, T, pt_off, pages, window, scale, softcap, yr);
+            double worst = 0;
+            for (size_t i = 0; i < qn; i++) {
+                double d = fabs((double)y[i] - yr[i]);
+                worst = !(d <= worst) ? d : worst;
+            }
+            CHECK(worst <= 2e-5, "attention S=%d variant %d: max |dy| %.3g", S, variant, worst);
+        }
+        free(arena), free(q), free(y), free(yr);
+    }
+}
+
+int main(void)
+{
+    char err[SPILL_ERRLEN], name[256];
+    uint64_t tot, fr;
+    if (cuda_device_info(0, name, sizeof name, &tot, &fr, err, sizeof err)) {
+        fprintf(stderr, "no usable GPU: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "device: %s, %.1f of %.1f GiB free\n", name, fr / 1073741824.0, tot / 1073741824.0);
+    cpu_pool *pool;
+    if (cpu_pool_create(4, cpu_matmul_scratch_bytes(1024), &pool, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    test_dequant();
+    test_matmul(pool);
+    test_rmsnorm();
+    test_rope();
+    test_act();
+    test_attention();
+    cpu_pool_free(pool);
+    return test_finish("test_cuda_ops");
+}
