@@ -38,7 +38,15 @@ build/cuda/test_%: tests/cuda/test_%.c tests/test.h build/cuda/libspillcuda.a $(
 build/cuda/bench_pass: bench/cuda/bench_pass.c build/cuda/libspillcuda.a $(CUDA_COBJ)
 	$(CC) $(WARN) -O2 -g -Isrc -Itests $(CUDA_CFLAGS) -o $@ $< build/cuda/libspillcuda.a $(CUDA_COBJ) $(CUDA_LINK) $(CUDA_LIBS)
 
-cuda: build/cuda/libspillcuda.a $(CUDA_TESTS) build/cuda/bench_pass
+# spill-cuda: the whole CLI with the GPU engine registered as the runner's backend.
+SPILL_ALL_C := $(filter-out src/main.c,$(wildcard src/*.c))
+build/cuda/spill-cuda: src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) build/cuda/libspillcuda.a src/*.h
+	$(CC) $(WARN) -O2 -g $(CUDA_CFLAGS) -o $@ src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) \
+		build/cuda/libspillcuda.a $(CUDA_LINK) $(CUDA_SPILL_LIBS)
+
+CUDA_SPILL_LIBS ?= -ljansson -lpcre2-8 -lutf8proc -lcrypto
+
+cuda: build/cuda/libspillcuda.a $(CUDA_TESTS) build/cuda/bench_pass build/cuda/spill-cuda
 
 test-cuda: cuda
 	@set -e; for t in $(CUDA_TESTS); do echo "== $$t"; $$t; done

@@ -86,7 +86,7 @@ int main(int argc, char **argv)
         for (int b = 0; b < B; b++) {
             kv_row_release(engine_kv(e), &kr[b]);
             kv_row_reserve(engine_kv(e), &kr[b], ctx);
-            sq[b] = (fwd_seq){&kr[b], 0, n_prompt, prompt, true};
+            sq[b] = (fwd_seq){&kr[b], 0, n_prompt, prompt, true, false};
         }
         double t0 = now_s();
         if (engine_forward(e, sq, B, logits, err, sizeof err)) {
@@ -103,7 +103,7 @@ int main(int argc, char **argv)
                     if (l[v] > l[best])
                         best = v;
                 next[b] = best;
-                sq[b] = (fwd_seq){&kr[b], n_prompt + step, 1, &next[b], true};
+                sq[b] = (fwd_seq){&kr[b], n_prompt + step, 1, &next[b], true, false};
             }
             if (engine_forward(e, sq, B, logits, err, sizeof err)) {
                 fprintf(stderr, "%s\n", err);

@@ -290,7 +290,10 @@ int bpe_encode(const bpe *m, const char *s, size_t len, ivec *out)
     }
     /* One symbol per character at most, plus up to 4 byte-fallback symbols per character. */
     size_t max_syms = len;
-    symbol *sym = malloc(max_syms * sizeof *sym);
+    /* Most pre-tokens are short: keep them off the allocator. */
+    symbol sym_stack[64];
+    cand heap_stack[128];
+    symbol *sym = max_syms <= 64 ? sym_stack : malloc(max_syms * sizeof *sym);
     cand *heap = NULL;
     int rc = -1;
     if (!sym)
@@ -353,7 +356,8 @@ int bpe_encode(const bpe *m, const char *s, size_t len, ivec *out)
     }
     sym[ns - 1].next = -1;
 
-    heap = malloc(ns * sizeof *heap + sizeof *heap);
+    size_t heap_cap = ns + 1;
+    heap = heap_cap <= 128 ? heap_stack : malloc(heap_cap * sizeof *heap);
     if (!heap)
         goto out;
     size_t nh = 0;
@@ -364,7 +368,6 @@ int bpe_encode(const bpe *m, const char *s, size_t len, ivec *out)
     }
     /* Each merge removes one symbol and pushes at most two candidates, so the
      * heap never holds more than 2 * ns entries; grow lazily. */
-    size_t heap_cap = ns + 1;
     while (nh > 0) {
         cand top = heap_pop(heap, &nh);
         symbol *cur = &sym[top.pos];
@@ -381,9 +384,12 @@ int bpe_encode(const bpe *m, const char *s, size_t len, ivec *out)
         if (cur->next >= 0)
             sym[cur->next].prev = (int32_t)top.pos;
         if (nh + 2 > heap_cap) {
-            cand *h2 = realloc(heap, (heap_cap * 2 + 2) * sizeof *heap);
+            cand *h2 = heap == heap_stack ? malloc((heap_cap * 2 + 2) * sizeof *heap)
+                                          : realloc(heap, (heap_cap * 2 + 2) * sizeof *heap);
             if (!h2)
                 goto out;
+            if (heap == heap_stack)
+                memcpy(h2, heap_stack, nh * sizeof *heap);
             heap = h2;
             heap_cap = heap_cap * 2 + 2;
         }
@@ -403,8 +409,10 @@ int bpe_encode(const bpe *m, const char *s, size_t len, ivec *out)
             goto out;
     rc = 0;
 out:
-    free(heap);
-    free(sym);
+    if (heap != heap_stack)
+        free(heap);
+    if (sym != sym_stack)
+        free(sym);
     return rc;
 }
 

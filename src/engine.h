@@ -41,6 +41,7 @@ typedef struct fwd_seq {
     int32_t n;            /* tokens fed now */
     const int32_t *tokens;/* (n) */
     bool want_logits;     /* logits of the last token fed */
+    bool all_logits;      /* logits of every token fed (teacher forcing, scoring); implies want_logits */
 } fwd_seq;
 
 /* Loads every weight the forward pass binds into RAM (read once, in file
@@ -50,8 +51,10 @@ int engine_open(model_desc *m, const engine_opts *o, spill_engine **out, char *e
 void engine_close(spill_engine *e);
 
 /* Runs one pass.  The caller has reserved KV pages for pos0+n positions of
- * every sequence.  logits receives (R, V) floats, one row per sequence with
- * want_logits, in sequence order.  Returns 0 or -1 with a sentence. */
+ * every sequence.  logits receives (R, V) floats in sequence order: one row
+ * per sequence with want_logits, or n rows for one with all_logits.  R may
+ * not exceed the engine's max_pass_seqs unless those rows are all_logits
+ * rows, which are bounded by max_pass_tokens.  Returns 0 or -1 with a sentence. */
 int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen);
 
 kv_cache *engine_kv(spill_engine *e);
@@ -62,5 +65,30 @@ uint64_t engine_weight_bytes(const spill_engine *e);
 /* Streaming: ring bytes and cumulative read statistics; false when resident. */
 bool engine_stream_stats(const spill_engine *e, size_t *ring_bytes, uint64_t *bytes_read, double *wait_s,
                          double *read_s);
+
+/*
+ * The engine the job runner drives, whichever backend implements it: the CPU
+ * engine above, or the GPU engine that the CUDA build registers through
+ * spill_gpu_open (NULL in the CPU-only binary; set by src/cuda/cuda_glue.c in
+ * build/cuda/spill-cuda).  C code never sees a CUDA type.
+ */
+typedef struct spill_backend {
+    void *impl;
+    char name[96];           /* "resident CPU, 2 threads", "GPU NVIDIA H200, 32 of 32 layers streamed", ... */
+    uint64_t weight_bytes;   /* weights held in RAM / HBM */
+    int (*forward)(void *impl, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen);
+    kv_cache *(*kv)(void *impl);
+    /* Copies the first n positions of src into the empty dst (kv_row_copy semantics); NULL = unsupported. */
+    int (*kv_copy)(void *impl, kv_row *dst, const kv_row *src, int32_t n);
+    void (*close)(void *impl);
+} spill_backend;
+
+/* The CPU engine as a backend. */
+int engine_backend_cpu(model_desc *m, const engine_opts *o, spill_backend *out, char *err, size_t errlen);
+
+/* Opens the GPU engine as a backend; returns -75 for a device fault (exit 75, resumable). */
+typedef int (*spill_gpu_open_fn)(model_desc *m, const engine_opts *o, int resident_layers, spill_backend *out,
+                                 char *err, size_t errlen);
+extern spill_gpu_open_fn spill_gpu_open;
 
 #endif

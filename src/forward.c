@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -332,7 +333,7 @@ int engine_open(model_desc *m, const engine_opts *o, spill_engine **out, char *e
     e->att = malloc((size_t)(T * HS) * sizeof(float));
     e->g = malloc((size_t)(T * F) * sizeof(float));
     e->u = malloc((size_t)(T * F) * sizeof(float));
-    e->last = malloc((size_t)(e->max_seqs * D) * sizeof(float));
+    e->last = malloc((size_t)(T * D) * sizeof(float));
     e->pos = malloc((size_t)T * sizeof(int32_t));
     e->seq_of = malloc((size_t)T * sizeof(int32_t));
     if (!e->x || !e->h || !e->q || !e->k || !e->v || !e->att || !e->g || !e->u || !e->last || !e->pos || !e->seq_of) {
@@ -545,7 +546,7 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
                 cpu_scale(e->x + T * D, D, e->embed_scale);
             T++;
         }
-        R += sq->want_logits;
+        R += sq->all_logits ? sq->n : sq->want_logits;
     }
 
     for (int l = 0; l < m->n_layers; l++) {
@@ -567,12 +568,18 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
     }
     if (R == 0)
         return 0;
+    if (R > e->max_T)
+        return util_errf(err, errlen, "a pass asked for %d rows of logits, more than the engine's %d.", R, e->max_T);
+    /* Gather the hidden states whose logits were asked for into last (R, D). */
     int r = 0;
     int64_t t = 0;
     for (int s = 0; s < n_seqs; s++) {
+        int64_t first = seqs[s].all_logits ? t : t + seqs[s].n - 1;
         t += seqs[s].n;
-        if (seqs[s].want_logits)
-            memcpy(e->last + (size_t)r++ * (size_t)D, e->x + (t - 1) * D, (size_t)D * sizeof(float));
+        if (!seqs[s].all_logits && !seqs[s].want_logits)
+            continue;
+        memcpy(e->last + (size_t)r * (size_t)D, e->x + first * D, (size_t)(t - first) * (size_t)D * sizeof(float));
+        r += (int)(t - first);
     }
     cpu_rmsnorm(e->last, e->last, e->out_norm, R, D, m->norm_eps, m->norm_plus_one);
     if (cpu_matmul(e->pool, e->output.p, e->output.type, V, D, e->last, R, logits, err, errlen))
@@ -580,5 +587,37 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
     if (m->final_softcap > 0)
         for (int64_t i = 0; i < (int64_t)R * V; i++)
             logits[i] = (float)(m->final_softcap * tanh(logits[i] / m->final_softcap));
+    return 0;
+}
+
+/* ---------------------------------------------------------------- as a backend */
+
+spill_gpu_open_fn spill_gpu_open;
+
+static int be_forward(void *impl, fwd_seq *seqs, int n, float *logits, char *err, size_t errlen)
+{
+    return engine_forward(impl, seqs, n, logits, err, errlen);
+}
+static kv_cache *be_kv(void *impl) { return engine_kv(impl); }
+static int be_kv_copy(void *impl, kv_row *dst, const kv_row *src, int32_t n)
+{
+    return kv_row_copy(engine_kv(impl), dst, src, n);
+}
+static void be_close(void *impl) { engine_close(impl); }
+
+int engine_backend_cpu(model_desc *m, const engine_opts *o, spill_backend *out, char *err, size_t errlen)
+{
+    spill_engine *e;
+    memset(out, 0, sizeof *out);
+    if (engine_open(m, o, &e, err, errlen))
+        return -1;
+    out->impl = e;
+    snprintf(out->name, sizeof out->name, "%s CPU, %d threads%s", o->stream ? "streamed" : "resident",
+             engine_threads(e), o->q8_activations ? "" : ", exact fp32 activations");
+    out->weight_bytes = engine_weight_bytes(e);
+    out->forward = be_forward;
+    out->kv = be_kv;
+    out->kv_copy = be_kv_copy;
+    out->close = be_close;
     return 0;
 }

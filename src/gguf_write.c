@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -434,24 +435,134 @@ static int write_all(int fd, const uint8_t *p, size_t n, uint64_t off, const cha
     return 0;
 }
 
-/* Writes the buffer's whole DIO_ALIGN blocks (all of it when `all`), keeping the tail. */
+/* The background writer.  Ownership: while a job is in flight the writer
+ * reads `job` and the caller owns o->buf; when idle, the second buffer sits in
+ * `spare`.  Only whole 4096-byte blocks are handed over, so O_DIRECT offsets
+ * and lengths stay aligned. */
+struct gguf_out_bg {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint8_t *spare;
+    const uint8_t *job; /* NULL when idle */
+    size_t job_n;
+    uint64_t job_off;
+    bool stop;
+    int err_no;         /* first failed write: errno (EIO for no progress) and offset */
+    uint64_t err_off;
+};
+
+static int pwrite_all(int fd, const uint8_t *p, size_t n, uint64_t off, uint64_t *bad_off)
+{
+    while (n) {
+        ssize_t r = pwrite(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            *bad_off = off;
+            return r < 0 ? errno : EIO;
+        }
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+static void *bg_main(void *arg)
+{
+    gguf_out *o = arg;
+    struct gguf_out_bg *b = o->bg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        while (!b->job && !b->stop)
+            pthread_cond_wait(&b->cv, &b->mu);
+        if (!b->job)
+            break;
+        const uint8_t *p = b->job;
+        size_t n = b->job_n;
+        uint64_t off = b->job_off, bad = 0;
+        pthread_mutex_unlock(&b->mu);
+        int e = pwrite_all(o->fd, p, n, off, &bad);
+        pthread_mutex_lock(&b->mu);
+        if (e && !b->err_no)
+            b->err_no = e, b->err_off = bad;
+        b->spare = (uint8_t *)p;
+        b->job = NULL;
+        pthread_cond_broadcast(&b->cv);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* Waits until the writer is idle; returns its first error, if any. */
+static int bg_idle(gguf_out *o, char *err, size_t errlen)
+{
+    struct gguf_out_bg *b = o->bg;
+    if (!b)
+        return 0;
+    pthread_mutex_lock(&b->mu);
+    while (b->job)
+        pthread_cond_wait(&b->cv, &b->mu);
+    int e = b->err_no;
+    uint64_t off = b->err_off;
+    pthread_mutex_unlock(&b->mu);
+    if (e)
+        return util_errf(err, errlen, "%s: write failed at byte %llu: %s; check free space.", o->tmp,
+                         (unsigned long long)off, strerror(e));
+    return 0;
+}
+
+static void bg_stop(gguf_out *o)
+{
+    struct gguf_out_bg *b = o->bg;
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->stop = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->th, NULL); /* an in-flight write completes first */
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+    free(b->spare);
+    free(b);
+    o->bg = NULL;
+}
+
+/* Writes the buffer's whole DIO_ALIGN blocks (everything when `all`), keeping
+ * the tail.  Partial flushes go to the background writer; the final one
+ * drains it and writes synchronously. */
 static int flush(gguf_out *o, bool all, char *err, size_t errlen)
 {
     size_t n = all ? o->fill : o->fill / DIO_ALIGN * DIO_ALIGN;
+    if (bg_idle(o, err, errlen))
+        return -1;
     if (n == 0)
         return 0;
-    if (o->direct && n % DIO_ALIGN) {
-        /* the file's last partial block: O_DIRECT cannot write it, so finish buffered */
-        int fl = fcntl(o->fd, F_GETFL);
-        if (fl < 0 || fcntl(o->fd, F_SETFL, fl & ~O_DIRECT) < 0)
-            return util_errf(err, errlen, "%s: cannot leave O_DIRECT mode: %s.", o->tmp, strerror(errno));
-        o->direct = false;
+    if (!all && o->bg) {
+        struct gguf_out_bg *b = o->bg;
+        uint8_t *next = b->spare;
+        memcpy(next, o->buf + n, o->fill - n);
+        pthread_mutex_lock(&b->mu);
+        b->job = o->buf, b->job_n = n, b->job_off = o->pos, b->spare = NULL;
+        pthread_cond_broadcast(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+        o->buf = next;
+    } else {
+        if (o->direct && n % DIO_ALIGN) {
+            /* the file's last partial block: O_DIRECT cannot write it, so finish buffered */
+            int fl = fcntl(o->fd, F_GETFL);
+            if (fl < 0 || fcntl(o->fd, F_SETFL, fl & ~O_DIRECT) < 0)
+                return util_errf(err, errlen, "%s: cannot leave O_DIRECT mode: %s.", o->tmp, strerror(errno));
+            o->direct = false;
+        }
+        if (write_all(o->fd, o->buf, n, o->pos, o->tmp, err, errlen))
+            return -1;
+        memmove(o->buf, o->buf + n, o->fill - n);
     }
-    if (write_all(o->fd, o->buf, n, o->pos, o->tmp, err, errlen))
-        return -1;
     o->written += n;
     o->pos += n;
-    memmove(o->buf, o->buf + n, o->fill - n);
     o->fill -= n;
     return 0;
 }
@@ -485,6 +596,21 @@ int gguf_out_open(gguf_out *o, const char *path, uint64_t data_start, size_t buf
         gguf_out_abort(o);
         return util_errf(err, errlen, "%s: cannot create %s: %s.", path, path, strerror(e));
     }
+    /* the background writer is an optimisation: without it (no memory, no thread) writes are synchronous */
+    struct gguf_out_bg *b = calloc(1, sizeof *b);
+    if (b && (b->spare = aligned_alloc(DIO_ALIGN, buf_bytes)) != NULL) {
+        pthread_mutex_init(&b->mu, NULL);
+        pthread_cond_init(&b->cv, NULL);
+        o->bg = b;
+        if (pthread_create(&b->th, NULL, bg_main, o) == 0)
+            return 0;
+        pthread_mutex_destroy(&b->mu);
+        pthread_cond_destroy(&b->cv);
+        o->bg = NULL;
+    }
+    if (b)
+        free(b->spare);
+    free(b);
     return 0;
 }
 
@@ -561,6 +687,7 @@ int gguf_out_finish(gguf_out *o, const gguf_w *w, char *err, size_t errlen)
     }
     if (flush(o, true, err, errlen) || gguf_w_header(w, &hdr, &hl, err, errlen))
         goto out;
+    bg_stop(o);
     /* the header region is 4096-aligned in memory, starts at 0 and ends at the data start */
     if (o->direct && hl % DIO_ALIGN) {
         int fl = fcntl(o->fd, F_GETFL);
@@ -588,6 +715,7 @@ out:
     if (rc)
         gguf_out_abort(o);
     else {
+        bg_stop(o);
         free(o->buf), free(o->path), free(o->tmp);
         o->buf = NULL, o->path = o->tmp = NULL;
     }
@@ -598,6 +726,7 @@ void gguf_out_abort(gguf_out *o)
 {
     if (!o->path && !o->tmp && !o->buf)
         return; /* never opened, or already finished */
+    bg_stop(o);
     if (o->fd >= 0)
         close(o->fd);
     o->fd = -1;

@@ -76,10 +76,12 @@ int gguf_w_header(const gguf_w *w, uint8_t **buf, size_t *len, char *err, size_t
 
 /*
  * A GGUF being written: data goes to `<path>.tmp` sequentially from the data
- * start through a large aligned buffer (O_DIRECT when the file system allows
- * it, so writing a 140 GB model does not evict the page cache; buffered
- * otherwise), the header is written last, then fsync, rename over `path`,
- * fsync of the directory.  Until gguf_out_finish succeeds `path` is untouched.
+ * start through two large aligned buffers (O_DIRECT when the file system
+ * allows it, so writing a 140 GB model does not evict the page cache;
+ * buffered otherwise): a background thread writes a full buffer while the
+ * caller fills the other, so producing bytes overlaps the disk.  The header
+ * is written last, then fsync, rename over `path`, fsync of the directory.
+ * Until gguf_out_finish succeeds `path` is untouched.
  */
 typedef struct gguf_out {
     int fd;
@@ -88,7 +90,8 @@ typedef struct gguf_out {
     size_t cap, fill;
     uint64_t pos;       /* absolute offset of buf[0] */
     bool direct;        /* O_DIRECT in use */
-    uint64_t written;   /* bytes written so far (data + header) */
+    uint64_t written;   /* bytes handed to the file so far (data + header) */
+    struct gguf_out_bg *bg; /* background writer: writes one buffer while the caller fills the other */
 } gguf_out;
 
 /* Creates the temporary file; the caller then writes tensor data starting at data_start. */

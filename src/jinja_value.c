@@ -249,7 +249,7 @@ void jheap_clear_namespaces(jheap *h)
 
 /* ---------------------------------------------------------------- UTF-8 */
 
-int utf8_decode(const char *s, size_t len, uint32_t *cp)
+int jv_utf8_decode(const char *s, size_t len, uint32_t *cp)
 {
     const unsigned char *u = (const unsigned char *)s;
     int n = u[0] < 0x80 ? 1 : u[0] < 0xE0 ? 2 : u[0] < 0xF0 ? 3 : 4;
@@ -260,7 +260,7 @@ int utf8_decode(const char *s, size_t len, uint32_t *cp)
     return n;
 }
 
-int utf8_encode(uint32_t c, char out[4])
+int jv_utf8_encode(uint32_t c, char out[4])
 {
     if (c < 0x80) return out[0] = (char)c, 1;
     if (c < 0x800) return out[0] = (char)(0xC0 | c >> 6), out[1] = (char)(0x80 | (c & 0x3F)), 2;
@@ -277,14 +277,14 @@ int utf8_encode(uint32_t c, char out[4])
     return 4;
 }
 
-size_t utf8_count(const char *s, size_t len)
+size_t jv_utf8_count(const char *s, size_t len)
 {
     size_t n = 0;
     for (size_t i = 0; i < len; i++) n += ((unsigned char)s[i] & 0xC0) != 0x80;
     return n;
 }
 
-size_t utf8_offset(const char *s, size_t len, size_t cp)
+size_t jv_utf8_offset(const char *s, size_t len, size_t cp)
 {
     size_t i = 0;
     while (i < len && cp) {
@@ -296,7 +296,7 @@ size_t utf8_offset(const char *s, size_t len, size_t cp)
 }
 
 /* Python's str.isspace() set (also what `\s` and str.strip() use). */
-bool py_isspace_cp(uint32_t c)
+bool jv_py_isspace(uint32_t c)
 {
     return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
            (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
@@ -342,7 +342,7 @@ bool jv_truthy(jv v)
     case JV_INT: return v.u.i != 0;
     case JV_FLOAT: return v.u.f != 0.0;
     case JV_STR: return v.u.s->len != 0;
-    case JV_LIST: return v.u.l->n != 0;
+    case JV_LIST: return v.u.l->gen || v.u.l->n != 0;
     case JV_DICT: return v.u.d->n != 0;
     default: return true;
     }
@@ -364,6 +364,7 @@ bool jv_equal(jv a, jv b)
     case JV_NONE: return true;
     case JV_STR: return a.u.s->len == b.u.s->len && !memcmp(a.u.s->s, b.u.s->s, a.u.s->len);
     case JV_LIST:
+        if (a.u.l->gen || b.u.l->gen) return a.u.l == b.u.l;
         if (a.u.l->tuple != b.u.l->tuple || a.u.l->n != b.u.l->n) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
             if (!jv_equal(a.u.l->v[i], b.u.l->v[i])) return false;
@@ -388,7 +389,7 @@ const char *jv_type_name(jv v)
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return v.u.l->tuple ? "tuple" : "list";
+    case JV_LIST: return v.u.l->gen ? "generator" : v.u.l->tuple ? "tuple" : "list";
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_LOOP: return "LoopContext";
@@ -398,7 +399,7 @@ const char *jv_type_name(jv v)
 
 /* ---------------------------------------------------------------- str / repr */
 
-void py_float_repr(double f, char out[32])
+void jv_float_repr(double f, char out[32])
 {
     if (isnan(f)) {
         strcpy(out, "nan");
@@ -476,7 +477,7 @@ static bool repr_str(jbuf *b, const char *s, size_t len)
     jbuf_putc(b, q);
     for (size_t i = 0; i < len;) {
         uint32_t c;
-        int n = utf8_decode(s + i, len - i, &c);
+        int n = jv_utf8_decode(s + i, len - i, &c);
         char esc[16];
         if (c == (uint32_t)q || c == '\\') {
             jbuf_putc(b, '\\');
@@ -509,6 +510,7 @@ bool jv_repr(jbuf *b, jv v)
     case JV_STR: return repr_str(b, v.u.s->s, v.u.s->len);
     case JV_LIST: {
         jlist *l = v.u.l;
+        if (l->gen) return jbuf_puts(b, "<generator object>"); /* CPython adds an address: never byte-equal */
         jbuf_putc(b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i) jbuf_puts(b, ", ");
@@ -553,7 +555,7 @@ bool jv_to_str(jbuf *b, jv v)
     case JV_NONE: return jbuf_puts(b, "None");
     case JV_BOOL: return jbuf_puts(b, v.u.b ? "True" : "False");
     case JV_INT: snprintf(num, sizeof num, "%lld", (long long)v.u.i); return jbuf_puts(b, num);
-    case JV_FLOAT: py_float_repr(v.u.f, num); return jbuf_puts(b, num);
+    case JV_FLOAT: jv_float_repr(v.u.f, num); return jbuf_puts(b, num);
     case JV_STR: return jbuf_put(b, v.u.s->s, v.u.s->len);
     case JV_LIST:
     case JV_DICT:
@@ -574,7 +576,7 @@ static void json_str(jbuf *b, const char *s, size_t len, bool ensure_ascii)
     jbuf_putc(b, '"');
     for (size_t i = 0; i < len;) {
         uint32_t c;
-        int n = utf8_decode(s + i, len - i, &c);
+        int n = jv_utf8_decode(s + i, len - i, &c);
         char esc[16];
         switch (c) {
         case '"': jbuf_puts(b, "\\\""); break;
@@ -613,7 +615,7 @@ static int json_float(jbuf *b, double f)
     char num[32];
     if (isnan(f)) return jbuf_puts(b, "NaN"), 0;
     if (isinf(f)) return jbuf_puts(b, f < 0 ? "-Infinity" : "Infinity"), 0;
-    py_float_repr(f, num);
+    jv_float_repr(f, num);
     jbuf_puts(b, num);
     return 0;
 }
@@ -655,6 +657,7 @@ static int json_value(jbuf *b, jv v, const jjson_opts *o, int level, char *err, 
     case JV_STR: json_str(b, v.u.s->s, v.u.s->len, o->ensure_ascii); return 0;
     case JV_LIST: {
         jlist *l = v.u.l;
+        if (l->gen) return util_errf(err, errlen, "Object of type generator is not JSON serializable");
         if (!l->n) return jbuf_puts(b, "[]"), 0;
         jbuf_putc(b, '[');
         for (size_t i = 0; i < l->n; i++) {

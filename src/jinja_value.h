@@ -86,6 +86,8 @@ struct jstr {
 struct jlist {
     jobj h;
     bool tuple;
+    bool gen; /* a jinja filter's lazy generator (select, map, unique, items…): always truthy,
+               * no len(), compares by identity; |list turns it into a list */
     size_t n, cap;
     jv *v; /* (n) */
 };
@@ -164,13 +166,13 @@ void jheap_clear_namespaces(jheap *h);
 bool jv_truthy(jv v);
 bool jv_equal(jv a, jv b);
 const char *jv_type_name(jv v); /* Python type name for messages: 'str', 'int', 'dict', 'NoneType', … */
-size_t utf8_count(const char *s, size_t len);
+size_t jv_utf8_count(const char *s, size_t len);
 /* Byte offset of code point `cp` within s (clamped to len). */
-size_t utf8_offset(const char *s, size_t len, size_t cp);
-bool py_isspace_cp(uint32_t c);
+size_t jv_utf8_offset(const char *s, size_t len, size_t cp);
+bool jv_py_isspace(uint32_t c);
 /* Decodes one code point at s (valid UTF-8 assumed), returns its byte length. */
-int utf8_decode(const char *s, size_t len, uint32_t *cp);
-int utf8_encode(uint32_t cp, char out[4]);
+int jv_utf8_decode(const char *s, size_t len, uint32_t *cp);
+int jv_utf8_encode(uint32_t cp, char out[4]);
 
 /* ---- growable byte buffer with a cap */
 typedef struct {
@@ -189,7 +191,7 @@ bool jv_to_str(jbuf *b, jv v);
 /* Python repr(v). */
 bool jv_repr(jbuf *b, jv v);
 /* Python repr of a float ("1.0", "1e+16", "0.30000000000000004", "inf"). */
-void py_float_repr(double f, char out[32]);
+void jv_float_repr(double f, char out[32]);
 
 /* json.dumps(v, ensure_ascii, indent (<0 = None), separators, sort_keys).  Returns 0, or -1
  * and writes the Python TypeError sentence into err (e.g. "Object of type Undefined is not

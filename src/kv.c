@@ -84,3 +84,18 @@ void kv_row_free(kv_cache *c, kv_row *r)
     free(r->pages);
     memset(r, 0, sizeof *r);
 }
+
+int kv_row_copy(kv_cache *c, kv_row *dst, const kv_row *src, int32_t n_tokens)
+{
+    int rc = kv_row_reserve(c, dst, n_tokens);
+    if (rc)
+        return rc;
+    size_t blk = 2 * (size_t)c->n_kv_heads * (size_t)c->page_tokens * (size_t)c->head_dim;
+    int32_t pages = kv_pages_for(c, n_tokens);
+    for (int l = 0; l < c->n_layers; l++)
+        for (int32_t i = 0; i < pages; i++)
+            memcpy(c->arena + ((size_t)l * (size_t)c->n_pages + (size_t)dst->pages[i]) * blk,
+                   c->arena + ((size_t)l * (size_t)c->n_pages + (size_t)src->pages[i]) * blk, blk * sizeof(float));
+    dst->len = n_tokens;
+    return 0;
+}

@@ -44,6 +44,10 @@ int kv_row_reserve(kv_cache *c, kv_row *r, int32_t n_tokens);
 /* Returns every page of the row to the free list and empties it (keeps the table allocation). */
 void kv_row_release(kv_cache *c, kv_row *r);
 void kv_row_free(kv_cache *c, kv_row *r);
+/* Makes dst (empty) a copy of the first n_tokens positions of src, in fresh pages
+ * (the prompt KV shared by a row's n choices).  Same returns as kv_row_reserve. */
+int kv_row_copy(kv_cache *c, kv_row *dst, const kv_row *src, int32_t n_tokens);
+
 /* Pages needed for n_tokens positions. */
 static inline int32_t kv_pages_for(const kv_cache *c, int32_t n_tokens)
 {

@@ -78,8 +78,10 @@ int output_new_id(const out_ids *ids, const char *prefix, char *out, size_t cap,
     size_t n = 0;
     while (n < ID_CHARS) {
         unsigned char rnd[32];
+        errno = 0;
         if (fill_random(ids, rnd, sizeof rnd) != 0)
-            return util_errf(err, errlen, "cannot read random bytes for an output id: %s.", strerror(errno));
+            return util_errf(err, errlen, "cannot read random bytes for an output id: %s.",
+                             errno ? strerror(errno) : "the id source failed");
         for (size_t i = 0; i < sizeof rnd && n < ID_CHARS; i++)
             if (rnd[i] < 248) /* 248 = 4 * 62: keeping only these makes rnd % 62 uniform */
                 out[plen + n++] = alphabet[rnd[i] % 62];
@@ -90,33 +92,16 @@ int output_new_id(const out_ids *ids, const char *prefix, char *out, size_t cap,
 
 /* ------------------------------------------------------------------ strings */
 
-/* Length of the valid UTF-8 sequence at s (n bytes available), 0 if invalid. */
+/* Length of the well-formed UTF-8 sequence at s (n bytes available), 0 if none. */
 static size_t utf8_seq(const unsigned char *s, size_t n)
 {
-    unsigned c = s[0];
-    size_t k;
-    uint32_t cp;
-    if (c < 0x80)
+    if (s[0] < 0x80)
         return 1;
-    if ((c & 0xE0) == 0xC0)
-        k = 1, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0)
-        k = 2, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0)
-        k = 3, cp = c & 0x07;
-    else
-        return 0;
-    if (k >= n)
-        return 0;
-    for (size_t i = 1; i <= k; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && cp < 0x10000) || cp > 0x10FFFF ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return k + 1;
+    size_t k = s[0] >= 0xC0 && s[0] <= 0xDF   ? 2
+               : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+               : s[0] >= 0xF0 && s[0] <= 0xF7 ? 4
+                                              : 0;
+    return k && k <= n && util_utf8_valid((const char *)s, k) ? k : 0;
 }
 
 /*
@@ -179,6 +164,8 @@ static json_t *json_text(const char *s, size_t n)
 /* A token's string: the bytes when valid UTF-8, else "bytes:\xNN\xNN…". */
 static json_t *json_token(const char *s, size_t n)
 {
+    if (!s) /* a token that decodes to nothing (check_result refused NULL with n > 0) */
+        s = "";
     if (util_utf8_valid(s, n))
         return json_stringn(s, n);
     size_t cap;
@@ -263,6 +250,12 @@ static int check_result(const out_result *r, bool chat, char *err, size_t errlen
                              r->custom_id, c, ch->n_tokens);
         for (size_t t = 0; t < ch->n_tokens; t++) {
             const out_token *tk = &ch->tokens[t];
+            bool null_bytes = (!tk->bytes && tk->len) || (tk->n_top && !tk->top);
+            for (size_t a = 0; !null_bytes && a < tk->n_top; a++)
+                null_bytes = !tk->top[a].bytes && tk->top[a].len;
+            if (null_bytes)
+                return util_errf(err, errlen, "output: row \"%.80s\", choice %zu, token %zu: NULL bytes with a length.",
+                                 r->custom_id, c, t);
             if (check_lp(tk->logprob, "logprob", c, t, err, errlen) != 0)
                 return -1;
             for (size_t a = 0; a < tk->n_top; a++)

@@ -32,14 +32,14 @@ typedef enum out_finish {
 
 /* One top-k candidate at a position. */
 typedef struct out_alt {
-    const char *bytes; /* raw token bytes (may be an incomplete UTF-8 sequence) */
+    const char *bytes; /* raw token bytes (may be an incomplete UTF-8 sequence; NULL when len is 0) */
     size_t len;
     float logprob; /* -inf is written as OpenAI's -9999.0 sentinel; NaN is an error */
 } out_alt;
 
 /* One generated token. */
 typedef struct out_token {
-    const char *bytes; /* raw token bytes */
+    const char *bytes; /* raw token bytes (NULL when len is 0) */
     size_t len;
     float logprob;
     size_t n_top;

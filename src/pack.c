@@ -595,7 +595,7 @@ out:
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: spill pack MODEL --quant q8|q4|none -o OUT.gguf\n");
+    fprintf(stderr, "usage: spill pack MODEL --quant q8|q4|none -o OUT.gguf|DIR\n");
     return 2;
 }
 
@@ -625,6 +625,23 @@ int pack_main(int argc, char **argv)
     else {
         fprintf(stderr, "spill pack: --quant '%s' must be q8, q4 or none.\n", q);
         return 2;
+    }
+    char full[4096];
+    if (util_is_dir(o.out)) { /* -o DIR: <model name>-<quant>.gguf inside */
+        char name[1024];
+        snprintf(name, sizeof name, "%s", o.model);
+        size_t nl = strlen(name);
+        while (nl > 1 && name[nl - 1] == '/')
+            name[--nl] = 0;
+        char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+        char *dot = strstr(base, ".gguf");
+        if (dot && dot[5] == 0)
+            *dot = 0;
+        if (util_pathf(full, sizeof full, "%s/%s-%s.gguf", o.out, base, q) != 0) {
+            fprintf(stderr, "spill pack: output path under %s is too long.\n", o.out);
+            return 2;
+        }
+        o.out = full;
     }
     o.progress = isatty(2);
     pack_report rep;

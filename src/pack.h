@@ -57,7 +57,8 @@ typedef struct pack_report {
 int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen);
 void pack_report_free(pack_report *rep);
 
-/* `spill pack MODEL --quant q8|q4|none -o OUT.gguf` (argv after the command word).  Returns the exit code. */
+/* `spill pack MODEL --quant q8|q4|none -o OUT.gguf|DIR` (argv after the command word; with a directory the
+ * file is DIR/<model name>-<quant>.gguf).  Returns 0, 2 on bad arguments, 65 when the model cannot be packed. */
 int pack_main(int argc, char **argv);
 
 #endif

@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "calib.h"
 #include "engine.h"
 #include "job.h"
 #include "model.h"
@@ -64,6 +65,8 @@ typedef struct run_opts {
     int threads, batch, prefill_chunk, page_tokens, stream_slots;
     int mode;            /* 0 auto, 1 --stream, 2 --resident */
     uint64_t kv_bytes, mem_budget;
+    int device;          /* 0 auto (GPU when built in), 1 --cpu, 2 --gpu */
+    int resident_layers; /* GPU: layers kept in HBM when streaming (-1 = planner) */
     bool quiet, exact;
 } run_opts;
 
@@ -111,7 +114,7 @@ typedef struct runner {
     run_opts o;
     model_desc *m;
     tokenizer *tok;
-    spill_engine *e;
+    spill_backend be;    /* be.impl NULL until opened */
     job *j;
     char fingerprint[65];
     out_stamp stamp;
@@ -129,6 +132,11 @@ typedef struct runner {
     float *logits;       /* (max seqs, V) */
     fwd_seq *seqs;
     int *seq_row, *seq_choice;
+
+    /* calibration: the stored fit for this model|backend|machine, and this run's passes */
+    calib cal_stored, cal_run;
+    char cal_path[4096];
+    double eta_prerun;   /* seconds, < 0 when uncalibrated */
 
     /* progress */
     uint64_t rows_total, rows_done, rows_failed, tokens_generated, prompt_tokens, preemptions;
@@ -168,7 +176,7 @@ static void row_release(runner *r, row *w)
 {
     if (w->ch)
         for (int c = 0; c < w->n_choices; c++)
-            choice_free(&w->ch[c], engine_kv(r->e));
+            choice_free(&w->ch[c], r->be.kv(r->be.impl));
     free(w->ch);
     w->ch = NULL;
 }
@@ -525,7 +533,7 @@ static void preempt(runner *r, size_t ai)
  * Returns 0, 1 when the choice's own row was preempted (caller skips it), -1 on error. */
 static int reserve(runner *r, size_t row_idx, choice *c, int32_t need)
 {
-    kv_cache *kv = engine_kv(r->e);
+    kv_cache *kv = r->be.kv(r->be.impl);
     for (;;) {
         int rc = kv_row_reserve(kv, &c->kv, need);
         if (rc == 0)
@@ -550,7 +558,7 @@ static int reserve(runner *r, size_t row_idx, choice *c, int32_t need)
 
 static void admit(runner *r, char *err, size_t errlen, int *rc)
 {
-    kv_cache *kv = engine_kv(r->e);
+    kv_cache *kv = r->be.kv(r->be.impl);
     while (r->q_len && (int)r->n_active < r->o.batch) {
         row *w = &r->rows[r->queue[r->q_head]];
         /* the prompt of every choice, plus one page of growth for every choice already running */
@@ -596,6 +604,7 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
     uint64_t completion = 0;
     for (int c = 0; c < w->n_choices; c++) {
         choice *ch = &w->ch[c];
+        calib_finish(&r->cal_run, ch->n_gen, (double)w->max_new);
         oc[c] = (out_choice){ch->text ? ch->text : "", ch->text_len, ch->finish, w->sp.logprobs,
                              (size_t)ch->n_gen, ch->lp};
         completion += (uint64_t)ch->n_gen;
@@ -705,6 +714,56 @@ static int accept_token(runner *r, row *w, choice *c, const sample_result *sr, c
     return 0;
 }
 
+/* ---------------------------------------------------------------- estimates */
+
+/* Seconds left for the pending and active rows under fit c: expected tokens
+ * (prompt + completion fraction × max_tokens per choice), attention pairs,
+ * and passes = decode tokens / batch + the end tail (the last rows' own
+ * length, run at a dwindling batch).  < 0 when c is not calibrated. */
+static double estimate_left(const runner *r, const calib *c)
+{
+    if (!c->valid)
+        return -1;
+    double f = calib_completion(c), tokens = 0, att = 0, decode = 0, prefill = 0, tail = 0;
+    size_t rows_left = 0;
+    for (size_t i = 0; i < r->n_rows; i++) {
+        const row *w = &r->rows[i];
+        if (w->state == ROW_DONE)
+            continue;
+        rows_left++;
+        double P = w->n_prompt, G = f * (double)w->max_new;
+        double fed = 0, gen = 0;
+        if (w->state == ROW_ACTIVE && w->ch) {
+            fed = w->ch[0].fed < w->n_prompt ? w->ch[0].fed : P;
+            for (int c2 = 0; c2 < w->n_choices; c2++)
+                gen += w->ch[c2].n_gen;
+            gen /= w->n_choices;
+        }
+        double g_left = G - gen > 1 ? G - gen : 1;
+        prefill += P - fed;
+        decode += w->n_choices * g_left;
+        tokens += (P - fed) + w->n_choices * g_left;
+        att += (P * P - fed * fed) / 2 + w->n_choices * g_left * (P + gen + g_left / 2);
+        tail = g_left; /* rows are visited in file order; the queue's last rows are the short ones */
+    }
+    if (!rows_left)
+        return 0;
+    double B = (double)(rows_left < (size_t)r->o.batch ? rows_left : (size_t)r->o.batch);
+    double passes = decode / B + tail;
+    double prefill_passes = prefill / (double)(r->o.batch + r->o.prefill_chunk);
+    if (prefill_passes > passes)
+        passes = prefill_passes;
+    return calib_predict(c, passes, tokens, att);
+}
+
+/* The fit to use now: the stored one merged with this run's passes. */
+static calib current_fit(const runner *r)
+{
+    calib c = r->cal_stored;
+    calib_merge(&c, &r->cal_run);
+    return c;
+}
+
 /* ---------------------------------------------------------------- display */
 
 static void fmt_count(uint64_t v, char *out, size_t cap)
@@ -737,14 +796,15 @@ static void show_progress(runner *r, int pass, double pass_s, bool final)
         return;
     double el = now_s() - r->t_start;
     uint64_t finished = r->rows_done + r->rows_failed;
-    double eta = finished > 0 && r->rows_done > 0 ? el / (double)finished * (double)(r->rows_total - finished) : -1;
+    calib fit = current_fit(r);
+    double eta = estimate_left(r, &fit);
     char rows[32], total[32], tps[32], etas[32];
     fmt_count(finished, rows, sizeof rows);
     fmt_count(r->rows_total, total, sizeof total);
     fmt_count((uint64_t)(el > 0 ? (double)r->tokens_generated / el : 0), tps, sizeof tps);
     fmt_eta(final ? 0 : eta, etas, sizeof etas);
-    kv_cache *kv = engine_kv(r->e);
-    double mem = ((double)engine_weight_bytes(r->e) +
+    kv_cache *kv = r->be.kv(r->be.impl);
+    double mem = ((double)r->be.weight_bytes +
                   (double)(kv->n_pages - kv->n_free) *
                       (double)kv_page_bytes(kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->page_tokens)) /
                  1e9;
@@ -794,7 +854,7 @@ static void show_progress(runner *r, int pass, double pass_s, bool final)
 static int run_passes(runner *r, char *err, size_t errlen)
 {
     int pass = 0;
-    kv_cache *kv = engine_kv(r->e);
+    kv_cache *kv = r->be.kv(r->be.impl);
     while ((r->q_len || r->n_active) && !g_stop) {
         int rc = 0;
         admit(r, err, errlen, &rc);
@@ -819,7 +879,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
                     budget = r->o.batch + r->o.prefill_chunk;
                     break;
                 }
-                r->seqs[ns] = (fwd_seq){&ch->kv, ch->fed, 1, &ch->next, true};
+                r->seqs[ns] = (fwd_seq){&ch->kv, ch->fed, 1, &ch->next, true, false};
                 r->seq_row[ns] = (int)idx;
                 r->seq_choice[ns] = c;
                 ns++;
@@ -838,7 +898,9 @@ static int run_passes(runner *r, char *err, size_t errlen)
             row *w = &r->rows[idx];
             for (int c = 0; c < w->n_choices && budget > 0 && w->state == ROW_ACTIVE; c++) {
                 choice *ch = &w->ch[c];
-                if (ch->fed >= w->n_prompt)
+                /* choices > 0 wait for choice 0's prefill and copy its KV (they prefill themselves only if
+                 * the copy found no free pages) */
+                if (ch->fed >= w->n_prompt || (c > 0 && w->ch[0].fed < w->n_prompt))
                     continue;
                 int32_t n = w->n_prompt - ch->fed;
                 if (n > budget)
@@ -848,7 +910,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
                     return util_errf(err, errlen, "out of memory growing a KV page table.");
                 if (rr == -1)
                     break; /* no pages now: this prompt waits for pages freed by finishing rows */
-                r->seqs[ns] = (fwd_seq){&ch->kv, ch->fed, n, w->prompt + ch->fed, ch->fed + n == w->n_prompt};
+                r->seqs[ns] = (fwd_seq){&ch->kv, ch->fed, n, w->prompt + ch->fed, ch->fed + n == w->n_prompt, false};
                 r->seq_row[ns] = (int)idx;
                 r->seq_choice[ns] = c;
                 ns++;
@@ -864,8 +926,15 @@ static int run_passes(runner *r, char *err, size_t errlen)
             }
             continue;
         }
-        if (engine_forward(r->e, r->seqs, ns, r->logits, err, errlen))
-            return -1;
+        double pass_tokens = 0, pass_att = 0;
+        for (int s2 = 0; s2 < ns; s2++) {
+            double p0 = r->seqs[s2].pos0, n = r->seqs[s2].n;
+            pass_tokens += n;
+            pass_att += n * p0 + n * (n + 1) / 2; /* each token attends to every cached position up to itself */
+        }
+        int frc = r->be.forward(r->be.impl, r->seqs, ns, r->logits, err, errlen);
+        if (frc)
+            return frc;
         int li = 0;
         for (int s = 0; s < ns; s++) {
             row *w = &r->rows[r->seq_row[s]];
@@ -873,11 +942,27 @@ static int run_passes(runner *r, char *err, size_t errlen)
             ch->fed += r->seqs[s].n;
             if (!r->seqs[s].want_logits)
                 continue;
+            const float *lg = r->logits + (size_t)li * (size_t)r->m->vocab;
+            bool prompt_done = r->seq_choice[s] == 0 && r->seqs[s].n > 0 && ch->fed == w->n_prompt && ch->n_gen == 0 &&
+                               ch->next < 0;
             sample_result sr;
-            if (sample_next(r->logits + (size_t)li * (size_t)r->m->vocab, r->m->vocab, &w->sp, &ch->ss, &r->sc, &sr,
-                            err, errlen) ||
+            if (sample_next(lg, r->m->vocab, &w->sp, &ch->ss, &r->sc, &sr, err, errlen) ||
                 accept_token(r, w, ch, &sr, err, errlen))
                 return -1;
+            /* n > 1: the other choices share the prompt's prefill — copy its KV pages and draw their first
+             * token from the same logits with their own RNG. */
+            for (int c = 1; prompt_done && c < w->n_choices; c++) {
+                choice *o = &w->ch[c];
+                int rr = r->be.kv_copy ? r->be.kv_copy(r->be.impl, &o->kv, &ch->kv, w->n_prompt) : -1;
+                if (rr == -2)
+                    return util_errf(err, errlen, "out of memory growing a KV page table.");
+                if (rr == -1) /* no pages: this choice prefills itself later, like a newcomer */
+                    continue;
+                o->fed = w->n_prompt;
+                if (sample_next(lg, r->m->vocab, &w->sp, &o->ss, &r->sc, &sr, err, errlen) ||
+                    accept_token(r, w, o, &sr, err, errlen))
+                    return -1;
+            }
             li++;
         }
         /* rows whose every choice is done are written */
@@ -894,6 +979,8 @@ static int run_passes(runner *r, char *err, size_t errlen)
         }
         if (job_commit(r->j, err, errlen))
             return -1;
+        /* the whole pass — build, forward, sampling, output, group commit — is what the ETA must price */
+        calib_observe(&r->cal_run, pass_tokens, pass_att, now_s() - t0);
         pass++;
         show_progress(r, pass, now_s() - t0, false);
     }
@@ -923,6 +1010,7 @@ static int parse_bytes(const char *s, uint64_t *out)
 
 static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
 {
+    o->resident_layers = -1;
     const char *pos[2];
     int np = 0;
     for (int i = 0; i < argc; i++) {
@@ -950,6 +1038,12 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
             o->mode = 2;
         else if (!strcmp(a, "--stream-slots") && has)
             o->stream_slots = atoi(argv[++i]);
+        else if (!strcmp(a, "--cpu"))
+            o->device = 1;
+        else if (!strcmp(a, "--gpu"))
+            o->device = 2;
+        else if (!strcmp(a, "--resident-layers") && has)
+            o->resident_layers = atoi(argv[++i]);
         else if (!strcmp(a, "--exact"))
             o->exact = true;
         else if (!strcmp(a, "--quiet") || !strcmp(a, "-q"))
@@ -995,7 +1089,7 @@ static void defaults(run_opts *o)
 static void runner_free(runner *r)
 {
     for (size_t i = 0; i < r->n_rows; i++) {
-        if (r->e)
+        if (r->be.impl)
             row_release(r, &r->rows[i]);
         row_free(&r->rows[i]);
     }
@@ -1007,7 +1101,8 @@ static void runner_free(runner *r)
     free(r->seq_row);
     free(r->seq_choice);
     sample_scratch_free(&r->sc);
-    engine_close(r->e);
+    if (r->be.impl)
+        r->be.close(r->be.impl);
     tokenizer_free(r->tok);
     model_close(r->m);
 }
@@ -1046,12 +1141,38 @@ static int run_job(runner *r, bool resuming)
     bool stream = r->o.mode == 1 || (r->o.mode == 0 && r->m->total_bytes + r->o.kv_bytes > r->o.mem_budget);
     engine_opts eo = {r->o.threads, r->o.batch + r->o.prefill_chunk, r->o.batch + r->o.prefill_chunk,
                       r->o.page_tokens, pages, stream, r->o.stream_slots, true, !r->o.exact};
-    if (engine_open(r->m, &eo, &r->e, err, sizeof err)) {
+    /* Backend: the GPU when this binary has one (unless --cpu), else the CPU. */
+    int brc = -1;
+    if (r->o.device != 1 && spill_gpu_open) {
+        brc = spill_gpu_open(r->m, &eo, r->o.resident_layers, &r->be, err, sizeof err);
+        if (brc && r->o.device == 2) {
+            code = brc == -75 ? EX_TEMPFAIL_ : EX_SOFTWARE_;
+            goto fail;
+        }
+        if (brc)
+            fprintf(stderr, "spill: no GPU engine (%s); running on the CPU.\n", err);
+    } else if (r->o.device == 2) {
+        util_errf(err, sizeof err, "this spill binary was built without CUDA; build build/cuda/spill-cuda (make cuda).");
+        code = EX_USAGE_;
+        goto fail;
+    }
+    if (brc && engine_backend_cpu(r->m, &eo, &r->be, err, sizeof err)) {
         code = EX_SOFTWARE_;
         goto fail;
     }
     if (sample_scratch_init(&r->sc, r->m->vocab, err, sizeof err))
         goto fail;
+    {
+        char host[128] = "host", key[512];
+        gethostname(host, sizeof host - 1);
+        /* keyed by model | backend | machine: the same model on another backend or host costs differently */
+        snprintf(key, sizeof key, "%.16s-%s-%s-b%d", r->fingerprint, host, r->be.name, r->o.batch);
+        for (char *k = key; *k; k++)
+            if (!((*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') || (*k >= '0' && *k <= '9') || *k == '-'))
+                *k = '_';
+        if (calib_path(key, r->cal_path, sizeof r->cal_path) != 0 || calib_load(r->cal_path, &r->cal_stored) != 0)
+            memset(&r->cal_stored, 0, sizeof r->cal_stored);
+    }
     if (getrandom(&r->job_seed, sizeof r->job_seed, 0) != sizeof r->job_seed)
         r->job_seed = (uint64_t)time(NULL);
 
@@ -1089,13 +1210,13 @@ static int run_job(runner *r, bool resuming)
     for (size_t i = 0; i < r->n_rows; i++)
         if (r->rows[i].state == ROW_PENDING) {
             /* a row must be able to finish alone: prompt plus every token it may generate */
-            int32_t need = kv_pages_for(engine_kv(r->e), (int32_t)(r->rows[i].n_prompt + r->rows[i].max_new)) *
+            int32_t need = kv_pages_for(r->be.kv(r->be.impl), (int32_t)(r->rows[i].n_prompt + r->rows[i].max_new)) *
                            r->rows[i].n_choices;
-            if (need > engine_kv(r->e)->n_pages) {
+            if (need > r->be.kv(r->be.impl)->n_pages) {
                 char msg[SPILL_ERRLEN];
                 snprintf(msg, sizeof msg,
                          "This row needs %d KV pages to finish but the cache holds %d; raise --kv-mem or lower max_tokens.", need,
-                         engine_kv(r->e)->n_pages);
+                         r->be.kv(r->be.impl)->n_pages);
                 r->rows[i].state = ROW_DONE;
                 if (append_error_line(r, r->rows[i].custom_id, msg, NULL, "insufficient_memory", err, sizeof err))
                     goto fail_job;
@@ -1114,21 +1235,25 @@ static int run_job(runner *r, bool resuming)
     uint64_t already = job_rows_completed(r->j) + job_rows_failed(r->j);
     r->rows_done = job_rows_completed(r->j);
     r->rows_failed = job_rows_failed(r->j);
-    char pt[32], wb[32];
+    r->eta_prerun = estimate_left(r, &r->cal_stored);
+    char pt[32], wb[32], eta0[32];
+    fmt_eta(r->eta_prerun, eta0, sizeof eta0);
     fmt_count(r->prompt_tokens, pt, sizeof pt);
-    snprintf(wb, sizeof wb, "%.0f MB", (double)engine_weight_bytes(r->e) / 1e6);
+    snprintf(wb, sizeof wb, "%.0f MB", (double)r->m->total_bytes / 1e6);
     printf("spill %s: %s (%s, %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill · batch %d · engine "
-           "%s CPU, %d threads · KV %d pages of %d tokens · job %s · ready in %.1f s\n",
+           "%s · KV %d pages of %d tokens · ETA %s · job %s · ready in %.1f s\n",
            resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->m->quant_summary, wb,
-           (unsigned long long)r->rows_total, (unsigned long long)already, pt, r->o.batch, stream ? "streamed" : "resident",
-           engine_threads(r->e),
-           engine_kv(r->e)->n_pages, r->o.page_tokens, job_dir(r->j), now_s() - t_open);
+           (unsigned long long)r->rows_total, (unsigned long long)already, pt, r->o.batch, r->be.name,
+           r->be.kv(r->be.impl)->n_pages, r->o.page_tokens, eta0, job_dir(r->j), now_s() - t_open);
     fflush(stdout);
 
     if (run_passes(r, err, sizeof err))
         goto fail_job;
     show_progress(r, 0, 0, true);
     if (g_stop) {
+        calib merged = current_fit(r);
+        char e2[SPILL_ERRLEN];
+        calib_save(r->cal_path, &merged, e2, sizeof e2);
         if (job_close(r->j, JOB_INTERRUPTED, err, sizeof err)) {
             r->j = NULL;
             goto fail;
@@ -1147,6 +1272,15 @@ static int run_job(runner *r, bool resuming)
     }
     r->j = NULL;
     double el = now_s() - r->t_start;
+    {
+        calib merged = current_fit(r);
+        char e2[SPILL_ERRLEN];
+        if (calib_save(r->cal_path, &merged, e2, sizeof e2))
+            fprintf(stderr, "spill: calibration not saved: %s\n", e2);
+        if (r->eta_prerun > 0)
+            printf("pre-run ETA %.1f s vs actual %.1f s (%+.0f%%)\n", r->eta_prerun, el,
+                   (r->eta_prerun - el) / el * 100);
+    }
     printf("done: %llu rows answered, %llu failed, %llu tokens generated in %.1f s (%.1f tok/s), %llu preemptions · "
            "%s/results.jsonl%s\n",
            (unsigned long long)r->rows_done, (unsigned long long)r->rows_failed,

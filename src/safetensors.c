@@ -27,6 +27,8 @@
  * (see "the header parser" below for why not a general JSON library); jansson
  * reads only model.safetensors.index.json.  Errors name the byte of the fault:
  * the offending character for syntax, the tensor's key for schema and layout.
+ * The index's "metadata.total_size" is informational and not checked; its
+ * weight_map must match the shards exactly, both ways.
  */
 #include "safetensors.h"
 #include "util.h"
@@ -143,7 +145,7 @@ void st_close(st_file *f)
 /*
  * Why not a general JSON library: a general parser builds a tree of every value
  * before the schema is checked, so a 100 MB header of tiny entries costs seconds
- * and gigabytes (measured with jansson: 1M entries, 6.5 s).  The schema is fixed:
+ * and gigabytes (measured with jansson: 1M entries, 6.5 s; this parser: < 1 s).  The schema is fixed:
  * an object whose values are either the string map "__metadata__" or tensor
  * objects of three known fields.  Parsing that grammar directly allocates only
  * the result, reports the exact byte of every error, and needs no generic value

@@ -152,8 +152,7 @@ static void gen_matrix(const gen *g, rng *r, uint8_t *p, size_t n)
             memcpy(blk, &g->q8_d, 2);
             memcpy(blk + 2, x, 32);
             for (int j = 2; j < 34; j++)
-                if (blk[j] == 0x80)
-                    blk[j] = 0x81; /* the reference quantizer never writes -128 */
+                blk[j] += blk[j] == 0x80; /* -128 → -127: the reference quantizer never writes -128 */
         } else {
             uint16_t d = g->q4_d | (uint16_t)((x[2] & 1) << 15);
             memcpy(blk, &d, 2);
@@ -478,7 +477,7 @@ int synth_main(int argc, char **argv)
         fprintf(stderr, "spill synth: %s\n", err);
         return 1;
     }
-    printf("wrote %s: %.2f GB in %.1f s (%.2f GB/s%s)\n", path, st.bytes / 1e9, st.seconds,
+    printf("wrote %s: %.3f GB in %.1f s (%.2f GB/s%s)\n", path, st.bytes / 1e9, st.seconds,
            st.bytes / 1e9 / (st.seconds > 0 ? st.seconds : 1e-9), st.direct ? ", O_DIRECT" : ", buffered");
     return 0;
 }

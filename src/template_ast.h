@@ -1,6 +1,7 @@
 /*
- * template_ast.h — internal: the syntax tree shared by the parser (template.c)
- * and the evaluator (template_eval.c).  Not part of the public API.
+ * template_ast.h — internal: the syntax tree shared by the lexer (template.c),
+ * the parser (template_parse.c) and the evaluator (template_eval.c), plus the
+ * token stream between lexer and parser.  Not part of the public API.
  *
  * Every node records the line and column (1-based, bytes) of the token that
  * starts it, so runtime errors can point at the template source.  All nodes
@@ -88,6 +89,47 @@ struct tmpl_t {
     void **blocks;
     size_t nblocks, capblocks;
 };
+
+/* ---- front end shared by the lexer (template.c) and the parser (template_parse.c) */
+
+#define PARSE_MAX_NEST 256  /* parser recursion: parens, nested blocks, unary chains */
+#define AST_MAX_DEPTH 1000  /* tree depth incl. left-deep operator chains, bounds evaluator recursion */
+
+typedef enum { T_EOF, T_DATA, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING, T_INT, T_FLOAT, T_OP } tok_type;
+
+typedef struct {
+    tok_type t;
+    size_t off;     /* byte offset in the normalised source */
+    const char *s;  /* T_DATA/T_STRING: decoded text (arena); T_NAME/T_OP: source bytes */
+    size_t len;
+    int64_t i;
+    double f;
+} token;
+
+typedef struct {
+    tmpl_t *t;
+    const char *src;
+    size_t n;
+    size_t *lines; /* byte offset of each line start */
+    size_t nlines;
+    token *tok;
+    size_t ntok, captok;
+    size_t pos;     /* parser cursor */
+    int nest;       /* parser recursion depth */
+    int loops;      /* enclosing for loops, for break/continue */
+    char *err;
+    size_t errlen;
+} parser;
+
+/* Template-owned allocation (freed by template_free); NULL when out of memory. */
+void *tmpl_alloc(tmpl_t *t, size_t size);
+char *tmpl_strndup(tmpl_t *t, const char *s, size_t n);
+/* 1-based line and byte column of a source offset. */
+void tmpl_linecol(const parser *p, size_t off, int *line, int *col);
+/* Writes "NAME line L, column C: msg" into the parser's err and returns -1. */
+int tmpl_fail_at(parser *p, size_t off, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Parses the whole token stream into an S_BODY tree; NULL (err set) on a syntax error. */
+node *tmpl_parse(parser *p);
 
 /* Evaluator entry point (template_eval.c). */
 int tmpl_eval_render(const tmpl_t *t, json_t *context, const tmpl_limits *lim, char **out, size_t *outlen, char *err,

@@ -20,6 +20,12 @@
 
 #include "tok_internal.h"
 
+/* Numeric element types only: gguf_arr_num gives NaN for the others. */
+static bool numeric_array(const gguf_kv *kv)
+{
+    return kv->arr_type != GGUF_V_STRING && kv->arr_type != GGUF_V_ARRAY && kv->arr_type != GGUF_V_BOOL;
+}
+
 /* Python's str.isspace(), which transformers' Gemma respelling relies on. */
 static bool py_isspace(uint32_t c)
 {
@@ -234,11 +240,9 @@ int tokenizer_from_gguf(const gguf_file *f, tokenizer **out, char *err, size_t e
         return util_errf(err, errlen, "%s: tokenizer.ggml.tokens must be a non-empty string array of fewer than %lld.",
                          fname, (long long)MAX_IDS);
     size_t n = (size_t)tokens->arr_n;
-    /* numeric element types only: gguf_arr_num gives NaN for the others */
-#define NUMERIC(kv) ((kv)->arr_type != GGUF_V_STRING && (kv)->arr_type != GGUF_V_ARRAY && (kv)->arr_type != GGUF_V_BOOL)
-    if (types && (types->type != GGUF_V_ARRAY || types->arr_n != n || !NUMERIC(types)))
+    if (types && (types->type != GGUF_V_ARRAY || types->arr_n != n || !numeric_array(types)))
         return util_errf(err, errlen, "%s: tokenizer.ggml.token_type must have one entry per token (%zu).", fname, n);
-    if (scores && (scores->type != GGUF_V_ARRAY || scores->arr_n != n || !NUMERIC(scores)))
+    if (scores && (scores->type != GGUF_V_ARRAY || scores->arr_n != n || !numeric_array(scores)))
         return util_errf(err, errlen, "%s: tokenizer.ggml.scores must have one entry per token (%zu).", fname, n);
     if (merges && (merges->type != GGUF_V_ARRAY || merges->arr_type != GGUF_V_STRING))
         return util_errf(err, errlen, "%s: tokenizer.ggml.merges must be a string array.", fname);

@@ -24,6 +24,7 @@
 /* Largest id + 1 we accept (4M); real vocabularies stop near 262,144. */
 #define MAX_IDS ((int64_t)1 << 22)
 
+/* Growable byte string, kept NUL-terminated after every append. */
 typedef struct {
     char *p;
     size_t n, cap;
@@ -150,12 +151,14 @@ typedef struct {
     pairmap edges;
     int32_t *terminal;
     size_t n_nodes, cap_nodes;
+    uint8_t first[256]; /* 1 = some token starts with this byte */
 } trie;
 
+/* A piece of the text between pipeline stages: bytes at text.p + off. */
 typedef struct {
     size_t off, len;
     int32_t token; /* >= 0: an added token, already final */
-    bool at_start;
+    bool at_start; /* starts at byte 0 of the original input */
 } piece;
 
 typedef struct {
@@ -175,9 +178,10 @@ struct tokenizer {
     char name[128];
     bpe model;
     size_t n_ids;
-    char **id_str;        /* (n_ids) piece strings, NUL-terminated; NULL = no token */
+    char **id_str;        /* (n_ids) what decode sees per id: the vocabulary piece, or the added
+                           * token's content (normalized form if normalized); NULL = no token */
     uint32_t *id_len;     /* (n_ids) */
-    uint8_t **id_bytes;   /* (n_ids) raw bytes of each token (lazily built at load) */
+    uint8_t **id_bytes;   /* (n_ids) raw bytes of each token, built at load */
     uint32_t *id_bytes_len;
     uint8_t *id_special;  /* (n_ids) 1 = special added token */
     added_token *added;

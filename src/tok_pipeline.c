@@ -491,6 +491,8 @@ int tk_trie_init(trie *t)
 int tk_trie_add(trie *t, const char *s, size_t len, int32_t idx)
 {
     int32_t cur = 0;
+    if (len)
+        t->first[(uint8_t)s[0]] = 1;
     for (size_t i = 0; i < len; i++) {
         const pairmap_slot *e = tk_pairmap_get(&t->edges, cur, (uint8_t)s[i]);
         if (e) {
@@ -518,6 +520,8 @@ int tk_trie_add(trie *t, const char *s, size_t len, int32_t idx)
 int32_t tk_trie_longest(const trie *t, const char *s, size_t len, size_t i, size_t *end)
 {
     int32_t cur = 0, best = -1;
+    if (i >= len || !t->first[(uint8_t)s[i]])
+        return -1;
     for (size_t j = i; j < len; j++) {
         const pairmap_slot *e = tk_pairmap_get(&t->edges, cur, (uint8_t)s[j]);
         if (!e)

@@ -166,8 +166,8 @@ static void run_model(const char *name)
             }
             CHECK(kv_row_reserve(kv, &kr[r], done[r] + n) == 0, "%s: KV reserve", name);
             CHECK(kv_row_reserve(kvs, &krs[r], done[r] + n) == 0, "%s: KV reserve (streamed)", name);
-            seqs[ns] = (fwd_seq){&kr[r], done[r], n, rows[r].ids + done[r], true};
-            seqs_s[ns] = (fwd_seq){&krs[r], done[r], n, rows[r].ids + done[r], true};
+            seqs[ns] = (fwd_seq){&kr[r], done[r], n, rows[r].ids + done[r], true, false};
+            seqs_s[ns] = (fwd_seq){&krs[r], done[r], n, rows[r].ids + done[r], true, false};
             idx[ns++] = (int)r;
         }
         if (!ns)

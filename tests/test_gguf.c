@@ -3,10 +3,10 @@
  *
  * 1. tests/data/gguf/expected.json (tools/make_bad_models.py, from gguf-py's GGUFReader) lists, for
  *    the two real models, a file from gguf-py's writer, the hand-laid good_min.gguf and a
- *    tensor-less good_vocab_only.gguf: counts,
- *    alignment, data offset, every KV (scalars exactly, strings and arrays by length + sha256 of
- *    their elements) and every tensor (name, type, ne, absolute offset, size).  All must match
- *    exactly: these are integers, hashes and floats decoded from the same bytes.
+ *    tensor-less good_vocab_only.gguf: counts, alignment, data offset, every KV (scalars exactly,
+ *    strings and arrays by length + sha256 of their elements) and every tensor (name, type, ne,
+ *    absolute offset, size).  All must match exactly: these are integers, hashes and floats
+ *    decoded from the same bytes.
  * 2. The ggml type table must equal gguf-py's GGML_QUANT_SIZES wherever ggml_type_info knows a type.
  * 3. good_min.gguf cut at every byte must fail with the sentence in truncations.tsv, parsed from a
  *    heap copy of exactly the cut length so ASan catches any read past it.

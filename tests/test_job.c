@@ -16,9 +16,14 @@
  *    healthy I/O loses no committed row and duplicates none; every one of the
  *    five call kinds fails at least once;
  *  - kill -9: >= 50 SIGKILLs at random moments of a child appending and
- *    committing a 2,000-row job, each followed by a resume in the parent that
- *    finds every row the child reported committed; the final files hold every
- *    row exactly once, byte-identical to what the row should be.
+ *    committing a 2,000-row job (inside its resume, or inside its
+ *    append/commit loop); after every other kill the parent resumes and finds
+ *    every row the child reported committed, after the others the next child
+ *    is the first to resume; the final files hold every row exactly once,
+ *    byte-identical to what the row should be;
+ *  - job_check_line agrees with jansson on 100,000 mutated lines;
+ *  - OOM: failing the N-th jansson allocation for every N gives a clean
+ *    error and an exact resume.
  * fsync is counted but not performed in the injection, torn-tail and kill
  * tests (a fsync costs ~4 ms on this disk): they check the protocol, and
  * SIGKILL does not drop the page cache.  test_basic uses the real calls.
@@ -199,13 +204,35 @@ static long io_calls, io_fail_at = -1;
 static unsigned io_failed_kinds;
 static long io_kind_calls[IO_KINDS];
 
+/*
+ * Crash mode (test_power_loss): the N-th call is where the machine loses
+ * power — it and every later call fail — and the test I/O keeps what a crash
+ * may forget: per file, the size at its last fsync; whether the last
+ * rename over manifest.json was followed by a directory fsync, and the
+ * manifest it replaced.
+ */
+static bool crash_mode, crashed;
+static struct {
+    ino_t ino;
+    off_t size;
+} synced[16];
+static int n_synced;
+static char *prev_manifest; /* what the last rename replaced (NULL: nothing) */
+static size_t prev_manifest_len;
+static bool rename_pending; /* renamed, directory not yet fsynced */
+
 static bool fail_now(int kind)
 {
     io_kind_calls[kind]++;
+    if (crashed) {
+        errno = EIO;
+        return true;
+    }
     if (++io_calls != io_fail_at)
         return false;
     io_failed_kinds |= 1u << kind;
     errno = kind == IO_WRITE ? ENOSPC : EIO;
+    crashed = crash_mode;
     return true;
 }
 
@@ -217,7 +244,7 @@ static ssize_t t_write(int fd, const void *buf, size_t n)
 {
     if (fail_now(IO_WRITE)) {
         /* Leave half a line behind, as a failing disk may. */
-        if (n > 1 && write(fd, buf, n / 2) < 0)
+        if (n > 1 && !crashed && write(fd, buf, n / 2) < 0)
             return -1;
         errno = ENOSPC;
         return -1;
@@ -226,15 +253,85 @@ static ssize_t t_write(int fd, const void *buf, size_t n)
 }
 static int t_fsync(int fd)
 {
-    return fail_now(IO_FSYNC) ? -1 : 0;
+    if (fail_now(IO_FSYNC))
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) == 0) {
+        if (S_ISDIR(st.st_mode))
+            rename_pending = false;
+        else {
+            int k = 0;
+            while (k < n_synced && synced[k].ino != st.st_ino)
+                k++;
+            if (k == n_synced && n_synced < 16)
+                synced[n_synced++].ino = st.st_ino;
+            if (k < 16)
+                synced[k].size = st.st_size;
+        }
+    }
+    return 0;
 }
 static int t_rename(const char *a, const char *b)
 {
-    return fail_now(IO_RENAME) ? -1 : rename(a, b);
+    if (fail_now(IO_RENAME))
+        return -1;
+    char err[SPILL_ERRLEN];
+    free(prev_manifest);
+    prev_manifest = NULL;
+    if (util_is_file(b) && util_read_file(b, 1u << 20, &prev_manifest, &prev_manifest_len, err, sizeof err) != 0)
+        prev_manifest = NULL;
+    rename_pending = true;
+    return rename(a, b);
 }
 static int t_ftruncate(int fd, off_t len)
 {
     return fail_now(IO_FTRUNCATE) ? -1 : ftruncate(fd, len);
+}
+
+/*
+ * Applies what a power loss may do to the job directory: each output file
+ * keeps its synced prefix plus a random part of what came after (torn-seq),
+ * sometimes with zeros over part of that unsynced tail (torn-op: pages that
+ * never reached the disk), and an un-synced rename of manifest.json may be
+ * undone.
+ */
+static void apply_crash(const char *dir)
+{
+    for (int k = 0; k < 2; k++) {
+        char path[PATH_MAX];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, k ? "errors.jsonl" : "results.jsonl");
+        if (stat(path, &st) != 0)
+            continue;
+        off_t keep = 0;
+        for (int i = 0; i < n_synced; i++)
+            if (synced[i].ino == st.st_ino)
+                keep = synced[i].size;
+        off_t len = keep + (st.st_size > keep ? rand() % (st.st_size - keep + 1) : 0);
+        CHECK(truncate(path, len) == 0, "crash model: truncate %s", path);
+        if (len > keep && rand() % 3 == 0) {
+            off_t from = keep + rand() % (len - keep), n = 1 + rand() % (len - from);
+            int fd = open(path, O_WRONLY);
+            char zeros[4096] = {0};
+            while (fd >= 0 && n > 0) {
+                ssize_t w = pwrite(fd, zeros, n < (off_t)sizeof zeros ? (size_t)n : sizeof zeros, from);
+                if (w <= 0)
+                    break;
+                from += w;
+                n -= w;
+            }
+            if (fd >= 0)
+                close(fd);
+        }
+    }
+    if (rename_pending && rand() % 2 == 0) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/manifest.json", dir);
+        if (prev_manifest)
+            write_file(path, prev_manifest, prev_manifest_len);
+        else
+            unlink(path);
+    }
 }
 
 static const job_io test_io = {t_open, t_write, t_fsync, t_rename, t_ftruncate};
@@ -609,10 +706,54 @@ static bool inject_run(const char *dir, int nrows, bool *committed)
     return true;
 }
 
+/*
+ * After a failed or crashed run: resume with healthy I/O (or start over when
+ * the job never got a manifest), check that every row whose commit returned
+ * is there, finish the job, and check the final files.  True when exact.
+ */
+static bool recover_exact(const char *dir, int nrows, const bool *committed, long n)
+{
+    char err[SPILL_ERRLEN], path[PATH_MAX];
+    job *j = NULL;
+    job_info info = info_for(nrows);
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    int rc;
+    if (util_is_file(path))
+        rc = job_open_resume(dir, &test_io, &j, err, sizeof err);
+    else {
+        rm_rf(dir); /* job_create never returned: the caller starts again */
+        rc = job_create(dir, &info, &test_io, &j, err, sizeof err);
+    }
+    if (rc != 0 && strstr(err, "already done")) {
+        /* The final commit renamed a "done" manifest in, then failed: the
+         * caller saw the error, resume says the job is done — and it must
+         * be, exactly. */
+        int bad = verify_final(dir, nrows);
+        CHECK(bad == 0, "N=%ld: job reported done but the files are not exact", n);
+        return bad == 0;
+    }
+    if (rc != 0) {
+        CHECK(0, "N=%ld: recovery failed: %s", n, err);
+        return false;
+    }
+    int lost = 0;
+    for (int i = 0; i < nrows; i++)
+        lost += committed[i] && !row_done(j, i);
+    CHECK(lost == 0, "N=%ld: %d committed rows lost", n, lost);
+    for (int i = 0; i < nrows; i++)
+        if (!row_done(j, i))
+            append_row(j, i, err, sizeof err);
+    rc = job_close(j, JOB_DONE, err, sizeof err);
+    CHECK(rc == 0, "N=%ld: finishing after recovery: %s", n, err);
+    int bad = verify_final(dir, nrows);
+    CHECK(bad == 0, "N=%ld: final files not exact", n);
+    return lost == 0 && rc == 0 && bad == 0;
+}
+
 static void test_io_errors(void)
 {
     const int nrows = 40;
-    char dir[256], err[SPILL_ERRLEN], path[PATH_MAX];
+    char dir[256];
     snprintf(dir, sizeof dir, "%s/inject", root);
     int runs = 0, exact = 0;
     io_failed_kinds = 0;
@@ -628,38 +769,7 @@ static void test_io_errors(void)
             break;
         }
         runs++;
-        /* Recover with healthy I/O: resume (or start over when the job never
-         * got a manifest), finish, check nothing committed was lost. */
-        job *j = NULL;
-        job_info info = info_for(nrows);
-        snprintf(path, sizeof path, "%s/manifest.json", dir);
-        int rc = util_is_file(path) ? job_open_resume(dir, &test_io, &j, err, sizeof err)
-                                    : job_create(dir, &info, &test_io, &j, err, sizeof err);
-        if (rc != 0 && strstr(err, "already done")) {
-            /* The final commit renamed a "done" manifest in, then the
-             * directory fsync failed: the caller saw the error, resume says
-             * the job is done — and it must be, exactly. */
-            int bad = verify_final(dir, nrows);
-            CHECK(bad == 0, "N=%ld: job reported done but the files are not exact", n);
-            exact += bad == 0;
-            continue;
-        }
-        if (rc != 0) {
-            CHECK(0, "N=%ld: recovery failed: %s", n, err);
-            continue;
-        }
-        int lost = 0;
-        for (int i = 0; i < nrows; i++)
-            lost += committed[i] && !row_done(j, i);
-        CHECK(lost == 0, "N=%ld: %d committed rows lost", n, lost);
-        for (int i = 0; i < nrows; i++)
-            if (!row_done(j, i))
-                append_row(j, i, err, sizeof err);
-        rc = job_close(j, JOB_DONE, err, sizeof err);
-        CHECK(rc == 0, "N=%ld: finishing after recovery: %s", n, err);
-        int bad = verify_final(dir, nrows);
-        CHECK(bad == 0, "N=%ld: final files not exact", n);
-        exact += lost == 0 && rc == 0 && bad == 0;
+        exact += recover_exact(dir, nrows, committed, n);
     }
     fprintf(stderr, "I/O errors: %d injected runs, %d recovered exactly; call kinds failed at least once:", runs,
             exact);
@@ -669,6 +779,54 @@ static void test_io_errors(void)
     }
     fputc('\n', stderr);
     CHECK(runs > 50 && exact == runs, "%d of %d injected runs recovered exactly", exact, runs);
+}
+
+/*
+ * Power loss (reliability.md §7 row 9, simulated): the scenario of
+ * test_io_errors with the machine dying at its N-th call, for every N and 3
+ * draws of the crash model each; then resume must keep every row whose
+ * commit returned, cut whatever the crash tore, and finish exactly.
+ */
+static void test_power_loss(void)
+{
+    const int nrows = 40;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/power", root);
+    int crashes = 0, exact = 0;
+    crash_mode = true;
+    srand(777);
+    for (long n = 1; n < 10000; n++) {
+        bool clean_run = false;
+        for (int draw = 0; draw < 3 && !clean_run; draw++) {
+            bool committed[40] = {0};
+            rm_rf(dir);
+            io_calls = 0;
+            io_fail_at = n;
+            crashed = false;
+            n_synced = 0;
+            rename_pending = false;
+            bool injected = inject_run(dir, nrows, committed);
+            io_fail_at = -1;
+            bool was_crash = crashed;
+            crashed = false;
+            if (!injected) {
+                CHECK(verify_final(dir, nrows) == 0, "run without a crash (N=%ld) is not exact", n);
+                clean_run = true;
+                break;
+            }
+            CHECK(was_crash, "N=%ld: a failure that was not the crash", n);
+            apply_crash(dir);
+            crashes++;
+            exact += recover_exact(dir, nrows, committed, n);
+        }
+        if (clean_run)
+            break;
+    }
+    crash_mode = false;
+    free(prev_manifest);
+    prev_manifest = NULL;
+    CHECK(crashes >= 100 && exact == crashes, "power loss: %d of %d crashes recovered exactly", exact, crashes);
+    fprintf(stderr, "power loss: %d of %d simulated crashes recovered exactly\n", exact, crashes);
 }
 
 /*
@@ -699,8 +857,8 @@ static void kill_child(const char *dir, int nrows, int report)
             if (write(report, &done, sizeof done) != sizeof done)
                 _exit(6);
         }
-        for (volatile int spin = 0; spin < 20000; spin++)
-            ; /* ~30 us a row, so a kill lands every few dozen rows */
+        for (volatile int spin = 0; spin < 80000; spin++)
+            ; /* ~100 us a row, so a kill lands every few dozen rows */
     }
     _exit(job_close(j, JOB_DONE, err, sizeof err) == 0 ? 0 : 7);
 }
@@ -734,14 +892,24 @@ static void test_kill9(void)
             }
             close(fds[1]);
             /* A quarter of the kills land anywhere from fork on (often inside
-             * the resume: scan, ftruncate, commit); the rest at a random
-             * moment of the append/commit loop. */
+             * the resume: scan, ftruncate, commit).  The rest wait for the
+             * child to resume and then for 0-2 of its commits, and land a
+             * random 0-150 us later, inside the append/commit loop: pacing
+             * by commits, not by time alone, keeps each child's progress
+             * small however loaded the machine is. */
             uint64_t reported = 0, v;
-            long max_us = 200;
-            if (rand() % 4 == 0)
-                max_us = 400;
-            else if (read(fds[0], &v, sizeof v) != sizeof v)
-                max_us = 0; /* the child is gone already (done) */
+            long max_us = 400;
+            if (rand() % 4 != 0) {
+                max_us = 150;
+                for (int want = 1 + rand() % 3; want > 0; want--) {
+                    if (read(fds[0], &v, sizeof v) != sizeof v) {
+                        max_us = 0; /* the child is gone already (done) */
+                        break;
+                    }
+                    if (v != UINT64_MAX)
+                        reported = v;
+                }
+            }
             struct timespec ts = {0, (rand() % (max_us + 1)) * 1000L};
             nanosleep(&ts, NULL);
             /* After 60 kills of this job the child may finish. */
@@ -761,7 +929,12 @@ static void test_kill9(void)
             }
             if (finished)
                 break;
-            /* Resume in the parent: everything the child reported committed is there. */
+            /* After every other kill the next child is the first to resume
+             * (its own scan must find the uncommitted lines); after the rest,
+             * the parent resumes and checks that every row the child
+             * reported committed is there. */
+            if (round % 2 == 1)
+                continue;
             if (job_open_resume(dir, &test_io, &j, err, sizeof err) != 0) {
                 if (strstr(err, "already done"))
                     break; /* killed after its final commit */
@@ -774,6 +947,7 @@ static void test_kill9(void)
             job_close(j, JOB_RUNNING, err, sizeof err);
         }
         CHECK(verify_final(dir, nrows) == 0, "kill job %d: final files not exact", jobs);
+        fprintf(stderr, "kill -9: job %d: %d kills\n", jobs, job_kills);
     }
     CHECK(child_errors == 0, "%d children exited with an error", child_errors);
     CHECK(lost_total == 0, "%d resumes found fewer rows than the child had committed", lost_total);
@@ -800,7 +974,8 @@ static void test_check_line(void)
         "{\"x\":{\"custom_id\":\"nested\"},\"y\":[\"custom_id\",\"z\"]}\t",
     };
     const int nbases = (int)(sizeof bases / sizeof *bases);
-    static const char alphabet[] = "{}[]\",:\\u0123456789abcdefABCDEF-+.eE tnrfl\x7f\x80\xc3\xa9\xed\xa0\xf0\x9f\xff\x01\x1f\t";
+    static const char alphabet[] =
+        "{}[]\",:\\u0123456789abcdefABCDEF-+.eE tnrfl\x7f\x80\xc3\xa9\xed\xa0\xf0\x9f\xff\x01\x1f\t";
     char line[512], *scratch = NULL, why[128];
     size_t cap = 0;
     int agree = 0, skipped = 0, total = 0, shown = 0, valid = 0;
@@ -814,10 +989,23 @@ static void test_check_line(void)
             size_t at = (size_t)rand() % n;
             char c = alphabet[rand() % (int)(sizeof alphabet - 1)];
             switch (rand() % 4) {
-            case 0: line[at] = c; break;
-            case 1: memmove(line + at, line + at + 1, n - at - 1); n--; break;
-            case 2: memmove(line + at + 1, line + at, n - at); line[at] = c; n++; break;
-            default: if (rand() % 8 == 0) line[at] = 0; else n = at + 1; /* NUL byte, or cut */
+            case 0:
+                line[at] = c;
+                break;
+            case 1:
+                memmove(line + at, line + at + 1, n - at - 1);
+                n--;
+                break;
+            case 2:
+                memmove(line + at + 1, line + at, n - at);
+                line[at] = c;
+                n++;
+                break;
+            default:
+                if (rand() % 8 == 0)
+                    line[at] = 0;
+                else
+                    n = at + 1; /* NUL byte, or cut */
             }
         }
         json_error_t jerr;
@@ -835,8 +1023,9 @@ static void test_check_line(void)
         const char *id = NULL;
         size_t idlen = 0;
         bool ok = job_check_line(line, n, &id, &idlen, &scratch, &cap, why, sizeof why) == 0;
-        bool same = ok == ref_ok && (!ok || raw_nul || (idlen == json_string_length(cid) &&
-                                             memcmp(id, json_string_value(cid), idlen) == 0));
+        bool same =
+            ok == ref_ok &&
+            (!ok || raw_nul || (idlen == json_string_length(cid) && memcmp(id, json_string_value(cid), idlen) == 0));
         total++;
         agree += same;
         valid += ref_ok;
@@ -846,7 +1035,7 @@ static void test_check_line(void)
         json_decref(o);
     }
     free(scratch);
-    CHECK(total > 90000 && agree == total && valid > 10000 && valid < total - 10000,
+    CHECK(total > 90000 && agree == total && valid > 5000 && valid < total - 5000,
           "job_check_line agrees with jansson on %d of %d lines (%d valid, %d skipped)", agree, total, valid, skipped);
     fprintf(stderr, "check_line: agrees with jansson on %d of %d mutated lines (%d valid; %d skipped: number range)\n",
             agree, total, valid, skipped);
@@ -856,7 +1045,10 @@ static void test_check_line(void)
  * line, every manifest): each failure point gives a clean error, and a later
  * resume is exact. */
 static long alloc_calls, alloc_fail_at = -1;
-static void *counting_malloc(size_t n) { return ++alloc_calls == alloc_fail_at ? NULL : malloc(n); }
+static void *counting_malloc(size_t n)
+{
+    return ++alloc_calls == alloc_fail_at ? NULL : malloc(n);
+}
 
 static void test_oom(void)
 {
@@ -913,8 +1105,7 @@ static void test_oom(void)
             CHECK(0, "allocation %ld: no clean error or no exact recovery: %s", n, err);
     }
     CHECK(points > 50 && clean == points, "OOM: %d of %d failure points clean and exactly recovered", clean, points);
-    fprintf(stderr, "OOM: %d of %d allocation failure points gave a clean error and an exact resume\n", clean,
-            points);
+    fprintf(stderr, "OOM: %d of %d allocation failure points gave a clean error and an exact resume\n", clean, points);
 }
 
 static double now_s(void)
@@ -945,6 +1136,7 @@ int main(void)
     TIMED(test_check_line());
     TIMED(test_torn_tail());
     TIMED(test_io_errors());
+    TIMED(test_power_loss());
     TIMED(test_oom());
     TIMED(test_kill9());
     rm_rf(root);

@@ -53,9 +53,15 @@ static void test_chat_plain(void)
     out_ids ids = {fixed_fill, &k};
     out_choice ch = {.text = "Hello!", .len = 6, .finish = OUT_FINISH_STOP};
     out_stamp st = {"run1", "sha256:aa", "q4_1", NULL};
-    out_result r = {.custom_id = "request-1", .model = "smollm2:135m", .system_fingerprint = "fp_abc",
-                    .created = 1711475054, .n_choices = 1, .choices = &ch, .prompt_tokens = 24,
-                    .completion_tokens = 15, .stamp = &st};
+    out_result r = {.custom_id = "request-1",
+                    .model = "smollm2:135m",
+                    .system_fingerprint = "fp_abc",
+                    .created = 1711475054,
+                    .n_choices = 1,
+                    .choices = &ch,
+                    .prompt_tokens = 24,
+                    .completion_tokens = 15,
+                    .stamp = &st};
     char *line, err[SPILL_ERRLEN];
     size_t len;
     int rc = output_chat_line(&r, &ids, &line, &len, err, sizeof err);
@@ -77,11 +83,16 @@ static void test_chat_logprobs(void)
     out_alt top0[2] = {{"He", 2, -0.01f}, {"Hi", 2, -4.5f}};
     out_token toks[2] = {{"He", 2, -0.01f, 2, top0}, {"\xe2\x80", 2, -INFINITY, 0, NULL}};
     /* Two choices; the second's text ends in a torn character and has a stray byte. */
-    out_choice ch[2] = {{.text = "He\xe2\x80", .len = 4, .finish = OUT_FINISH_LENGTH, .logprobs = true,
-                         .n_tokens = 2, .tokens = toks},
-                        {.text = "ok\xff\xe2\x82", .len = 5, .finish = OUT_FINISH_TOOL_CALLS}};
-    out_result r = {.custom_id = "r\"2", .model = "m", .created = 5, .n_choices = 2, .choices = ch,
-                    .prompt_tokens = 3, .completion_tokens = 4};
+    out_choice ch[2] = {
+        {.text = "He\xe2\x80", .len = 4, .finish = OUT_FINISH_LENGTH, .logprobs = true, .n_tokens = 2, .tokens = toks},
+        {.text = "ok\xff\xe2\x82", .len = 5, .finish = OUT_FINISH_TOOL_CALLS}};
+    out_result r = {.custom_id = "r\"2",
+                    .model = "m",
+                    .created = 5,
+                    .n_choices = 2,
+                    .choices = ch,
+                    .prompt_tokens = 3,
+                    .completion_tokens = 4};
     char *line, err[SPILL_ERRLEN];
     size_t len;
     int rc = output_chat_line(&r, &ids, &line, &len, err, sizeof err);
@@ -107,10 +118,19 @@ static void test_completion(void)
     /* The third candidate decodes to the same string as the first: the first (best) is kept. */
     out_alt top0[3] = {{"Hi", 2, -0.5f}, {" Hi", 3, -1.25f}, {"Hi", 2, -3.0f}};
     out_token toks[3] = {{"Hi", 2, -0.5f, 3, top0}, {" th\xc3\xa9", 5, -0.25f, 0, NULL}, {"re", 2, -2.0f, 0, NULL}};
-    out_choice ch = {.text = "Hi th\xc3\xa9re", .len = 9, .finish = OUT_FINISH_LENGTH, .logprobs = true,
-                     .n_tokens = 3, .tokens = toks};
-    out_result r = {.custom_id = "c-1", .model = "m", .created = 1700000000, .n_choices = 1, .choices = &ch,
-                    .prompt_tokens = 3, .completion_tokens = 3};
+    out_choice ch = {.text = "Hi th\xc3\xa9re",
+                     .len = 9,
+                     .finish = OUT_FINISH_LENGTH,
+                     .logprobs = true,
+                     .n_tokens = 3,
+                     .tokens = toks};
+    out_result r = {.custom_id = "c-1",
+                    .model = "m",
+                    .created = 1700000000,
+                    .n_choices = 1,
+                    .choices = &ch,
+                    .prompt_tokens = 3,
+                    .completion_tokens = 3};
     char *line, err[SPILL_ERRLEN];
     size_t len;
     int rc = output_completion_line(&r, &ids, &line, &len, err, sizeof err);
@@ -137,9 +157,12 @@ static void test_error_lines(void)
     char *line, err[SPILL_ERRLEN];
     size_t len;
     out_stamp st = {"run9", NULL, NULL, "sha256:bb"};
-    out_http_error he = {.custom_id = "r2", .status_code = 400,
+    out_http_error he = {.custom_id = "r2",
+                         .status_code = 400,
                          .message = "The prompt is 9000 tokens; the model's context is 8192.",
-                         .param = "messages", .code = "context_length_exceeded", .stamp = &st};
+                         .param = "messages",
+                         .code = "context_length_exceeded",
+                         .stamp = &st};
     int rc = output_http_error_line(&he, &ids, &line, &len, err, sizeof err);
     expect_line(rc, line, len,
                 "{\"id\":\"batch_req_" A24 "\",\"custom_id\":\"r2\",\"response\":{\"status_code\":400,"
@@ -187,6 +210,16 @@ static void test_bad_inputs(void)
     rc = output_chat_line(&r, NULL, &line, &len, err, sizeof err);
     CHECK(rc != 0 && strstr(err, "+inf"), "+inf logprob: %s", err);
     tok.logprob = -1;
+    tok.bytes = NULL;
+    rc = output_chat_line(&r, NULL, &line, &len, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "NULL bytes"), "NULL token bytes with length 1: %s", err);
+    /* A token that decodes to nothing (an end-of-turn token) is "" with bytes []. */
+    tok.len = 0;
+    rc = output_chat_line(&r, NULL, &line, &len, err, sizeof err);
+    CHECK(rc == 0 && strstr(line, "{\"token\":\"\",\"logprob\":-1.0,\"bytes\":[],\"top_logprobs\":[]}"),
+          "empty token: %s", rc ? err : line);
+    if (rc == 0)
+        free(line);
     r.n_choices = 0;
     rc = output_chat_line(&r, NULL, &line, &len, err, sizeof err);
     CHECK(rc != 0 && strstr(err, "no choices"), "zero choices: %s", err);
@@ -206,7 +239,10 @@ static void test_bad_inputs(void)
         free(line);
 }
 
-static int fail_fill(void *ctx, void *buf, size_t n) { return -1; }
+static int fail_fill(void *ctx, void *buf, size_t n)
+{
+    return -1;
+}
 
 static int alternate_fill(void *ctx, void *buf, size_t n)
 {
@@ -324,7 +360,10 @@ static void test_reference(void)
 /* Allocation failure injection through jansson's allocator hook: every
  * json_t and every dumped line goes through it. */
 static long alloc_calls, alloc_fail_at = -1;
-static void *counting_malloc(size_t n) { return ++alloc_calls == alloc_fail_at ? NULL : malloc(n); }
+static void *counting_malloc(size_t n)
+{
+    return ++alloc_calls == alloc_fail_at ? NULL : malloc(n);
+}
 
 /*
  * For every N, fail the N-th allocation of each builder: the call returns an
@@ -335,8 +374,8 @@ static void test_oom(void)
 {
     out_alt top[2] = {{"He", 2, -0.01f}, {"\xff", 1, -4.5f}};
     out_token toks[2] = {{"He", 2, -0.01f, 2, top}, {"\xe2\x80", 2, -1.0f, 2, top}};
-    out_choice ch = {.text = "He\xe2\x80", .len = 4, .finish = OUT_FINISH_LENGTH, .logprobs = true, .n_tokens = 2,
-                     .tokens = toks};
+    out_choice ch = {
+        .text = "He\xe2\x80", .len = 4, .finish = OUT_FINISH_LENGTH, .logprobs = true, .n_tokens = 2, .tokens = toks};
     out_stamp st = {"run", "fp", "q4", NULL};
     out_result r = {.custom_id = "oom", .model = "m", .n_choices = 1, .choices = &ch, .stamp = &st};
     out_http_error he = {.custom_id = "oom", .status_code = 400, .message = "bad", .param = "x", .stamp = &st};
@@ -362,7 +401,8 @@ static void test_oom(void)
             if (rc != 0 && line == NULL && strstr(err, "out of memory"))
                 clean++;
             else {
-                CHECK(0, "builder %d, allocation %ld failed: rc %d, err \"%s\" line %s", which, n, rc, err, line ? line : "");
+                CHECK(0, "builder %d, allocation %ld failed: rc %d, err \"%s\" line %s", which, n, rc, err,
+                      line ? line : "");
                 free(line);
             }
         }

@@ -162,7 +162,7 @@ static float *run_logits(model_desc *m, const int32_t *toks, int n)
     }
     float *lg = malloc((size_t)m->vocab * sizeof *lg);
     kv_row kr = {0};
-    fwd_seq sq = {&kr, 0, n, toks, true};
+    fwd_seq sq = {.kv = &kr, .pos0 = 0, .n = n, .tokens = toks, .want_logits = true};
     if (kv_row_reserve(engine_kv(e), &kr, n) || engine_forward(e, &sq, 1, lg, err, sizeof err)) {
         CHECK(0, "forward %s: %s", m->source, err);
         free(lg);
@@ -515,6 +515,10 @@ int main(void)
     CHECK(pack_main(5, argv1) == 2, "bad --quant is a usage error");
     char *argv2[] = {"tests/data/ref/llama_gqa_s64", "-o", out};
     CHECK(pack_main(3, argv2) == 2, "missing --quant is a usage error");
+    char *argv3[] = {"tests/data/ref/llama_gqa_s64/", "--quant", "q4", "-o", dir};
+    CHECK(pack_main(5, argv3) == 0, "pack_main into a directory");
+    snprintf(out, sizeof out, "%s/llama_gqa_s64-q4.gguf", dir);
+    CHECK(util_is_file(out), "pack_main wrote %s", out);
 
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

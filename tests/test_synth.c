@@ -191,7 +191,7 @@ static void check_one(const char *q, uint32_t wtype)
         kv_row kr = {0};
         int32_t toks[5] = {1, 262, 104, 105, 7};
         CHECK(kv_row_reserve(engine_kv(e), &kr, 5) == 0, "%s: kv reserve", q);
-        fwd_seq sq = {&kr, 0, 5, toks, true};
+        fwd_seq sq = {.kv = &kr, .pos0 = 0, .n = 5, .tokens = toks, .want_logits = true};
         float *logits = malloc(1024 * sizeof *logits);
         rc = engine_forward(e, &sq, 1, logits, err, sizeof err);
         CHECK(rc == 0, "%s: engine_forward: %s", q, err);

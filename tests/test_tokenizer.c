@@ -441,6 +441,40 @@ static void check_rejects(void)
     }
 }
 
+/* Costly regexes the load-time check lets through are bounded at run time:
+ * they either finish or fail with one sentence, never hang. */
+static void check_runtime_limits(void)
+{
+    static const char *js[] = {
+        /* polynomial backtracking (no nested repeat): per-match PCRE2 limit */
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},\"pre_tokenizer\":{\"type\":"
+        "\"Split\",\"pattern\":{\"Regex\":\"a*a*a*a*a*a*a*[^a]\"},\"behavior\":\"Isolated\",\"invert\":false}}",
+        /* a Replace matching everywhere with a long content: growth bound */
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},\"normalizer\":{\"type\":"
+        "\"Replace\",\"pattern\":{\"Regex\":\"\"},\"content\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}}",
+    };
+    size_t len = 200000;
+    char *text = malloc(len);
+    memset(text, 'a', len);
+    for (size_t i = 0; i < sizeof js / sizeof *js; i++) {
+        tokenizer *t = NULL;
+        char err[SPILL_ERRLEN] = "";
+        int rc = tokenizer_from_json(js[i], strlen(js[i]), "slow.json", &t, err, sizeof err);
+        CHECK(rc == 0, "slow.json %zu should load: %s", i, err);
+        if (rc != 0)
+            continue;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        err[0] = 0;
+        rc = tokenizer_encode(t, text, len, false, &ids, &n, err, sizeof err);
+        CHECK(rc != 0 && strlen(err) > 10 && err[strlen(err) - 1] == '.', "slow.json %zu: want a refusal, got rc %d \"%s\"",
+              i, rc, err);
+        free(ids);
+        tokenizer_free(t);
+    }
+    free(text);
+}
+
 static void check_api(tokenizer *smol, tokenizer *gemma)
 {
     size_t len;
@@ -514,6 +548,7 @@ int main(void)
         check_dos(smol, gemma);
     }
     check_rejects();
+    check_runtime_limits();
     tokenizer_free(smol);
     tokenizer_free(smol_gguf);
     tokenizer_free(gemma);

@@ -3,7 +3,7 @@
 # carried binaries), run the GPU tests, run the pass benchmarks, and leave logs
 # and CSVs in $OUT (default bench/results/cuda-local).
 #
-#   tools/cuda_device_run.sh [tests|bench8b|bench70b40 ...]   (default: tests bench8b)
+#   tools/cuda_device_run.sh [tests|bench8b|bench8b_extra|bench70b40 ...]   (default: tests bench8b)
 #
 # Binaries: prefers .carry/bin (built on the dev machine with nvcc -arch=sm_90,
 # jansson and libcrypto linked statically, cuBLAS and the C library dynamic);
@@ -56,6 +56,14 @@ for s in $steps; do
         timeout 120 "$BIN/bench_pass" --label 8b --csv "$OUT/bench_pass.csv" --resident-too \
             > "$OUT/bench.log" 2>&1; rc=$?
         log "bench8b rc=$rc"; cat "$OUT/bench.log"
+        ;;
+    bench8b_extra)
+        log "bench 8B: logits copied to a caller buffer; a resident prefix of 8 layers"
+        timeout 60 "$BIN/bench_pass" --label 8b --csv "$OUT/bench_pass.csv" --copy-logits --batches 1024 \
+            --prefill-rows 0 >> "$OUT/bench.log" 2>&1; rc=$?
+        timeout 60 "$BIN/bench_pass" --label 8b --csv "$OUT/bench_pass.csv" --resident-layers 8 --batches 64,1024 \
+            --prefill-rows 64 >> "$OUT/bench.log" 2>&1; rc2=$?
+        log "bench8b_extra rc=$rc/$rc2"; tail -n 12 "$OUT/bench.log"
         ;;
     bench70b40)
         log "bench 70B-shaped bf16, 40 of 80 layers streamed from pinned RAM"

@@ -18,7 +18,8 @@
  * Usage: bench_pass [--label 8b] [--layers 32] [--d 4096] [--heads 32]
  *   [--kv-heads 8] [--ffn 14336] [--vocab 128256] [--ctx 128]
  *   [--batches 1,8,64,256,1024] [--reps 3] [--prefill-rows 64]
- *   [--resident-layers 0] [--resident-too] [--csv out.csv]
+ *   [--resident-layers 0] [--ring-slots 3] [--resident-too]
+ *   [--copy-logits (copy them to a caller buffer; default: read in place)] [--csv out.csv]
  * Prints a table; appends CSV rows (header when the file is new).
  */
 #include <math.h>
@@ -39,7 +40,7 @@ typedef struct cfg {
     const char *label, *csv;
     int L, D, H, KH, F, V, ctx, reps, prefill_rows, resident_layers;
     int batches[16], n_batches;
-    int resident_too;
+    int resident_too, ring_slots, copy_logits;
 } cfg;
 
 static uint8_t *g_pattern;
@@ -167,10 +168,10 @@ static int run_case(cuda_engine *e, const cfg *c, int rows, int n, int32_t pos0,
             fprintf(stderr, "KV reserve failed for row %d\n", r);
             rc = -1;
         }
-        seqs[r] = (fwd_seq){&kr[r], pos0, n, toks + (size_t)r * n % 4096, true};
+        seqs[r] = (fwd_seq){&kr[r], pos0, n, toks + (size_t)r * n % 4096, true, false};
     }
     for (int i = 0; i <= reps && rc == 0; i++) {
-        rc = cuda_engine_forward(e, seqs, rows, logits, err, sizeof err);
+        rc = cuda_engine_forward(e, seqs, rows, c->copy_logits ? logits : NULL, err, sizeof err);
         if (rc) {
             fprintf(stderr, "forward (%d rows × %d): %s\n", rows, n, err);
             break;
@@ -199,26 +200,40 @@ static int run_case(cuda_engine *e, const cfg *c, int rows, int n, int32_t pos0,
 
 static void parse(cfg *c, int argc, char **argv)
 {
-    *c = (cfg){"8b", NULL, 32, 4096, 32, 8, 14336, 128256, 128, 3, 64, 0, {1, 8, 64, 256, 1024}, 5, 0};
+    *c = (cfg){"8b", NULL, 32, 4096, 32, 8, 14336, 128256, 128, 3, 64, 0, {1, 8, 64, 256, 1024}, 5, 0, 3, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(a, "--resident-too")) {
-            c->resident_too = 1;
+        if (!strcmp(a, "--resident-too") || !strcmp(a, "--copy-logits")) {
+            *(a[2] == 'r' ? &c->resident_too : &c->copy_logits) = 1;
             continue;
         }
         i++;
-        if (!strcmp(a, "--label")) c->label = v;
-        else if (!strcmp(a, "--csv")) c->csv = v;
-        else if (!strcmp(a, "--layers")) c->L = atoi(v);
-        else if (!strcmp(a, "--d")) c->D = atoi(v);
-        else if (!strcmp(a, "--heads")) c->H = atoi(v);
-        else if (!strcmp(a, "--kv-heads")) c->KH = atoi(v);
-        else if (!strcmp(a, "--ffn")) c->F = atoi(v);
-        else if (!strcmp(a, "--vocab")) c->V = atoi(v);
-        else if (!strcmp(a, "--ctx")) c->ctx = atoi(v);
-        else if (!strcmp(a, "--reps")) c->reps = atoi(v) < 1 ? 1 : atoi(v) > 31 ? 31 : atoi(v);
-        else if (!strcmp(a, "--prefill-rows")) c->prefill_rows = atoi(v);
-        else if (!strcmp(a, "--resident-layers")) c->resident_layers = atoi(v);
+        if (!strcmp(a, "--label"))
+            c->label = v;
+        else if (!strcmp(a, "--csv"))
+            c->csv = v;
+        else if (!strcmp(a, "--layers"))
+            c->L = atoi(v);
+        else if (!strcmp(a, "--d"))
+            c->D = atoi(v);
+        else if (!strcmp(a, "--heads"))
+            c->H = atoi(v);
+        else if (!strcmp(a, "--kv-heads"))
+            c->KH = atoi(v);
+        else if (!strcmp(a, "--ffn"))
+            c->F = atoi(v);
+        else if (!strcmp(a, "--vocab"))
+            c->V = atoi(v);
+        else if (!strcmp(a, "--ctx"))
+            c->ctx = atoi(v);
+        else if (!strcmp(a, "--reps"))
+            c->reps = atoi(v) < 1 ? 1 : atoi(v) > 31 ? 31 : atoi(v);
+        else if (!strcmp(a, "--prefill-rows"))
+            c->prefill_rows = atoi(v);
+        else if (!strcmp(a, "--resident-layers"))
+            c->resident_layers = atoi(v);
+        else if (!strcmp(a, "--ring-slots"))
+            c->ring_slots = atoi(v);
         else if (!strcmp(a, "--batches")) {
             c->n_batches = 0;
             for (const char *p = v; *p && c->n_batches < 16;) {
@@ -277,16 +292,22 @@ int main(int argc, char **argv)
         csv = fopen(c.csv, "a");
         if (csv && !t)
             fprintf(csv, "label,mode,layers,d,ffn,kind,rows,tokens,pass_s,streamed_gb,limit55_s,ratio55,probe_gbps,"
-                         "ratio_probe,h2d_busy_gbps,h2d_pass_gbps,tok_s,peak_hbm_gib,pinned_gib\n");
+                         "ratio_probe,h2d_busy_gbps,h2d_pass_gbps,tok_s,peak_hbm_gib,pinned_gib,ring_slots,"
+                         "logits,resident_layers\n");
         if (t)
             fclose(t);
     }
     printf("%-4s %-9s %-7s %6s %7s %9s %9s %7s %9s %9s %10s %8s\n", "lab", "mode", "kind", "rows", "tokens", "pass_ms",
            "limit_ms", "ratio", "busyGB/s", "passGB/s", "tok/s", "HBM_GiB");
     for (int mode = 0; mode < 1 + c.resident_too; mode++) {
-        cuda_engine_opts o = {.max_pass_tokens = max_T, .max_pass_seqs = max_rows, .page_tokens = P,
-                              .kv_pages = max_rows * per_row, .streamed = mode == 0,
-                              .resident_layers = c.resident_layers, .ring_slots = 3, .reader = synth_reader};
+        cuda_engine_opts o = {.max_pass_tokens = max_T,
+                              .max_pass_seqs = max_rows,
+                              .page_tokens = P,
+                              .kv_pages = max_rows * per_row,
+                              .streamed = mode == 0,
+                              .resident_layers = c.resident_layers,
+                              .ring_slots = c.ring_slots,
+                              .reader = synth_reader};
         cuda_engine *e;
         double t0 = now();
         int rc = cuda_engine_open(m, &o, &e, err, sizeof err);
@@ -318,10 +339,12 @@ int main(int argc, char **argv)
                    lim > 0 ? r.pass_s / lim : 0, busy_gbps, pass_gbps, tok_s, hbm);
             fflush(stdout);
             if (csv)
-                fprintf(csv, "%s,%s,%d,%d,%d,%s,%d,%d,%.6f,%.3f,%.6f,%.4f,%.2f,%.4f,%.2f,%.2f,%.1f,%.2f,%.2f\n",
+                fprintf(csv,
+                        "%s,%s,%d,%d,%d,%s,%d,%d,%.6f,%.3f,%.6f,%.4f,%.2f,%.4f,%.2f,%.2f,%.1f,%.2f,%.2f,%d,%s,%d\n",
                         c.label, mode ? "resident" : "streamed", c.L, c.D, c.F, r.kind, r.rows, r.tokens, r.pass_s, gb,
-                        lim, lim > 0 ? r.pass_s / lim : 0, probe, limp > 0 ? r.pass_s / limp : 0, busy_gbps,
-                        pass_gbps, tok_s, hbm, st.pinned_bytes / 1073741824.0);
+                        lim, lim > 0 ? r.pass_s / lim : 0, probe, limp > 0 ? r.pass_s / limp : 0, busy_gbps, pass_gbps,
+                        tok_s, hbm, st.pinned_bytes / 1073741824.0, st.ring_slots,
+                        c.copy_logits ? "copied" : "in_place", mode ? c.L : c.resident_layers);
         }
         cuda_engine_close(e);
         if (rc)

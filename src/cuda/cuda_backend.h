@@ -46,26 +46,28 @@ typedef int (*cuda_weight_reader)(void *ctx, const model_tensor *t, void *dst, c
 typedef struct cuda_engine cuda_engine;
 
 typedef struct cuda_engine_opts {
-    int device;              /* CUDA device ordinal */
-    int max_pass_tokens;     /* T cap per pass (0 = 512) */
-    int max_pass_seqs;       /* sequences per pass (0 = max_pass_tokens) */
-    int page_tokens;         /* KV page size in positions (0 = 16) */
-    int32_t kv_pages;        /* pages in the device KV arena (0 = 256) */
-    bool streamed;           /* false: every layer resident in HBM */
-    int resident_layers;     /* streamed: layers [0, resident_layers) stay in HBM */
-    int ring_slots;          /* streamed: device layer buffers (0 = 3, at least 2; at most the streamed layer count) */
+    int device;          /* CUDA device ordinal */
+    int max_pass_tokens; /* T cap per pass (0 = 512) */
+    int max_pass_seqs;   /* sequences per pass (0 = max_pass_tokens) */
+    int page_tokens;     /* KV page size in positions (0 = 16) */
+    int32_t kv_pages;    /* pages in the device KV arena (0 = 256) */
+    int max_logit_rows;  /* logit rows one pass may return (0 = max_pass_seqs); an all_logits sequence
+                            counts one per token (the CPU engine allows up to max_pass_tokens) */
+    bool streamed;       /* false: every layer resident in HBM */
+    int resident_layers; /* streamed: layers [0, resident_layers) stay in HBM */
+    int ring_slots;      /* streamed: device layer buffers (0 = 3, at least 2; at most the streamed layer count) */
     cuda_weight_reader reader; /* NULL: pread from the model's files */
     void *reader_ctx;
-    int fail_alloc_at;       /* test hook: the n-th device allocation (1-based) fails as out of memory; 0 = off */
+    int fail_alloc_at; /* test hook: the n-th device allocation (1-based) fails as out of memory; 0 = off */
 } cuda_engine_opts;
 
 /* What the engine holds and what the last pass moved. */
 typedef struct cuda_engine_stats {
-    uint64_t device_bytes;     /* HBM taken by the engine (weights, ring, KV, buffers, cuBLAS workspace) */
-    uint64_t pinned_bytes;     /* pinned host arena of streamed layers */
-    uint64_t resident_weight_bytes; /* layer matrices + globals held in HBM */
+    uint64_t device_bytes;            /* HBM taken by the engine (weights, ring, KV, buffers, cuBLAS workspace) */
+    uint64_t pinned_bytes;            /* pinned host arena of streamed layers */
+    uint64_t resident_weight_bytes;   /* layer matrices + globals held in HBM */
     uint64_t streamed_bytes_per_pass; /* layer bytes copied host->device each pass */
-    int n_streamed;            /* layers streamed each pass */
+    int n_streamed;                   /* layers streamed each pass */
     int ring_slots;
     uint64_t passes;
     double last_pass_s;        /* host wall time of the last cuda_engine_forward */
@@ -88,10 +90,17 @@ void cuda_engine_close(cuda_engine *e);
 /* One pass, same contract as engine_forward: the caller has reserved KV pages
  * (through cuda_engine_kv, whose page bookkeeping lives on the host while the
  * pages themselves live on the GPU) for pos0+n positions of every sequence;
- * logits receives (R, V) floats in host memory, one row per sequence with
- * want_logits, in sequence order.  Returns 0, -1 with a sentence, or
- * CUDA_ENGINE_EDEVICE. */
+ * logits receives (R, V) floats in host memory in sequence order: one row per
+ * sequence with want_logits, n rows for one with all_logits (R at most
+ * max_logit_rows).  With logits NULL the rows stay in the
+ * engine's pinned buffer (cuda_engine_logits), which saves a host copy of
+ * R×V floats (525 MB at R=1024, V=128k: tens of ms that the stream cannot
+ * hide).  Returns 0, -1 with a sentence, or CUDA_ENGINE_EDEVICE. */
 int cuda_engine_forward(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen);
+
+/* The last pass's (R, V) logits in pinned host memory; valid until the next
+ * cuda_engine_forward or close. */
+const float *cuda_engine_logits(const cuda_engine *e);
 
 /* The page allocator (kv_row_reserve/release work on it; its arena is NULL:
  * the pages live on the GPU). */
@@ -123,8 +132,8 @@ int cuda_op_matmul(uint32_t type, const void *w, int64_t N, int64_t K, const flo
                    size_t errlen);
 
 /* y(T, D) = rmsnorm(x) * w (or 1 + w). */
-int cuda_op_rmsnorm(const float *x, const float *w, int64_t T, int64_t D, float eps, bool plus_one, float *y,
-                    char *err, size_t errlen);
+int cuda_op_rmsnorm(const float *x, const float *w, int64_t T, int64_t D, float eps, bool plus_one, float *y, char *err,
+                    size_t errlen);
 
 /* x(T, H, S) rotated in place; inv_freq (n_rot/2), style 0 NEOX / 1 NORM. */
 int cuda_op_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int n_rot, int style,

@@ -27,6 +27,14 @@
  * load while this pass's head and the host's sampling run), so with 3 slots
  * two layers are always in flight.  Streamed and resident layers run the same
  * kernels and GEMMs on the same bytes, so their logits are bit-identical.
+ * Measured (bench/results/cuda-run2, H200, 8B-shaped bf16, 32 layers from
+ * pinned RAM): pass = 1.00 × bytes / 55 GB/s from 1 to 1,024 decode rows.
+ *
+ * Logits: the requested rows (last token, or every token of an all_logits
+ * sequence) are gathered, normed and multiplied by the head on the GPU, then
+ * copied into a pinned buffer; the caller either gets a copy or reads them in
+ * place (cuda_engine_logits), which at 1,024 rows × 128k vocab saves a 525 MB
+ * host copy that the stream cannot hide.
  *
  * Errors: every CUDA and cuBLAS call is checked.  Errors that poison the
  * context (illegal address, launch failure, ECC, ...) set a process-wide flag
@@ -61,17 +69,17 @@ enum { M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, M_COUNT };
 typedef struct dmat {
     const model_tensor *t;
     uint32_t type;
-    int64_t n, k;      /* N rows of K elements */
+    int64_t n, k; /* N rows of K elements */
     size_t row_bytes;
-    size_t off;        /* byte offset in the layer pack (0 for globals) */
+    size_t off; /* byte offset in the layer pack (0 for globals) */
 } dmat;
 
 typedef struct dlayer {
     dmat m[M_COUNT];
     size_t pack_bytes;
     bool resident;
-    uint8_t *dev;      /* resident: the pack in HBM */
-    uint8_t *host;     /* streamed: the pack in the pinned arena */
+    uint8_t *dev;                                                 /* resident: the pack in HBM */
+    uint8_t *host;                                                /* streamed: the pack in the pinned arena */
     float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffw_norm; /* (D) device fp32 */
     float *q_norm, *k_norm;                                       /* (S) */
     float *bq, *bk, *bv;                                          /* (H*S), (Kh*S), (Kh*S) */
@@ -80,9 +88,9 @@ typedef struct dlayer {
 struct cuda_engine {
     model_desc *m;
     cuda_engine_opts o;
-    int max_T, max_seqs;
-    kv_cache kv;       /* host page bookkeeping; arena NULL */
-    float *d_kv;       /* (L, n_pages, 2, Kh, P, S) */
+    int max_T, max_seqs, max_rows; /* tokens, sequences, logit rows per pass */
+    kv_cache kv;                   /* host page bookkeeping; arena NULL */
+    float *d_kv;                   /* (L, n_pages, 2, Kh, P, S) */
 
     cudaStream_t cs, xs; /* compute, copy */
     cublasHandle_t blas;
@@ -108,14 +116,15 @@ struct cuda_engine {
     uint64_t copies_issued, computes_freed;
 
     /* pass buffers (device) */
-    float *x, *h, *q, *k, *v, *att, *g, *u, *last, *logits; /* (T,D) (T,D) (T,HS) (T,KS)x2 (T,HS) (T,F)x2 (B,D) (B,V) */
-    bf16 *xb, *lastb, *wscratch; /* (T, max(D,HS,F)), (B, D), largest non-bf16 matrix */
-    int32_t *d_meta, *h_meta;    /* tok(T) pos(T) seq(T) rows(B) pt_off(B) pages(n_pages) */
-    float *h_logits;             /* pinned (B, V) */
+    /* R = max_rows logit rows, B = max_seqs */
+    float *x, *h, *q, *k, *v, *att, *g, *u, *last, *logits; /* (T,D) (T,D) (T,HS) (T,KS)x2 (T,HS) (T,F)x2 (R,D) (R,V) */
+    bf16 *xb, *lastb, *wscratch;                            /* (T, max(D,HS,F)), (R, D), largest non-bf16 matrix */
+    int32_t *d_meta, *h_meta;                               /* tok(T) pos(T) seq(T) rows(R) pt_off(B) pages(n_pages) */
+    float *h_logits;                                        /* pinned (R, V) */
 
-    void **allocs;     /* every cudaMalloc, freed at close */
+    void **allocs; /* every cudaMalloc, freed at close */
     size_t n_allocs, cap_allocs;
-    int n_dev_allocs;  /* for the fail_alloc_at hook */
+    int n_dev_allocs; /* for the fail_alloc_at hook */
     cuda_engine_stats st;
     bool broken;
 };
@@ -134,10 +143,18 @@ static double mono(void)
 static bool is_sticky(cudaError_t c)
 {
     switch (c) {
-    case cudaErrorIllegalAddress: case cudaErrorLaunchFailure: case cudaErrorHardwareStackError:
-    case cudaErrorIllegalInstruction: case cudaErrorMisalignedAddress: case cudaErrorInvalidAddressSpace:
-    case cudaErrorInvalidPc: case cudaErrorAssert: case cudaErrorLaunchTimeout: case cudaErrorECCUncorrectable:
-    case cudaErrorUnknown: case cudaErrorContextIsDestroyed:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorUnknown:
+    case cudaErrorContextIsDestroyed:
         return true;
     default:
         return false;
@@ -205,7 +222,7 @@ static int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char
         cudaMemGetInfo(&fr, &tot);
         *p = NULL;
         return util_errf(err, errlen,
-                         "out of GPU memory allocating %.1f MiB for %s (%.2f of %.2f GiB free); lower the KV pages or "
+                         "out of GPU memory allocating %.3f MiB for %s (%.2f of %.2f GiB free); lower the KV pages or "
                          "the per-pass token cap, or stream more layers (fewer resident layers).",
                          (double)bytes / (1 << 20), what, (double)fr / (1 << 30), (double)tot / (1 << 30));
     }
@@ -293,8 +310,8 @@ static int bind_mat(cuda_engine *e, dmat *w, const char *name, int64_t n, int64_
 }
 
 /* Uploads a 1-D tensor of n elements as fp32 (NULL when absent and optional). */
-static int bind_vec(cuda_engine *e, file_reader *fr, float **out, const char *name, int64_t n, bool required,
-                    char *err, size_t errlen)
+static int bind_vec(cuda_engine *e, file_reader *fr, float **out, const char *name, int64_t n, bool required, char *err,
+                    size_t errlen)
 {
     const model_tensor *t = find(e->m, name);
     *out = NULL;
@@ -541,7 +558,8 @@ static int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errle
 static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
-    size_t T = (size_t)e->max_T, B = (size_t)e->max_seqs, D = (size_t)m->d_model, V = (size_t)m->vocab;
+    size_t T = (size_t)e->max_T, B = (size_t)e->max_seqs, R = (size_t)e->max_rows, D = (size_t)m->d_model;
+    size_t V = (size_t)m->vocab;
     size_t HS = (size_t)m->n_heads * m->head_dim, KS = (size_t)m->n_kv_heads * m->head_dim, F = (size_t)m->ffn_dim;
     size_t wide = D > HS ? D : HS;
     wide = wide > F ? wide : F;
@@ -552,10 +570,10 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
                 scratch = (size_t)(e->layers[l].m[i].n * e->layers[l].m[i].k);
     if (e->out.type != GGML_BF16 && (size_t)(e->out.n * e->out.k) > scratch)
         scratch = (size_t)(e->out.n * e->out.k);
-    size_t meta = 3 * T + 2 * B + (size_t)e->kv.n_pages;
+    size_t meta = 3 * T + R + B + (size_t)e->kv.n_pages;
     size_t kv_bytes;
-    if (!ck_mul_size(kv_page_bytes(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens),
-                     (size_t)e->kv.n_pages, &kv_bytes))
+    if (!ck_mul_size(kv_page_bytes(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens), (size_t)e->kv.n_pages,
+                     &kv_bytes))
         return util_errf(err, errlen, "a KV arena of %d pages cannot be sized.", e->kv.n_pages);
     if (dalloc(e, (void **)&e->d_kv, kv_bytes, "the KV cache", err, errlen) ||
         dalloc(e, (void **)&e->x, T * D * 4, "pass buffers", err, errlen) ||
@@ -566,34 +584,37 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
         dalloc(e, (void **)&e->att, T * HS * 4, "pass buffers", err, errlen) ||
         dalloc(e, (void **)&e->g, T * F * 4, "pass buffers", err, errlen) ||
         dalloc(e, (void **)&e->u, T * F * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->last, B * D * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->logits, B * V * 4, "logits", err, errlen) ||
+        dalloc(e, (void **)&e->last, R * D * 4, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->logits, R * V * 4, "logits", err, errlen) ||
         dalloc(e, (void **)&e->xb, T * wide * 2, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->lastb, B * D * 2, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->lastb, R * D * 2, "pass buffers", err, errlen) ||
         (scratch && dalloc(e, (void **)&e->wscratch, scratch * 2, "the dequant scratch", err, errlen)) ||
         dalloc(e, (void **)&e->d_meta, meta * 4, "pass metadata", err, errlen) ||
         dalloc(e, &e->blas_ws, 32u << 20, "the cuBLAS workspace", err, errlen))
         return -1;
     CU(cudaMemset(e->d_kv, 0, kv_bytes)); /* pages never hold garbage, even before their first write */
     CU(cudaHostAlloc((void **)&e->h_meta, meta * 4, cudaHostAllocDefault));
-    CU(cudaHostAlloc((void **)&e->h_logits, B * V * 4, cudaHostAllocDefault));
+    CU(cudaHostAlloc((void **)&e->h_logits, R * V * 4, cudaHostAllocDefault));
     return 0;
 }
 
 int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (g_poisoned)
-        return util_errf(err, errlen, "the CUDA context is unusable after an earlier GPU fault; restart."),
-               CUDA_ENGINE_EDEVICE;
+    if (g_poisoned) {
+        util_errf(err, errlen, "the CUDA context is unusable after an earlier GPU fault; restart the process.");
+        return CUDA_ENGINE_EDEVICE;
+    }
     if (m->state == ARCH_UNSUPPORTED)
         return util_errf(err, errlen, "%s: architecture %s is not supported: %s", m->source, m->arch, m->state_note);
     if (strcmp(m->arch, "llama") && strcmp(m->arch, "qwen2") && strcmp(m->arch, "qwen3") && strcmp(m->arch, "mistral"))
         return util_errf(err, errlen, "%s: architecture %s is described but its forward pass is not wired yet.",
                          m->source, m->arch);
     if (m->head_dim > 256 || m->n_experts > 0)
-        return util_errf(err, errlen, "%s: head size %d or %d experts is beyond the CUDA backend (head size <= 256, "
-                         "dense models).", m->source, m->head_dim, m->n_experts);
+        return util_errf(err, errlen,
+                         "%s: head size %d or %d experts is beyond the CUDA backend (head size <= 256, "
+                         "dense models).",
+                         m->source, m->head_dim, m->n_experts);
     cuda_engine *e = (cuda_engine *)calloc(1, sizeof *e);
     if (!e)
         return util_errf(err, errlen, "out of host memory.");
@@ -601,6 +622,7 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
     e->o = *o;
     e->max_T = o->max_pass_tokens > 0 ? o->max_pass_tokens : 512;
     e->max_seqs = o->max_pass_seqs > 0 ? o->max_pass_seqs : e->max_T;
+    e->max_rows = o->max_logit_rows > 0 ? o->max_logit_rows : e->max_seqs;
     e->embed_scale = !strncmp(m->arch, "gemma", 5) ? sqrtf((float)m->d_model) : 1.0f;
     e->gelu = !strncmp(m->arch, "gemma", 5);
     int fds_stack[8];
@@ -730,6 +752,11 @@ void cuda_engine_close(cuda_engine *e)
     free(e);
 }
 
+const float *cuda_engine_logits(const cuda_engine *e)
+{
+    return e->h_logits;
+}
+
 kv_cache *cuda_engine_kv(cuda_engine *e)
 {
     return &e->kv;
@@ -771,9 +798,8 @@ static int gemm(cuda_engine *e, const dmat *w, const uint8_t *base, const bf16 *
         W = e->wscratch;
     }
     const float one = 1.0f, zero = 0.0f;
-    CB(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n, (int)T, (int)w->k, &one, W, CUDA_R_16BF,
-                    (int)w->k, x, CUDA_R_16BF, (int)w->k, &zero, y, CUDA_R_32F, (int)w->n, CUBLAS_COMPUTE_32F,
-                    CUBLAS_GEMM_DEFAULT));
+    CB(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->n, (int)T, (int)w->k, &one, W, CUDA_R_16BF, (int)w->k, x,
+                    CUDA_R_16BF, (int)w->k, &zero, y, CUDA_R_32F, (int)w->n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
 }
 
@@ -876,15 +902,22 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
         if (sq->pos0 < 0 || kv_pages_for(&e->kv, sq->pos0 + sq->n) > sq->kv->n_pages || sq->pos0 + sq->n > m->ctx_len)
             return util_errf(err, errlen, "sequence %d has no KV room for positions up to %d.", s, sq->pos0 + sq->n);
         T += sq->n;
+        R += sq->all_logits ? sq->n : sq->want_logits;
+        if (R > e->max_rows)
+            return util_errf(err, errlen,
+                             "a pass asked for more than the engine's %d rows of logits; raise "
+                             "max_logit_rows.",
+                             e->max_rows);
         npt += kv_pages_for(&e->kv, sq->pos0 + sq->n);
         if (npt > e->kv.n_pages)
             return util_errf(err, errlen, "the pass's page tables hold more than the %d pages of the KV arena.",
                              e->kv.n_pages);
     }
     int32_t *tok = e->h_meta, *pos = tok + Tmax, *seq = pos + Tmax, *rows = seq + Tmax;
-    int32_t *pt_off = rows + e->max_seqs, *pages = pt_off + e->max_seqs;
+    int32_t *pt_off = rows + e->max_rows, *pages = pt_off + e->max_seqs;
     int64_t t = 0;
     npt = 0;
+    R = 0;
     for (int s = 0; s < n_seqs; s++) {
         const fwd_seq *sq = &seqs[s];
         int32_t need = kv_pages_for(&e->kv, sq->pos0 + sq->n);
@@ -901,8 +934,10 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
             tok[t] = sq->tokens[i];
             pos[t] = sq->pos0 + i;
             seq[t] = s;
+            if (sq->all_logits)
+                rows[R++] = (int32_t)t;
         }
-        if (sq->want_logits)
+        if (sq->want_logits && !sq->all_logits)
             rows[R++] = (int32_t)(t - 1);
     }
     *T_out = T;
@@ -937,9 +972,9 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
     e->broken = true; /* until the pass completes */
     cudaStream_t s = e->cs;
     CU(cudaMemcpyAsync(e->d_meta, e->h_meta, n_ints * 4, cudaMemcpyHostToDevice, s));
-    size_t Tm = (size_t)e->max_T, B = (size_t)e->max_seqs;
-    pass_meta pm = {e->d_meta, e->d_meta + Tm, e->d_meta + 2 * Tm, e->d_meta + 3 * Tm, e->d_meta + 3 * Tm + B,
-                    e->d_meta + 3 * Tm + 2 * B};
+    size_t Tm = (size_t)e->max_T, Rm = (size_t)e->max_rows, B = (size_t)e->max_seqs;
+    pass_meta pm = {e->d_meta,          e->d_meta + Tm,          e->d_meta + 2 * Tm,
+                    e->d_meta + 3 * Tm, e->d_meta + 3 * Tm + Rm, e->d_meta + 3 * Tm + Rm + B};
     CU(k_embed(e->embd.type, e->d_embd, e->embd.row_bytes, pm.tok, T, D, e->embed_scale, e->x, s));
     if (e->ns && (rc = pump(e, err, errlen)))
         return rc;
@@ -970,7 +1005,7 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
         CU(cudaMemcpyAsync(e->h_logits, e->logits, (size_t)R * (size_t)V * 4, cudaMemcpyDeviceToHost, s));
     }
     CU(cudaStreamSynchronize(s));
-    if (R > 0)
+    if (R > 0 && logits)
         memcpy(logits, e->h_logits, (size_t)R * (size_t)V * 4);
     if (e->ns)
         harvest_copy_times(e, e->st.passes);
@@ -980,9 +1015,10 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
 
 int cuda_engine_forward(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen)
 {
-    if (g_poisoned)
-        return util_errf(err, errlen, "the CUDA context is unusable after an earlier GPU fault; exit and resume."),
-               CUDA_ENGINE_EDEVICE;
+    if (g_poisoned) {
+        util_errf(err, errlen, "the CUDA context is unusable after an earlier GPU fault; exit and resume.");
+        return CUDA_ENGINE_EDEVICE;
+    }
     if (e->broken)
         return util_errf(err, errlen, "the CUDA engine stopped in the middle of an earlier pass; reopen it.");
     double t0 = mono();

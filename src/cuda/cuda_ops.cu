@@ -67,8 +67,14 @@ static int op_done(op_ctx *c, int rc)
     return rc;
 }
 
-#define OP_BEGIN op_ctx c_ = {{0}, 0, err, errlen}, *c = &c_; int rc = 0
-#define TRY(x) do { if ((rc = (x)) != 0) return op_done(c, rc); } while (0)
+#define OP_BEGIN                                                                                                       \
+    op_ctx c_ = {{0}, 0, err, errlen}, *c = &c_;                                                                       \
+    int rc = 0
+#define TRY(x)                                                                                                         \
+    do {                                                                                                               \
+        if ((rc = (x)) != 0)                                                                                           \
+            return op_done(c, rc);                                                                                     \
+    } while (0)
 
 int cuda_op_dequant(uint32_t type, const void *w, int64_t N, int64_t K, float *out, char *err, size_t errlen)
 {
@@ -90,8 +96,7 @@ int cuda_op_matmul(uint32_t type, const void *w, int64_t N, int64_t K, const flo
     OP_BEGIN;
     size_t rb;
     if (!kq_type_supported(type) || quant_row_bytes(type, K, &rb))
-        return util_errf(err, errlen, "type %u with %lld columns cannot be multiplied on the GPU.", type,
-                         (long long)K);
+        return util_errf(err, errlen, "type %u with %lld columns cannot be multiplied on the GPU.", type, (long long)K);
     void *dw, *dwb, *dx, *dxb, *dy;
     TRY(op_up(c, &dw, w, rb * (size_t)N));
     TRY(op_up(c, &dwb, NULL, (size_t)(N * K) * 2));
@@ -107,9 +112,9 @@ int cuda_op_matmul(uint32_t type, const void *w, int64_t N, int64_t K, const flo
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
         return op_done(c, util_errf(err, errlen, "cublasCreate failed."));
     const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one, dwb, CUDA_R_16BF,
-                                    (int)K, dxb, CUDA_R_16BF, (int)K, &zero, dy, CUDA_R_32F, (int)N,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s =
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one, dwb, CUDA_R_16BF, (int)K, dxb,
+                     CUDA_R_16BF, (int)K, &zero, dy, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     cublasDestroy(h);
     if (s != CUBLAS_STATUS_SUCCESS)
         return op_done(c, util_errf(err, errlen, "cublasGemmEx failed: %s.", cublasGetStatusString(s)));
@@ -117,8 +122,8 @@ int cuda_op_matmul(uint32_t type, const void *w, int64_t N, int64_t K, const flo
     return op_done(c, 0);
 }
 
-int cuda_op_rmsnorm(const float *x, const float *w, int64_t T, int64_t D, float eps, bool plus_one, float *y,
-                    char *err, size_t errlen)
+int cuda_op_rmsnorm(const float *x, const float *w, int64_t T, int64_t D, float eps, bool plus_one, float *y, char *err,
+                    size_t errlen)
 {
     OP_BEGIN;
     void *dx, *dw;

@@ -12,24 +12,48 @@
  * then rounds to nearest even.  One thread per element: the block header is
  * re-read by each of its elements from L1, and stores are coalesced.
  *
- * Attention: one warp per (token, head), online softmax over the token's
- * row's pages (scores in fp32, one warp reduction per position).  Simple and
- * right for mixed prefill chunks and decode tokens in one launch; a tiled
- * flash kernel is the later speed-up for long contexts.
+ * Attention: one warp per (token, kv head, up to 4 of its query heads),
+ * online softmax over the token's row's pages (scores in fp32, one warp
+ * reduction per position and head); each K/V row is read once for the heads
+ * of its group.  Simple and right for mixed prefill chunks and decode tokens
+ * in one launch; a tiled flash kernel is the later speed-up for long
+ * contexts.
  */
 #include "kernels.cuh"
 
 #include <cuda_fp16.h>
 #include <math.h>
 
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13,
-       T_Q6_K = 14, T_Q8_K = 15, T_BF16 = 30 };
+enum {
+    T_F32 = 0,
+    T_F16 = 1,
+    T_Q4_0 = 2,
+    T_Q4_1 = 3,
+    T_Q5_0 = 6,
+    T_Q5_1 = 7,
+    T_Q8_0 = 8,
+    T_Q4_K = 12,
+    T_Q5_K = 13,
+    T_Q6_K = 14,
+    T_Q8_K = 15,
+    T_BF16 = 30
+};
 
 bool kq_type_supported(uint32_t type)
 {
     switch (type) {
-    case T_F32: case T_F16: case T_BF16: case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0:
-    case T_Q4_K: case T_Q5_K: case T_Q6_K: case T_Q8_K:
+    case T_F32:
+    case T_F16:
+    case T_BF16:
+    case T_Q4_0:
+    case T_Q4_1:
+    case T_Q5_0:
+    case T_Q5_1:
+    case T_Q8_0:
+    case T_Q4_K:
+    case T_Q5_K:
+    case T_Q6_K:
+    case T_Q8_K:
         return true;
     default:
         return false;
@@ -130,10 +154,18 @@ __device__ float dq_elem(uint32_t type, const uint8_t *row, int64_t k)
         const int8_t *sc = (const int8_t *)(b + 192 + h * 8);
         int is = l / 16, q;
         switch (quarter) {
-        case 0: q = (int)((ql[l] & 0xF) | ((qh[l] & 3) << 4)); break;
-        case 1: q = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)); break;
-        case 2: q = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)); break;
-        default: q = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)); break;
+        case 0:
+            q = (int)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+            break;
+        case 1:
+            q = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+            break;
+        case 2:
+            q = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+            break;
+        default:
+            q = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            break;
         }
         return __fmul_rn(__fmul_rn(rd_half(b + 208), (float)sc[is + 2 * quarter]), (float)(q - 32));
     }
@@ -370,62 +402,83 @@ cudaError_t k_kv_write(kv_geom g, const float *k, const float *v, const int32_t 
     return cudaGetLastError();
 }
 
-#define ATT_MAXD 8 /* dims per lane: S <= 256 */
+#define ATT_GC 4 /* query heads of one kv group handled by one warp */
 
+/* One warp per (token, kv head, chunk of up to ATT_GC query heads of that
+ * group): each key/value row is loaded once for the chunk's heads (GQA), each
+ * lane holds DPL of the S dims.  Online softmax per head in fp32. */
+template <int DPL>
 __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq,
-                                 const int32_t *pt_off, const int32_t *pages, int64_t T, int H, int window,
-                                 float scale, float softcap, float *out)
+                                 const int32_t *pt_off, const int32_t *pages, int64_t T, int H, int window, float scale,
+                                 float softcap, float *out)
 {
+    int G = H / g.Kh, chunks = (G + ATT_GC - 1) / ATT_GC, S = g.S;
     int64_t w = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
-    if (w >= T * H)
+    if (w >= T * g.Kh * chunks)
         return;
-    int64_t t = w / H;
-    int h = (int)(w % H), kh = h / (H / g.Kh), S = g.S;
+    int64_t t = w / (g.Kh * chunks);
+    int rem = (int)(w % (g.Kh * chunks)), kh = rem / chunks, h0 = kh * G + (rem % chunks) * ATT_GC;
+    int gc = kh * G + G - h0 < ATT_GC ? kh * G + G - h0 : ATT_GC; /* warp-uniform */
     int32_t p = pos[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
     const int32_t *pt = pages + pt_off[seq[t]];
-    const float *qr = q + w * S;
-    float qv[ATT_MAXD], acc[ATT_MAXD];
+    float qv[ATT_GC][DPL], acc[ATT_GC][DPL], mx[ATT_GC], l[ATT_GC];
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD; i++) {
-        int d = lane + 32 * i;
-        qv[i] = d < S ? qr[d] : 0.0f;
-        acc[i] = 0.0f;
+    for (int i = 0; i < ATT_GC; i++) {
+        const float *qr = q + (t * H + h0 + (i < gc ? i : 0)) * S;
+#pragma unroll
+        for (int c = 0; c < DPL; c++) {
+            int d = lane + 32 * c;
+            qv[i][c] = d < S ? qr[d] : 0.0f;
+            acc[i][c] = 0.0f;
+        }
+        mx[i] = -INFINITY;
+        l[i] = 0.0f;
     }
-    float mx = -INFINITY, l = 0.0f;
     int64_t vstride = (int64_t)g.Kh * g.P * S;
     for (int32_t j = lo; j <= p; j++) {
-        const float *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j);
-        float part = 0.0f;
+        const float *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j), *vr = kr + vstride;
+        float kk[DPL], vv[DPL];
 #pragma unroll
-        for (int i = 0; i < ATT_MAXD; i++) {
-            int d = lane + 32 * i;
-            if (d < S)
-                part += qv[i] * kr[d];
+        for (int c = 0; c < DPL; c++) {
+            int d = lane + 32 * c;
+            kk[c] = d < S ? kr[d] : 0.0f;
+            vv[c] = d < S ? vr[d] : 0.0f;
         }
-        for (int o = 16; o > 0; o >>= 1)
-            part += __shfl_xor_sync(0xffffffffu, part, o);
-        float sc = part * scale;
-        if (softcap > 0.0f)
-            sc = softcap * tanhf(sc / softcap);
-        float mn = fmaxf(mx, sc);
-        float corr = expf(mx - mn), pe = expf(sc - mn);
-        l = l * corr + pe;
-        const float *vr = kr + vstride;
 #pragma unroll
-        for (int i = 0; i < ATT_MAXD; i++) {
-            int d = lane + 32 * i;
-            if (d < S)
-                acc[i] = acc[i] * corr + pe * vr[d];
+        for (int i = 0; i < ATT_GC; i++) {
+            if (i >= gc)
+                break;
+            float part = 0.0f;
+#pragma unroll
+            for (int c = 0; c < DPL; c++)
+                part += qv[i][c] * kk[c];
+            for (int o = 16; o > 0; o >>= 1)
+                part += __shfl_xor_sync(0xffffffffu, part, o);
+            float sc = part * scale;
+            if (softcap > 0.0f)
+                sc = softcap * tanhf(sc / softcap);
+            float mn = fmaxf(mx[i], sc);
+            float corr = expf(mx[i] - mn), pe = expf(sc - mn);
+            l[i] = l[i] * corr + pe;
+#pragma unroll
+            for (int c = 0; c < DPL; c++)
+                acc[i][c] = acc[i][c] * corr + pe * vv[c];
+            mx[i] = mn;
         }
-        mx = mn;
     }
-    float inv = 1.0f / l;
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD; i++) {
-        int d = lane + 32 * i;
-        if (d < S)
-            out[w * S + d] = acc[i] * inv;
+    for (int i = 0; i < ATT_GC; i++) {
+        if (i >= gc)
+            break;
+        float inv = 1.0f / l[i];
+        float *o = out + (t * H + h0 + i) * S;
+#pragma unroll
+        for (int c = 0; c < DPL; c++) {
+            int d = lane + 32 * c;
+            if (d < S)
+                o[d] = acc[i][c] * inv;
+        }
     }
 }
 
@@ -433,12 +486,22 @@ cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int
                         const int32_t *pages, int64_t T, int H, int window, float scale, float softcap, float *out,
                         cudaStream_t s)
 {
-    if (g.S > 32 * ATT_MAXD || g.Kh <= 0 || H % g.Kh)
+    if (g.S > 256 || g.Kh <= 0 || H % g.Kh)
         return cudaErrorInvalidValue;
-    int warps = 4;
-    int64_t blocks = (T * H + warps - 1) / warps;
-    attention_kernel<<<(unsigned)blocks, 32 * warps, 0, s>>>(g, q, pos, seq, pt_off, pages, T, H, window, scale,
-                                                             softcap, out);
+    int warps = 4, chunks = (H / g.Kh + ATT_GC - 1) / ATT_GC;
+    unsigned blocks = (unsigned)((T * g.Kh * chunks + warps - 1) / warps);
+#define ATT_LAUNCH(dpl)                                                                                                \
+    attention_kernel<dpl>                                                                                              \
+        <<<blocks, 32 * warps, 0, s>>>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap, out)
+    if (g.S <= 32)
+        ATT_LAUNCH(1);
+    else if (g.S <= 64)
+        ATT_LAUNCH(2);
+    else if (g.S <= 128)
+        ATT_LAUNCH(4);
+    else
+        ATT_LAUNCH(8);
+#undef ATT_LAUNCH
     return cudaGetLastError();
 }
 

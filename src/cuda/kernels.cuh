@@ -45,8 +45,7 @@ cudaError_t k_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const 
                    float attn_scale, cudaStream_t s);
 
 /* out(n) = act(g) * u; out_b bf16 (GEMM input) or out_f fp32 (tests). */
-cudaError_t k_act_mul(const float *g, const float *u, int64_t n, bool gelu, bf16 *out_b, float *out_f,
-                      cudaStream_t s);
+cudaError_t k_act_mul(const float *g, const float *u, int64_t n, bool gelu, bf16 *out_b, float *out_f, cudaStream_t s);
 
 /* y(n) = cap * tanh(y / cap) */
 cudaError_t k_softcap(float *y, int64_t n, float cap, cudaStream_t s);

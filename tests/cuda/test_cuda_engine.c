@@ -7,8 +7,9 @@
  *    tests/test_forward.c (rows prefilled token by token, in chunks of 4, and
  *    whole, then decoded with the rows at different lengths), and in lockstep
  *    through a streamed CUDA engine (resident_layers 0 or 1, KV pages of one
- *    position): streamed logits must equal resident logits bit for bit (same
- *    bytes, same kernels, same GEMM shapes).
+ *    position, logits read in place through cuda_engine_logits): streamed
+ *    logits must equal resident logits bit for bit (same bytes, same kernels,
+ *    same GEMM shapes).
  * 2. A synthetic llama GGUF written here with mixed quant types (Q4_0, Q4_1,
  *    Q5_0, Q8_0, Q4_K, Q6_K, BF16, F16, F32 matrices) runs through the CPU
  *    engine and the CUDA engine (resident and streamed) on the same passes.
@@ -142,8 +143,13 @@ static void run_fixture(const char *name, int resident_layers)
     if (rc)
         return;
     cuda_engine_opts o = {.max_pass_tokens = 64, .max_pass_seqs = 8, .page_tokens = 16, .kv_pages = 64};
-    cuda_engine_opts os = {.max_pass_tokens = 64, .max_pass_seqs = 8, .page_tokens = 1, .kv_pages = 1024,
-                           .streamed = true, .resident_layers = resident_layers, .ring_slots = 3};
+    cuda_engine_opts os = {.max_pass_tokens = 64,
+                           .max_pass_seqs = 8,
+                           .page_tokens = 1,
+                           .kv_pages = 1024,
+                           .streamed = true,
+                           .resident_layers = resident_layers,
+                           .ring_slots = 3};
     cuda_engine *e = NULL, *es = NULL;
     rc = cuda_engine_open(m, &o, &e, err, sizeof err);
     CHECK(rc == 0, "%s: cuda_engine_open: %s", name, err);
@@ -159,7 +165,8 @@ static void run_fixture(const char *name, int resident_layers)
     kv_cache *kv = cuda_engine_kv(e), *kvs = cuda_engine_kv(es);
     kv_row kr[MAXROWS] = {0}, krs[MAXROWS] = {0};
     int32_t done[MAXROWS] = {0};
-    float *logits = malloc((size_t)MAXROWS * V * sizeof(float)), *logits_s = malloc((size_t)MAXROWS * V * sizeof(float));
+    float *logits = malloc((size_t)MAXROWS * V * sizeof(float)),
+          *logits_s = malloc((size_t)MAXROWS * V * sizeof(float));
     double worst = 0;
     int compared = 0, token_mismatch = 0, stream_diff = 0, close_calls = 0;
     for (int pass = 0; pass < 200; pass++) {
@@ -176,8 +183,8 @@ static void run_fixture(const char *name, int resident_layers)
             }
             CHECK(kv_row_reserve(kv, &kr[r], done[r] + n) == 0, "%s: KV reserve", name);
             CHECK(kv_row_reserve(kvs, &krs[r], done[r] + n) == 0, "%s: KV reserve (streamed)", name);
-            seqs[ns] = (fwd_seq){&kr[r], done[r], n, rows[r].ids + done[r], true};
-            seqs_s[ns] = (fwd_seq){&krs[r], done[r], n, rows[r].ids + done[r], true};
+            seqs[ns] = (fwd_seq){&kr[r], done[r], n, rows[r].ids + done[r], true, false};
+            seqs_s[ns] = (fwd_seq){&krs[r], done[r], n, rows[r].ids + done[r], true, false};
             idx[ns++] = (int)r;
         }
         if (!ns)
@@ -186,8 +193,10 @@ static void run_fixture(const char *name, int resident_layers)
             logits[i] = logits_s[i] = NAN;
         rc = cuda_engine_forward(e, seqs, ns, logits, err, sizeof err);
         CHECK(rc == 0, "%s: forward: %s", name, err);
-        int rcs = cuda_engine_forward(es, seqs_s, ns, logits_s, err, sizeof err);
+        int rcs = cuda_engine_forward(es, seqs_s, ns, NULL, err, sizeof err); /* logits left in place */
         CHECK(rcs == 0, "%s: streamed forward: %s", name, err);
+        if (rcs == 0)
+            memcpy(logits_s, cuda_engine_logits(es), (size_t)ns * V * sizeof(float));
         if (rc || rcs)
             break;
         stream_diff += memcmp(logits, logits_s, (size_t)ns * V * sizeof(float)) != 0;
@@ -213,8 +222,8 @@ static void run_fixture(const char *name, int resident_layers)
     CHECK(stream_diff == 0, "%s: streamed logits differ from resident in %d passes", name, stream_diff);
     cuda_engine_stats st;
     cuda_engine_get_stats(es, &st);
-    CHECK(st.n_streamed == m->n_layers - resident_layers && st.streamed_bytes_per_pass > 0,
-          "%s: %d layers streamed", name, st.n_streamed);
+    CHECK(st.n_streamed == m->n_layers - resident_layers && st.streamed_bytes_per_pass > 0, "%s: %d layers streamed",
+          name, st.n_streamed);
     fprintf(stderr,
             "%-28s %3d positions, max |dlogsoftmax| %.2e, %d near-ties skipped, streamed %d layers (%d slots, "
             "%.1f KB/pass), identical: %s\n",
@@ -274,23 +283,34 @@ static void fill_weights(uint32_t type, uint8_t *buf, int64_t n_elems, float sca
             memcpy(p, &v, 4);
             break;
         }
-        case GGML_F16: put_half(p, frand(-scale, scale)); break;
+        case GGML_F16:
+            put_half(p, frand(-scale, scale));
+            break;
         case GGML_BF16: {
             uint16_t h = quant_fp32_to_bf16(frand(-scale, scale));
             memcpy(p, &h, 2);
             break;
         }
-        case GGML_Q8_0: put_half(p, frand(0.5f, 1.5f) * scale / 64); break;
-        case GGML_Q4_0: case GGML_Q5_0: put_half(p, frand(0.5f, 1.5f) * scale / 8); break;
-        case GGML_Q4_1: case GGML_Q5_1:
+        case GGML_Q8_0:
+            put_half(p, frand(0.5f, 1.5f) * scale / 64);
+            break;
+        case GGML_Q4_0:
+        case GGML_Q5_0:
+            put_half(p, frand(0.5f, 1.5f) * scale / 8);
+            break;
+        case GGML_Q4_1:
+        case GGML_Q5_1:
             put_half(p, frand(0.5f, 1.5f) * scale / 8);
             put_half(p + 2, -frand(0.5f, 1.5f) * scale);
             break;
-        case GGML_Q4_K: case GGML_Q5_K:
+        case GGML_Q4_K:
+        case GGML_Q5_K:
             put_half(p, frand(0.5f, 1.5f) * scale / 256);
             put_half(p + 2, frand(0.5f, 1.5f) * scale / 32);
             break;
-        case GGML_Q6_K: put_half(p + 208, frand(0.5f, 1.5f) * scale / 2048); break;
+        case GGML_Q6_K:
+            put_half(p + 208, frand(0.5f, 1.5f) * scale / 2048);
+            break;
         }
     }
 }
@@ -339,10 +359,9 @@ static void kv_f32(FILE *f, const char *k, float v)
 static int write_gguf(const char *path)
 {
     enum { D = 256, H = 4, KH = 2, S = 64, F = 512, V = 384, L = 3 };
-    static const uint32_t lt[L][7] = {
-        {GGML_Q4_0, GGML_Q4_1, GGML_Q5_0, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K, GGML_Q4_K},
-        {GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16},
-        {GGML_F16, GGML_F32, GGML_Q8_0, GGML_F16, GGML_Q6_K, GGML_Q4_0, GGML_Q5_0}};
+    static const uint32_t lt[L][7] = {{GGML_Q4_0, GGML_Q4_1, GGML_Q5_0, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K, GGML_Q4_K},
+                                      {GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16, GGML_BF16},
+                                      {GGML_F16, GGML_F32, GGML_Q8_0, GGML_F16, GGML_Q6_K, GGML_Q4_0, GGML_Q5_0}};
     static const char *mn[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
     const uint64_t mshape[7][2] = {{D, H * S}, {D, KH * S}, {D, KH * S}, {H * S, D}, {D, F}, {D, F}, {F, D}};
     gt t[64];
@@ -351,16 +370,16 @@ static int write_gguf(const char *path)
     do {                                                                                                               \
         snprintf(t[n].name, sizeof t[n].name, "%s", nm);                                                               \
         t[n].type = ty, t[n].n_dims = 2, t[n].ne[0] = k, t[n].ne[1] = rows;                                            \
-        quant_row_bytes(ty, (int64_t)(k) * (int64_t)(rows), &t[n].size);                                              \
+        quant_row_bytes(ty, (int64_t)(k) * (int64_t)(rows), &t[n].size);                                               \
         t[n].data = malloc(t[n].size);                                                                                 \
-        fill_weights(ty, t[n].data, (int64_t)(k) * (int64_t)(rows), (strcmp(nm, "output.weight") ? 2.0f : 1.0f) /     \
-                     sqrtf((float)(k)));                                                                               \
+        fill_weights(ty, t[n].data, (int64_t)(k) * (int64_t)(rows),                                                    \
+                     (strcmp(nm, "output.weight") ? 2.0f : 1.0f) / sqrtf((float)(k)));                                 \
         n++;                                                                                                           \
     } while (0)
 #define VEC(nm, len)                                                                                                   \
     do {                                                                                                               \
         snprintf(t[n].name, sizeof t[n].name, "%s", nm);                                                               \
-        t[n].type = GGML_F32, t[n].n_dims = 1, t[n].ne[0] = len, t[n].ne[1] = 1, t[n].size = (size_t)(len) * 4;       \
+        t[n].type = GGML_F32, t[n].n_dims = 1, t[n].ne[0] = len, t[n].ne[1] = 1, t[n].size = (size_t)(len)*4;          \
         t[n].data = malloc(t[n].size);                                                                                 \
         for (int i_ = 0; i_ < (len); i_++) {                                                                           \
             float v_ = frand(0.7f, 1.3f);                                                                              \
@@ -441,9 +460,10 @@ static void run_gguf(void)
         return;
     }
     engine_opts co = {.threads = 4, .max_pass_tokens = 64, .max_pass_seqs = 4, .page_tokens = 16, .kv_pages = 32};
-    cuda_engine_opts go = {.max_pass_tokens = 64, .max_pass_seqs = 4, .page_tokens = 16, .kv_pages = 32};
-    cuda_engine_opts gs = {.max_pass_tokens = 64, .max_pass_seqs = 4, .page_tokens = 8, .kv_pages = 64,
-                           .streamed = true, .ring_slots = 3};
+    cuda_engine_opts go = {
+        .max_pass_tokens = 64, .max_pass_seqs = 4, .page_tokens = 16, .kv_pages = 32, .max_logit_rows = 8};
+    cuda_engine_opts gs = {
+        .max_pass_tokens = 64, .max_pass_seqs = 4, .page_tokens = 8, .kv_pages = 64, .streamed = true, .ring_slots = 3};
     spill_engine *ce = NULL;
     cuda_engine *ge = NULL, *gse = NULL;
     rc = engine_open(m, &co, &ce, err, sizeof err);
@@ -473,9 +493,9 @@ static void run_gguf(void)
                       kv_row_reserve(cuda_engine_kv(ge), &kg[r], len[r] + n) == 0 &&
                       kv_row_reserve(cuda_engine_kv(gse), &ks[r], len[r] + n) == 0,
                   "synthetic gguf: KV reserve");
-            sc[r] = (fwd_seq){&kc[r], len[r], n, toks[r] + len[r], true};
-            sg[r] = (fwd_seq){&kg[r], len[r], n, toks[r] + len[r], true};
-            ss[r] = (fwd_seq){&ks[r], len[r], n, toks[r] + len[r], true};
+            sc[r] = (fwd_seq){&kc[r], len[r], n, toks[r] + len[r], true, false};
+            sg[r] = (fwd_seq){&kg[r], len[r], n, toks[r] + len[r], true, false};
+            ss[r] = (fwd_seq){&ks[r], len[r], n, toks[r] + len[r], true, false};
         }
         if ((rc = engine_forward(ce, sc, R, lc, err, sizeof err)))
             CHECK(0, "synthetic gguf: cpu forward: %s", err);
@@ -504,13 +524,44 @@ static void run_gguf(void)
     fprintf(stderr, "synthetic gguf (%s) %d positions, max |dlogsoftmax| vs CPU %.2e, streamed identical: %s\n",
             m->quant_summary, compared, worst, sdiff ? "NO" : "yes");
 
+    /* all_logits (scoring): row 2 feeds 3 tokens and wants all their logits, row 0 its last one */
+    if (rc == 0) {
+        fwd_seq ac[2], ag[2];
+        for (int i = 0; i < 3; i++)
+            toks[2][len[2] + i] = (int32_t)(rnd() % (uint32_t)V);
+        CHECK(kv_row_reserve(engine_kv(ce), &kc[2], len[2] + 3) == 0 &&
+                  kv_row_reserve(cuda_engine_kv(ge), &kg[2], len[2] + 3) == 0,
+              "all_logits: KV reserve");
+        ac[0] = (fwd_seq){&kc[0], len[0], 1, toks[0] + len[0], true, false};
+        ag[0] = (fwd_seq){&kg[0], len[0], 1, toks[0] + len[0], true, false};
+        ac[1] = (fwd_seq){&kc[2], len[2], 3, toks[2] + len[2], false, true};
+        ag[1] = (fwd_seq){&kg[2], len[2], 3, toks[2] + len[2], false, true};
+        float *ac_l = malloc((size_t)4 * V * 4), *ag_l = malloc((size_t)4 * V * 4);
+        int r1 = engine_forward(ce, ac, 2, ac_l, err, sizeof err);
+        CHECK(r1 == 0, "all_logits: cpu forward: %s", err);
+        int r2 = cuda_engine_forward(ge, ag, 2, ag_l, err, sizeof err);
+        CHECK(r2 == 0, "all_logits: cuda forward: %s", err);
+        double aw = 0;
+        for (int r = 0; r < 4 && r1 == 0 && r2 == 0; r++) {
+            double d = compare(ag_l + (size_t)r * V, ac_l + (size_t)r * V, V);
+            aw = !(d <= aw) ? d : aw;
+        }
+        CHECK(aw <= TOL_LOGSOFTMAX, "all_logits: max |dlogsoftmax| CUDA vs CPU %.3g over 4 rows", aw);
+        free(ac_l), free(ag_l);
+        /* more rows than max_logit_rows (8): refused with a sentence before any GPU work */
+        fwd_seq big = {&kg[1], 0, 9, toks[1], false, true};
+        CHECK(kv_row_reserve(cuda_engine_kv(ge), &kg[1], 9) == 0, "all_logits: KV reserve");
+        CHECK(cuda_engine_forward(ge, &big, 1, NULL, err, sizeof err) == -1 && strstr(err, "rows of logits"),
+              "9 logit rows refused: %s", err);
+    }
+
     /* a bad token is refused before any GPU work, and the engine goes on */
     if (rc == 0) {
         int32_t bad = V + 5;
-        fwd_seq b = {&kg[0], len[0], 1, &bad, true};
-        CHECK(cuda_engine_forward(ge, &b, 1, lg, err, sizeof err) == -1 && strstr(err, "vocabulary"),
-              "bad token: %s", err);
-        fwd_seq ok = {&kg[0], len[0], 1, toks[0] + len[0], true};
+        fwd_seq b = {&kg[0], len[0], 1, &bad, true, false};
+        CHECK(cuda_engine_forward(ge, &b, 1, lg, err, sizeof err) == -1 && strstr(err, "vocabulary"), "bad token: %s",
+              err);
+        fwd_seq ok = {&kg[0], len[0], 1, toks[0] + len[0], true, false};
         CHECK(cuda_engine_forward(ge, &ok, 1, lg, err, sizeof err) == 0, "after a bad token: %s", err);
     }
     for (int r = 0; r < R; r++) {
@@ -566,7 +617,7 @@ static void run_fault(void)
     int32_t tok = 3;
     float *lg = malloc((size_t)m->vocab * 4);
     kv_row_reserve(cuda_engine_kv(e), &r, 1);
-    fwd_seq s = {&r, 0, 1, &tok, true};
+    fwd_seq s = {&r, 0, 1, &tok, true, false};
     CHECK(cuda_engine_forward(e, &s, 1, lg, err, sizeof err) == 0, "fault: first pass: %s", err);
     cuda_engine_inject_fault(e);
     int rc = cuda_engine_forward(e, &s, 1, lg, err, sizeof err);
@@ -583,8 +634,9 @@ static void run_fault(void)
 
 int main(void)
 {
-    static const char *models[] = {"llama_gqa_s64",   "llama_mha_s128_tied_llama3", "llama_mqa_linear", "llama_yarn",
-                                   "qwen2_bias",      "qwen3_qknorm",               "mistral_window8"};
+    static const char *models[] = {
+        "llama_gqa_s64",  "llama_mha_s128_tied_llama3", "llama_mqa_linear", "llama_yarn", "qwen2_bias", "qwen3_qknorm",
+        "mistral_window8"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         run_fixture(models[i], (int)(i % 2));
     run_gguf();

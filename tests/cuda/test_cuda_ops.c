@@ -77,23 +77,34 @@ static void fill_weights(uint32_t type, uint8_t *buf, int64_t n_elems, float sca
             memcpy(p, &v, 4);
             break;
         }
-        case GGML_F16: put_half(p, frand(-scale, scale)); break;
+        case GGML_F16:
+            put_half(p, frand(-scale, scale));
+            break;
         case GGML_BF16: {
             uint16_t h = quant_fp32_to_bf16(frand(-scale, scale));
             memcpy(p, &h, 2);
             break;
         }
-        case GGML_Q8_0: put_half(p, frand(0.5f, 1.5f) * scale / 64); break;
-        case GGML_Q4_0: case GGML_Q5_0: put_half(p, frand(0.5f, 1.5f) * scale / 8); break;
-        case GGML_Q4_1: case GGML_Q5_1:
+        case GGML_Q8_0:
+            put_half(p, frand(0.5f, 1.5f) * scale / 64);
+            break;
+        case GGML_Q4_0:
+        case GGML_Q5_0:
+            put_half(p, frand(0.5f, 1.5f) * scale / 8);
+            break;
+        case GGML_Q4_1:
+        case GGML_Q5_1:
             put_half(p, frand(0.5f, 1.5f) * scale / 8);
             put_half(p + 2, -frand(0.5f, 1.5f) * scale);
             break;
-        case GGML_Q4_K: case GGML_Q5_K:
+        case GGML_Q4_K:
+        case GGML_Q5_K:
             put_half(p, frand(0.5f, 1.5f) * scale / 256);
             put_half(p + 2, frand(0.5f, 1.5f) * scale / 32);
             break;
-        case GGML_Q6_K: put_half(p + 208, frand(0.5f, 1.5f) * scale / 2048); break;
+        case GGML_Q6_K:
+            put_half(p + 208, frand(0.5f, 1.5f) * scale / 2048);
+            break;
         case GGML_Q8_K: {
             float d = frand(0.5f, 1.5f) * scale / 64;
             memcpy(p, &d, 4);
@@ -131,9 +142,9 @@ static void test_dequant(void)
                 if (first < 0)
                     first = i;
             }
-        CHECK(bad == 0, "dequant %s: %lld of %lld values differ (first at %lld: %.9g vs %.9g)",
-              quant_type_name(type), (long long)bad, (long long)(N * K), (long long)first,
-              first >= 0 ? got[first] : 0.0, first >= 0 ? want[first] : 0.0);
+        CHECK(bad == 0, "dequant %s: %lld of %lld values differ (first at %lld: %.9g vs %.9g)", quant_type_name(type),
+              (long long)bad, (long long)(N * K), (long long)first, first >= 0 ? got[first] : 0.0,
+              first >= 0 ? want[first] : 0.0);
         fprintf(stderr, "dequant %-5s %lld values: %s\n", quant_type_name(type), (long long)(N * K),
                 bad ? "DIFFER" : "bit-identical");
         free(w), free(got), free(want);
@@ -142,8 +153,8 @@ static void test_dequant(void)
 
 static void test_matmul(cpu_pool *pool)
 {
-    static const uint32_t mt[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
-                                  GGML_Q5_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+    static const uint32_t mt[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0,
+                                  GGML_Q4_1, GGML_Q5_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
     static const int64_t Ts[] = {1, 7, 64};
     char err[SPILL_ERRLEN];
     int64_t N = 96, K = 512;
@@ -314,23 +325,26 @@ static void attention_ref(const float *q, const float *arena, int P, int H, int 
 static void test_attention(void)
 {
     char err[SPILL_ERRLEN];
-    enum { P = 4, H = 4, K = 2, NP = 16 };
-    static const int Ss[] = {64, 128, 80};
+    enum { P = 4, NP = 16 };
+    /* (H, K, S): GQA groups of 2, 8 (two warps' chunks), 5 (a partial chunk), MHA, MQA; S not a multiple of 32 */
+    static const int cfgs[][3] = {{4, 2, 64}, {8, 1, 128}, {10, 2, 80}, {3, 3, 32}, {16, 2, 256}};
     /* three rows: a decode token at position 8, a chunk at 9..12, a prefill at 0..4 */
     int32_t pos[10] = {8, 9, 10, 11, 12, 0, 1, 2, 3, 4}, seq[10] = {0, 1, 1, 1, 1, 2, 2, 2, 2, 2};
     int32_t pt_off[3] = {0, 3, 7}, pages[9] = {11, 2, 7, 5, 0, 14, 9, 3, 12};
     int64_t T = 10;
-    for (size_t si = 0; si < sizeof Ss / sizeof Ss[0]; si++) {
-        int S = Ss[si];
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        int H = cfgs[ci][0], K = cfgs[ci][1], S = cfgs[ci][2];
         size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
         float *arena = malloc(an * 4), *q = malloc(qn * 4), *y = malloc(qn * 4), *yr = malloc(qn * 4);
         for (size_t i = 0; i < an; i++)
             arena[i] = frand(-1, 1);
         for (size_t i = 0; i < qn; i++)
-            q[i] = frand(-1, 1) * 2, y[i] = NAN;
+            q[i] = frand(-1, 1) * 2;
         for (int variant = 0; variant < 3; variant++) {
             int window = variant == 1 ? 3 : 0;
             float softcap = variant == 2 ? 2.0f : 0.0f, scale = 1.0f / sqrtf((float)S) * 3;
+            for (size_t i = 0; i < qn; i++)
+                y[i] = NAN;
             int rc = cuda_op_attention(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, 9, 3, window, scale,
                                        softcap, y, err, sizeof err);
             CHECK(rc == 0, "attention: %s", err);
@@ -340,7 +354,7 @@ static void test_attention(void)
                 double d = fabs((double)y[i] - yr[i]);
                 worst = !(d <= worst) ? d : worst;
             }
-            CHECK(worst <= 2e-5, "attention S=%d variant %d: max |dy| %.3g", S, variant, worst);
+            CHECK(worst <= 2e-5, "attention H=%d K=%d S=%d variant %d: max |dy| %.3g", H, K, S, variant, worst);
         }
         free(arena), free(q), free(y), free(yr);
     }
