@@ -74,7 +74,7 @@ bool engine_stream_stats(const spill_engine *e, size_t *ring_bytes, uint64_t *by
  */
 typedef struct spill_backend {
     void *impl;
-    char name[96];           /* "resident CPU, 2 threads", "GPU NVIDIA H200, 32 of 32 layers streamed", ... */
+    char name[160];          /* "resident CPU, 2 threads", "GPU NVIDIA H200, 32 of 32 layers streamed", ... */
     uint64_t weight_bytes;   /* weights held in RAM / HBM */
     int (*forward)(void *impl, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen);
     kv_cache *(*kv)(void *impl);

@@ -583,7 +583,7 @@ static int sha256_file(const char *path, char hex[65], uint64_t *bytes, char *er
     ctx = EVP_MD_CTX_new();
     if (!buf || !ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
         util_errf(err, errlen, "%s: out of memory hashing the input file.", path);
-        goto out;
+        goto out_free;
     }
     uint64_t total = 0;
     for (;;) {
@@ -593,7 +593,7 @@ static int sha256_file(const char *path, char hex[65], uint64_t *bytes, char *er
         if (r < 0) {
             util_errf(err, errlen, "%s: read failed at byte %llu while hashing the input: %s.", path,
                       (unsigned long long)total, strerror(errno));
-            goto out;
+            goto out_free;
         }
         if (r == 0)
             break;
@@ -607,7 +607,7 @@ static int sha256_file(const char *path, char hex[65], uint64_t *bytes, char *er
         snprintf(hex + 2 * i, 3, "%02x", md[i]);
     *bytes = total;
     rc = 0;
-out:
+out_free:
     EVP_MD_CTX_free(ctx);
     free(buf);
     close(fd);
@@ -624,9 +624,10 @@ static int file_path(char *out, const job *j, const char *name, char *err, size_
 
 static int broken_err(const job *j, char *err, size_t errlen)
 {
-    return util_errf(err, errlen,
-                     "job %s is unusable after an earlier write or fsync error; exit and run `spill resume %s`.", j->id,
-                     j->dir);
+    return util_errf(
+        err, errlen,
+        "job %s is unusable after an earlier I/O (or out-of-memory) error; exit and run `spill resume %s`.", j->id,
+        j->dir);
 }
 
 static void job_free(job *j)

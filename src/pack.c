@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpu.h"
 #include "gguf.h"
 #include "gguf_write.h"
 #include "model.h"
@@ -113,9 +114,11 @@ typedef struct packer {
     item *items;
     size_t n_items;
     float *rope_freqs;     /* (rope_dim/2) generated for HF Llama 3 scaling */
-    float *x, *y;          /* chunk buffers: (rows, K) fp32 */
-    uint8_t *src, *dst;    /* chunk buffers: source bytes, requantized bytes */
-    size_t x_cap, y_cap, src_cap, dst_cap;
+    cpu_pool *pool;        /* rows of a chunk are converted in parallel; each thread's scratch holds one row */
+    float *x;              /* chunk buffer: (rows, K) fp32 */
+    uint8_t *src, *dst;    /* chunk buffers: source bytes, converted bytes */
+    double *rerr;          /* (rows, 3): per-row squared error of Q4_0/Q8_0, of Q4_1, squared norm */
+    size_t x_cap, src_cap, dst_cap, rerr_cap;
     double err2, norm2;    /* totals over requantized tensors */
     uint64_t done_bytes;
     double t0, last_draw;
@@ -301,6 +304,56 @@ static void progress(packer *p)
             p->m->total_bytes / 1e9);
 }
 
+/* One chunk of rows being converted: row i of the chunk is output row r0 + i. */
+typedef struct row_job {
+    packer *p;
+    const model_tensor *t;
+    const item *it;
+    uint64_t r0, K, S;
+    size_t srow, qrow, q1row;
+    bool quantize, q4;
+    uint32_t qt;
+    uint8_t *cand0, *cand1; /* q4: whole-tensor candidates */
+    double *rerr;           /* (n, 3) */
+} row_job;
+
+/* Converts row i of the chunk (a cpu_pool task): copy, to F32, or requantize with the error terms. */
+static void row_task(void *vctx, int64_t task, int tid)
+{
+    const row_job *j = vctx;
+    packer *p = j->p;
+    uint64_t i = (uint64_t)task, K = j->K;
+    uint64_t sr = j->it->permute ? perm_src_row(j->r0 + i, j->S) - j->r0 : i;
+    const uint8_t *srcp = p->src + sr * j->srow;
+    if (!j->quantize && !is_vector(j->t)) { /* copy (permuted or not) */
+        memcpy(p->dst + i * j->srow, srcp, j->srow);
+        return;
+    }
+    float *x = p->x + i * K;
+    quant_dequant_row(j->t->dtype, srcp, x, (int64_t)K); /* K = 1 for an element of a permuted bias */
+    if (!j->quantize) {
+        memcpy(p->dst + i * K * 4, x, (size_t)K * 4);
+        return;
+    }
+    float *y = cpu_pool_scratch(p->pool, tid); /* (K) */
+    double nrm = 0, e0 = 0, e1 = 0;
+    for (uint64_t k = 0; k < K; k++)
+        nrm += (double)x[k] * x[k];
+    uint8_t *q0 = j->q4 ? j->cand0 + (j->r0 + i) * j->qrow : p->dst + i * j->qrow;
+    quantize_row(j->qt, x, q0, (int64_t)K);
+    quant_dequant_row(j->qt, q0, y, (int64_t)K);
+    for (uint64_t k = 0; k < K; k++)
+        e0 += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
+    if (j->q4) {
+        uint8_t *q1 = j->cand1 + (j->r0 + i) * j->q1row;
+        quantize_row(GGML_Q4_1, x, q1, (int64_t)K);
+        quant_dequant_row(GGML_Q4_1, q1, y, (int64_t)K);
+        for (uint64_t k = 0; k < K; k++)
+            e1 += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
+    }
+    j->rerr[3 * i] = e0, j->rerr[3 * i + 1] = e1, j->rerr[3 * i + 2] = nrm;
+}
+
 /*
  * Streams one tensor through: rows are read in chunks, converted, appended to
  * the output (or, for q4, to the two candidate buffers).  Fills the report's
@@ -354,7 +407,7 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
     if (grow((void **)&p->src, &p->src_cap, (size_t)(chunk * srow)) ||
         grow((void **)&p->x, &p->x_cap, (size_t)(chunk * K * 4)) ||
         grow((void **)&p->dst, &p->dst_cap, (size_t)(chunk * obytes)) ||
-        grow((void **)&p->y, &p->y_cap, (size_t)K * 4))
+        grow((void **)&p->rerr, &p->rerr_cap, (size_t)chunk * 3 * sizeof(double)))
         return util_errf(err, errlen, "out of memory packing %s.", t->name);
     uint8_t *cand0 = NULL, *cand1 = NULL; /* q4: whole-tensor Q4_0 / Q4_1 encodings */
     double e0 = 0, e1 = 0, nrm = 0;
@@ -373,33 +426,12 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
         if (read_at(p, t->file, p->src, (size_t)(n * srow), t->offset + r0 * srow, err, errlen))
             goto out;
         p->done_bytes += n * srow;
-        for (uint64_t i = 0; i < n; i++) {
-            uint64_t sr = it->permute ? perm_src_row(r0 + i, S) - r0 : i;
-            const uint8_t *srcp = p->src + sr * srow;
-            if (!quantize && !to_f32) { /* copy (permuted or not) */
-                memcpy(p->dst + i * srow, srcp, srow);
-                continue;
-            }
-            float *x = p->x + i * K;
-            quant_dequant_row(t->dtype, srcp, x, (int64_t)K); /* K = 1 for an element of a permuted bias */
-            if (!quantize) {
-                memcpy(p->dst + i * K * 4, x, (size_t)K * 4);
-                continue;
-            }
-            for (uint64_t k = 0; k < K; k++)
-                nrm += (double)x[k] * x[k];
-            uint8_t *q0 = q4 ? cand0 + (r0 + i) * qrow : p->dst + i * qrow;
-            quantize_row(qt, x, q0, (int64_t)K);
-            quant_dequant_row(qt, q0, p->y, (int64_t)K);
-            for (uint64_t k = 0; k < K; k++)
-                e0 += ((double)x[k] - p->y[k]) * ((double)x[k] - p->y[k]);
-            if (q4) {
-                uint8_t *q1 = cand1 + (r0 + i) * q1row;
-                quantize_row(GGML_Q4_1, x, q1, (int64_t)K);
-                quant_dequant_row(GGML_Q4_1, q1, p->y, (int64_t)K);
-                for (uint64_t k = 0; k < K; k++)
-                    e1 += ((double)x[k] - p->y[k]) * ((double)x[k] - p->y[k]);
-            }
+        row_job j = {p, t, it, r0, K, S, srow, qrow, q1row, quantize, q4, qt, cand0, cand1, p->rerr};
+        cpu_pool_run(p->pool, row_task, &j, (int64_t)n);
+        for (uint64_t i = 0; quantize && i < n; i++) { /* summed in row order: the same for any thread count */
+            e0 += p->rerr[3 * i];
+            e1 += p->rerr[3 * i + 1];
+            nrm += p->rerr[3 * i + 2];
         }
         if (!q4 && gguf_out_write(&p->out, p->dst, (size_t)(n * obytes), err, errlen))
             goto out;
@@ -545,6 +577,11 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
         goto out;
     if (gguf_w_str(p->w, "spill.pack.quant", qn, strlen(qn), err, errlen) || plan(p, err, errlen))
         goto out;
+    uint64_t max_k = 1;
+    for (size_t i = 0; i < m->n_tensors; i++)
+        max_k = m->tensors[i].ne[0] > max_k ? m->tensors[i].ne[0] : max_k;
+    if (cpu_pool_create(o->threads, (size_t)max_k * sizeof(float), &p->pool, err, errlen))
+        goto out;
     rep->t = calloc(p->n_items, sizeof *rep->t);
     if (!rep->t) {
         util_errf(err, errlen, "out of memory.");
@@ -584,7 +621,8 @@ out:
     gguf_w_free(p->w);
     free(p->items);
     free(p->rope_freqs);
-    free(p->x), free(p->y), free(p->src), free(p->dst);
+    free(p->x), free(p->src), free(p->dst), free(p->rerr);
+    cpu_pool_free(p->pool);
     model_close(p->m);
     if (rc)
         pack_report_free(rep);

@@ -15,6 +15,7 @@ typedef struct pack_opts {
     const char *model;      /* anything model_resolve accepts: .gguf, HF directory, tag */
     const char *out;        /* output .gguf */
     enum pack_quant quant;
+    int threads;            /* rows are converted in parallel; 0 = every online CPU */
     bool progress;          /* redraw a progress line on stderr */
 } pack_opts;
 

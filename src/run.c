@@ -117,6 +117,7 @@ typedef struct runner {
     spill_backend be;    /* be.impl NULL until opened */
     job *j;
     char fingerprint[65];
+    char sys_fp[16];     /* OpenAI system_fingerprint: "fp_" + the model fingerprint's first 10 hex digits */
     out_stamp stamp;
     uint64_t job_seed;
 
@@ -129,6 +130,7 @@ typedef struct runner {
     uint64_t admit_serial;
 
     sample_scratch sc;
+    int max_seqs;        /* sequences one pass may carry: batch + the largest n */
     float *logits;       /* (max seqs, V) */
     fwd_seq *seqs;
     int *seq_row, *seq_choice;
@@ -563,7 +565,7 @@ static void admit(runner *r, char *err, size_t errlen, int *rc)
         row *w = &r->rows[r->queue[r->q_head]];
         /* the prompt of every choice, plus one page of growth for every choice already running */
         int32_t need = kv_pages_for(kv, w->n_prompt + 1) * w->n_choices + active_choices(r);
-        if (need > kv->n_free && r->n_active > 0)
+        if ((need > kv->n_free || active_choices(r) + w->n_choices > r->max_seqs) && r->n_active > 0)
             break;
         r->q_head++;
         r->q_len--;
@@ -609,7 +611,7 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
                              (size_t)ch->n_gen, ch->lp};
         completion += (uint64_t)ch->n_gen;
     }
-    out_result res = {w->custom_id, w->model, NULL, (int64_t)time(NULL), (size_t)w->n_choices, oc,
+    out_result res = {w->custom_id, w->model, r->sys_fp, (int64_t)time(NULL), (size_t)w->n_choices, oc,
                       (uint64_t)w->n_prompt, completion, &r->stamp};
     char *line;
     size_t len;
@@ -861,7 +863,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
         if (rc)
             return -1;
         double t0 = now_s();
-        int ns = 0, budget = r->o.batch + r->o.prefill_chunk;
+        int ns = 0, budget = r->max_seqs + r->o.prefill_chunk;
         /* decode steps first: one token per running choice */
         for (size_t ai = 0; ai < r->n_active; ai++) {
             size_t idx = r->active[ai];
@@ -876,7 +878,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
                 if (rr == 1) {
                     ns = 0; /* the pass being built referenced freed rows: rebuild it */
                     ai = (size_t)-1;
-                    budget = r->o.batch + r->o.prefill_chunk;
+                    budget = r->max_seqs + r->o.prefill_chunk;
                     break;
                 }
                 r->seqs[ns] = (fwd_seq){&ch->kv, ch->fed, 1, &ch->next, true, false};
@@ -1128,6 +1130,7 @@ static int run_job(runner *r, bool resuming)
                                          : tokenizer_from_json_file(r->m->tokenizer_path, &r->tok, err, sizeof err))
         goto fail;
     model_fingerprint(r->m, r->fingerprint);
+    snprintf(r->sys_fp, sizeof r->sys_fp, "fp_%.10s", r->fingerprint);
     defaults(&r->o);
     size_t page = kv_page_bytes(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens);
     int32_t pages = (int32_t)(r->o.kv_bytes / page);
@@ -1137,48 +1140,23 @@ static int run_job(runner *r, bool resuming)
         code = EX_USAGE_;
         goto fail;
     }
-    /* Resident when weights + KV fit the budget (or --resident); else layers stream from storage. */
-    bool stream = r->o.mode == 1 || (r->o.mode == 0 && r->m->total_bytes + r->o.kv_bytes > r->o.mem_budget);
-    engine_opts eo = {r->o.threads, r->o.batch + r->o.prefill_chunk, r->o.batch + r->o.prefill_chunk,
-                      r->o.page_tokens, pages, stream, r->o.stream_slots, true, !r->o.exact};
-    /* Backend: the GPU when this binary has one (unless --cpu), else the CPU. */
-    int brc = -1;
-    if (r->o.device != 1 && spill_gpu_open) {
-        brc = spill_gpu_open(r->m, &eo, r->o.resident_layers, &r->be, err, sizeof err);
-        if (brc && r->o.device == 2) {
-            code = brc == -75 ? EX_TEMPFAIL_ : EX_SOFTWARE_;
-            goto fail;
-        }
-        if (brc)
-            fprintf(stderr, "spill: no GPU engine (%s); running on the CPU.\n", err);
-    } else if (r->o.device == 2) {
-        util_errf(err, sizeof err, "this spill binary was built without CUDA; build build/cuda/spill-cuda (make cuda).");
-        code = EX_USAGE_;
-        goto fail;
-    }
-    if (brc && engine_backend_cpu(r->m, &eo, &r->be, err, sizeof err)) {
-        code = EX_SOFTWARE_;
-        goto fail;
-    }
-    if (sample_scratch_init(&r->sc, r->m->vocab, err, sizeof err))
-        goto fail;
-    {
-        char host[128] = "host", key[512];
-        gethostname(host, sizeof host - 1);
-        /* keyed by model | backend | machine: the same model on another backend or host costs differently */
-        snprintf(key, sizeof key, "%.16s-%s-%s-b%d", r->fingerprint, host, r->be.name, r->o.batch);
-        for (char *k = key; *k; k++)
-            if (!((*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') || (*k >= '0' && *k <= '9') || *k == '-'))
-                *k = '_';
-        if (calib_path(key, r->cal_path, sizeof r->cal_path) != 0 || calib_load(r->cal_path, &r->cal_stored) != 0)
-            memset(&r->cal_stored, 0, sizeof r->cal_stored);
-    }
     if (getrandom(&r->job_seed, sizeof r->job_seed, 0) != sizeof r->job_seed)
         r->job_seed = (uint64_t)time(NULL);
 
     if (resuming) {
         if (job_open_resume(r->o.out_dir, NULL, &r->j, err, sizeof err))
             goto fail;
+        /* one job, one model: mixing two models' answers in one output would be silent corruption */
+        const char *fp = json_string_value(json_object_get(json_object_get(job_manifest(r->j), "model"), "fingerprint"));
+        if (fp && strcmp(fp, r->fingerprint)) {
+            util_errf(err, sizeof err,
+                      "%s: the job was started with model fingerprint %.16s but %s now has %.16s; resume it with the "
+                      "same model files.",
+                      r->o.out_dir, fp, r->o.model_spec, r->fingerprint);
+            job_close(r->j, JOB_RUNNING, NULL, 0);
+            r->j = NULL;
+            goto fail;
+        }
     } else {
         json_t *oj = opts_json(&r->o);
         json_object_set_new(oj, "model", json_string(r->o.model_spec));
@@ -1195,10 +1173,52 @@ static int run_job(runner *r, bool resuming)
     r->t_start = now_s();
     if (load_rows(r, err, sizeof err))
         goto fail_job;
+    /* Resident when weights + KV fit the budget (or --resident); else layers stream from storage. */
+    bool stream = r->o.mode == 1 || (r->o.mode == 0 && r->m->total_bytes + r->o.kv_bytes > r->o.mem_budget);
+    /* sequences per pass: every active choice (admission keeps them under batch + the largest n) */
+    int max_n = 1;
+    for (size_t i = 0; i < r->n_rows; i++)
+        if (r->rows[i].state == ROW_PENDING && r->rows[i].n_choices > max_n)
+            max_n = r->rows[i].n_choices;
+    r->max_seqs = r->o.batch + max_n;
+    engine_opts eo = {r->o.threads, r->max_seqs + r->o.prefill_chunk, r->max_seqs, r->o.page_tokens, pages, stream,
+                      r->o.stream_slots, true, !r->o.exact};
+    /* Backend: the GPU when this binary has one (unless --cpu), else the CPU. */
+    int brc = -1;
+    if (r->o.device != 1 && spill_gpu_open) {
+        brc = spill_gpu_open(r->m, &eo, r->o.resident_layers, &r->be, err, sizeof err);
+        if (brc && r->o.device == 2) {
+            code = brc == -75 ? EX_TEMPFAIL_ : EX_SOFTWARE_;
+            goto fail_job;
+        }
+        if (brc)
+            fprintf(stderr, "spill: no GPU engine (%s); running on the CPU.\n", err);
+    } else if (r->o.device == 2) {
+        util_errf(err, sizeof err, "this spill binary was built without CUDA; build build/cuda/spill-cuda (make cuda).");
+        code = EX_USAGE_;
+        goto fail_job;
+    }
+    if (brc && engine_backend_cpu(r->m, &eo, &r->be, err, sizeof err)) {
+        code = EX_SOFTWARE_;
+        goto fail_job;
+    }
+    if (sample_scratch_init(&r->sc, r->m->vocab, err, sizeof err))
+        goto fail_job;
+    {
+        char host[128] = "host", key[512];
+        gethostname(host, sizeof host - 1);
+        /* keyed by model | backend | machine: the same model on another backend or host costs differently */
+        snprintf(key, sizeof key, "%.16s-%s-%s-b%d", r->fingerprint, host, r->be.name, r->o.batch);
+        for (char *k = key; *k; k++)
+            if (!((*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') || (*k >= '0' && *k <= '9') || *k == '-'))
+                *k = '_';
+        if (calib_path(key, r->cal_path, sizeof r->cal_path) != 0 || calib_load(r->cal_path, &r->cal_stored) != 0)
+            memset(&r->cal_stored, 0, sizeof r->cal_stored);
+    }
     /* queue: pending rows, longest first */
     r->queue = malloc((r->n_rows + 1) * sizeof *r->queue);
     r->active = malloc((r->n_rows + 1) * sizeof *r->active);
-    int max_seqs = r->o.batch + r->o.prefill_chunk;
+    int max_seqs = r->max_seqs;
     r->logits = malloc((size_t)max_seqs * (size_t)r->m->vocab * sizeof(float));
     r->seqs = malloc((size_t)max_seqs * sizeof *r->seqs);
     r->seq_row = malloc((size_t)max_seqs * sizeof(int));

@@ -487,6 +487,15 @@ out_free:
     return rc;
 }
 
+#define CTX_MAX_DEPTH 1000 /* JSON nesting accepted in the render context */
+
+static int ctx_from_object(jheap *h, void *arg, jv *ctx, char *err, size_t errlen)
+{
+    json_t *context = arg;
+    if (!json_is_object(context)) return util_errf(err, errlen, "the template render context must be a JSON object");
+    return jv_from_json(h, context, CTX_MAX_DEPTH, ctx, err, errlen);
+}
+
 int template_render(const tmpl_t *t, json_t *context, const tmpl_limits *lim, char **out, size_t *outlen, char *err,
                     size_t errlen)
 {
@@ -495,87 +504,117 @@ int template_render(const tmpl_t *t, json_t *context, const tmpl_limits *lim, ch
         template_limits_default(&def);
         lim = &def;
     }
-    return tmpl_eval_render(t, context, lim, out, outlen, err, errlen);
+    return tmpl_eval_render(t, ctx_from_object, context, lim, out, outlen, err, errlen);
 }
 
-/* transformers' _alias_reasoning_fields: a message carrying reasoning under any of
- * reasoning_content/thinking/reasoning becomes {"thinking": r, **message, "reasoning_content": r}. */
-static json_t *alias_reasoning(json_t *messages)
+typedef struct {
+    const tmpl_t *t;
+    json_t *messages, *tools, *extra;
+    bool add_generation_prompt;
+} chat_args;
+
+/* Sets ctx[key] = value (consumed); -1 with a sentence when out of memory. */
+static int ctx_set(jheap *h, jv ctx, const char *key, jv value, char *err, size_t errlen)
+{
+    if (value.t == JV_UNDEF || !jv_dict_set(ctx, jv_cstr(h, key), value))
+        return util_errf(err, errlen, "the chat context exceeds the template memory limit");
+    return 0;
+}
+
+/* One message as transformers hands it to the template: _alias_reasoning_fields turns a message
+ * carrying reasoning under reasoning_content/thinking/reasoning into
+ * {"thinking": r, **message, "reasoning_content": r} (dict order matters for tojson/items). */
+static int chat_message(jheap *h, json_t *m, jv *out, char *err, size_t errlen)
 {
     static const char *const fields[] = {"reasoning_content", "thinking", "reasoning"};
-    json_t *out = json_array();
+    json_t *r = NULL;
+    for (int k = 0; k < 3 && !r; k++) {
+        json_t *v = json_object_get(m, fields[k]);
+        if (v && !json_is_null(v)) r = v;
+    }
+    if (!r) return jv_from_json(h, m, CTX_MAX_DEPTH, out, err, errlen);
+    jv msg, rv, aliased = jv_dict(h, false);
+    if (aliased.t != JV_DICT) return util_errf(err, errlen, "the chat context exceeds the template memory limit");
+    if (jv_from_json(h, m, CTX_MAX_DEPTH, &msg, err, errlen)) return jv_unref(aliased), -1;
+    if (jv_from_json(h, r, CTX_MAX_DEPTH, &rv, err, errlen)) return jv_unref(aliased), jv_unref(msg), -1;
+    int rc = ctx_set(h, aliased, "thinking", jv_ref(rv), err, errlen);
+    for (size_t i = 0; !rc && i < msg.u.d->n; i++)
+        if (!jv_dict_set(aliased, jv_ref(msg.u.d->k[i]), jv_ref(msg.u.d->v[i])))
+            rc = util_errf(err, errlen, "the chat context exceeds the template memory limit");
+    if (!rc) rc = ctx_set(h, aliased, "reasoning_content", jv_ref(rv), err, errlen);
+    jv_unref(rv);
+    jv_unref(msg);
+    if (rc) return jv_unref(aliased), -1;
+    *out = aliased;
+    return 0;
+}
+
+/* transformers' render(messages=…, tools=…, documents=…, add_generation_prompt=…, **special_tokens, **kwargs),
+ * built straight from the caller's JSON without touching it (no reference counts change, so
+ * callers may share their JSON between threads). */
+static int chat_ctx(jheap *h, void *arg, jv *ctx, char *err, size_t errlen)
+{
+    chat_args *a = arg;
+    jv msgs = jv_list(h, json_array_size(a->messages), false), v;
     size_t i;
     json_t *m;
-    if (!out) return NULL;
-    json_array_foreach(messages, i, m)
-    {
-        json_t *r = NULL;
-        for (int k = 0; k < 3 && json_is_object(m); k++) {
-            json_t *v = json_object_get(m, fields[k]);
-            if (v && !json_is_null(v)) {
-                r = v;
-                break;
-            }
-        }
-        if (!r) {
-            json_array_append(out, m);
-            continue;
-        }
-        json_t *c = json_object();
-        const char *key;
-        json_t *val;
-        json_object_set(c, "thinking", r);
-        json_object_foreach(m, key, val) json_object_set(c, key, val);
-        json_object_set(c, "reasoning_content", r);
-        json_array_append_new(out, c);
+    *ctx = jv_dict(h, false);
+    if (ctx->t != JV_DICT || msgs.t != JV_LIST) {
+        jv_unref(msgs);
+        return util_errf(err, errlen, "the chat context exceeds the template memory limit");
     }
-    return out;
+    json_array_foreach(a->messages, i, m)
+    {
+        if (chat_message(h, m, &v, err, errlen)) return jv_unref(msgs), -1;
+        if (!jv_list_push(msgs, v)) {
+            jv_unref(msgs);
+            return util_errf(err, errlen, "the chat context exceeds the template memory limit");
+        }
+    }
+    if (ctx_set(h, *ctx, "messages", msgs, err, errlen)) return -1;
+    if (!a->tools) v = jv_none();
+    else if (jv_from_json(h, a->tools, CTX_MAX_DEPTH, &v, err, errlen)) return -1;
+    if (ctx_set(h, *ctx, "tools", v, err, errlen) || ctx_set(h, *ctx, "documents", jv_none(), err, errlen) ||
+        ctx_set(h, *ctx, "add_generation_prompt", jv_bool(a->add_generation_prompt), err, errlen))
+        return -1;
+    const char *key;
+    json_t *val;
+    json_object_foreach(a->extra, key, val)
+    {
+        if (!strcmp(key, "messages") || !strcmp(key, "tools") || !strcmp(key, "add_generation_prompt"))
+            return util_errf(err, errlen, "%s: extra key '%s' collides with a reserved template variable; rename it",
+                             a->t->name, key);
+        if (jv_from_json(h, val, CTX_MAX_DEPTH, &v, err, errlen) || ctx_set(h, *ctx, key, v, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+int chat_template_apply(const tmpl_t *t, json_t *messages, json_t *tools, json_t *extra, bool add_generation_prompt,
+                        time_t now, char **out, size_t *outlen, char *err, size_t errlen)
+{
+    size_t i;
+    json_t *m;
+    *out = NULL;
+    *outlen = 0;
+    if (!json_is_array(messages)) return util_errf(err, errlen, "%s: messages must be a JSON array", t->name);
+    json_array_foreach(messages, i, m) if (!json_is_object(m))
+        return util_errf(err, errlen, "%s: message %zu is not a JSON object", t->name, i);
+    if (extra && !json_is_object(extra)) return util_errf(err, errlen, "%s: extra must be a JSON object", t->name);
+    chat_args a = {t, messages, tools, extra, add_generation_prompt};
+    tmpl_limits lim;
+    template_limits_default(&lim);
+    lim.now = now;
+    return tmpl_eval_render(t, chat_ctx, &a, &lim, out, outlen, err, errlen);
 }
 
 int chat_template_render(const char *src, size_t len, json_t *messages, json_t *tools, json_t *extra,
                          bool add_generation_prompt, time_t now, char **out, size_t *outlen, char *err, size_t errlen)
 {
     tmpl_t *t = NULL;
-    json_t *ctx = NULL, *msgs = NULL;
-    int rc = -1;
     *out = NULL;
     *outlen = 0;
-    if (!json_is_array(messages)) return util_errf(err, errlen, "chat template: messages must be a JSON array");
-    size_t i;
-    json_t *m;
-    json_array_foreach(messages, i, m) if (!json_is_object(m))
-        return util_errf(err, errlen, "chat template: message %zu is not a JSON object", i);
-    if (extra && !json_is_object(extra)) return util_errf(err, errlen, "chat template: extra must be a JSON object");
     if (template_compile(src, len, "chat template", &t, err, errlen)) return -1;
-    ctx = json_object();
-    msgs = alias_reasoning(messages);
-    if (!ctx || !msgs) {
-        util_errf(err, errlen, "chat template: out of memory");
-        goto out_free;
-    }
-    json_object_set(ctx, "messages", msgs);
-    json_object_set_new(ctx, "tools", tools ? json_incref(tools) : json_null());
-    json_object_set_new(ctx, "documents", json_null());
-    json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_generation_prompt));
-    if (extra) {
-        const char *key;
-        json_t *val;
-        json_object_foreach(extra, key, val)
-        {
-            if (!strcmp(key, "messages") || !strcmp(key, "tools") || !strcmp(key, "add_generation_prompt")) {
-                util_errf(err, errlen, "chat template: extra key '%s' collides with a reserved template variable", key);
-                goto out_free;
-            }
-            json_object_set(ctx, key, val);
-        }
-    }
-    tmpl_limits lim;
-    template_limits_default(&lim);
-    lim.now = now;
-    rc = template_render(t, ctx, &lim, out, outlen, err, errlen);
-out_free:
-    json_decref(msgs);
-    json_decref(ctx);
+    int rc = chat_template_apply(t, messages, tools, extra, add_generation_prompt, now, out, outlen, err, errlen);
     template_free(t);
     return rc;
 }

@@ -68,4 +68,9 @@ int chat_template_render(const char *src, size_t len, json_t *messages, json_t *
                          bool add_generation_prompt, time_t now, char **out, size_t *outlen, char *err,
                          size_t errlen);
 
+/* The same with a template compiled once (template_compile), for rendering many conversations;
+ * thread-safe on a shared tmpl_t. */
+int chat_template_apply(const tmpl_t *t, json_t *messages, json_t *tools, json_t *extra, bool add_generation_prompt,
+                        time_t now, char **out, size_t *outlen, char *err, size_t errlen);
+
 #endif

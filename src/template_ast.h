@@ -131,8 +131,11 @@ int tmpl_fail_at(parser *p, size_t off, const char *fmt, ...) __attribute__((for
 /* Parses the whole token stream into an S_BODY tree; NULL (err set) on a syntax error. */
 node *tmpl_parse(parser *p);
 
-/* Evaluator entry point (template_eval.c). */
-int tmpl_eval_render(const tmpl_t *t, json_t *context, const tmpl_limits *lim, char **out, size_t *outlen, char *err,
-                     size_t errlen);
+/* Builds the render context (a JV_DICT of globals) on the render's heap; 0 or -1 with err. */
+typedef int (*tmpl_ctx_fn)(jheap *h, void *arg, jv *ctx, char *err, size_t errlen);
+
+/* Evaluator entry point (template_eval.c): builds the context with `build`, renders t. */
+int tmpl_eval_render(const tmpl_t *t, tmpl_ctx_fn build, void *arg, const tmpl_limits *lim, char **out, size_t *outlen,
+                     char *err, size_t errlen);
 
 #endif

@@ -1160,8 +1160,8 @@ static int exec_node(ev *e, const node *n)
 
 /* ---------------------------------------------------------------- entry */
 
-int tmpl_eval_render(const tmpl_t *t, json_t *context, const tmpl_limits *lim, char **out, size_t *outlen, char *err,
-                     size_t errlen)
+int tmpl_eval_render(const tmpl_t *t, tmpl_ctx_fn build, void *arg, const tmpl_limits *lim, char **out, size_t *outlen,
+                     char *err, size_t errlen)
 {
     ev e = {.t = t, .lim = lim, .err = err, .errlen = errlen};
     frame root = {0};
@@ -1172,11 +1172,7 @@ int tmpl_eval_render(const tmpl_t *t, json_t *context, const tmpl_limits *lim, c
     e.out.max = lim->max_output;
     e.now = lim->now ? lim->now : time(NULL);
     e.ctx = jv_undef();
-    if (!json_is_object(context)) {
-        util_errf(err, errlen, "%s: the render context must be a JSON object", t->name);
-        goto out;
-    }
-    if (jv_from_json(&e.heap, context, 1000, &e.ctx, err, errlen)) goto out;
+    if (build(&e.heap, arg, &e.ctx, err, errlen)) goto out;
     if (!frame_init(&e, &root, NULL)) {
         util_errf(err, errlen, "%s: out of memory", t->name);
         goto out;

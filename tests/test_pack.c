@@ -357,6 +357,30 @@ static void test_pack_synth(void)
     }
     free(ref);
     model_close(ms);
+
+    /* rows are converted in parallel: the output and the report must not depend on the thread count */
+    char a[256], b[256];
+    snprintf(a, sizeof a, "%s/t1.gguf", dir);
+    snprintf(b, sizeof b, "%s/t3.gguf", dir);
+    pack_opts p1 = {.model = src, .out = a, .quant = PACK_Q4, .threads = 1}, p3 = p1;
+    p3.out = b, p3.threads = 3;
+    pack_report r1, r3;
+    if (pack_model(&p1, &r1, err, sizeof err) == 0) {
+        if (pack_model(&p3, &r3, err, sizeof err) == 0) {
+            char *x, *y;
+            size_t nx, ny;
+            bool same = util_read_file(a, 64u << 20, &x, &nx, err, sizeof err) == 0 &&
+                        util_read_file(b, 64u << 20, &y, &ny, err, sizeof err) == 0 && nx == ny && !memcmp(x, y, nx);
+            CHECK(same && r1.rel_err == r3.rel_err, "1 and 3 threads give different output (%g vs %g)", r1.rel_err,
+                  r3.rel_err);
+            if (same)
+                free(x), free(y);
+            pack_report_free(&r3);
+        } else
+            CHECK(0, "pack with 3 threads: %s", err);
+        pack_report_free(&r1);
+    } else
+        CHECK(0, "pack with 1 thread: %s", err);
 }
 
 /* ---------------------------------------------------------------- 3. Hugging Face */

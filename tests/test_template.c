@@ -15,6 +15,7 @@
  *     are spill's own, jinja2's exception text is not compared);
  *   - DoS cases: every one fails with rc != 0 under the default limits (no timing assertions).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,37 +64,53 @@ static void check_outcome(const char *what, int rc, const char *out, size_t outl
     }
 }
 
-static void test_chat(void)
+/* Context pieces of one template x conversation case. */
+static json_t *case_extra(json_t *t, json_t *c)
 {
-    json_t *root = load("tests/data/tmpl/chat.json");
-    if (!root) return;
+    json_t *extra = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_object_get(t, "extra"), k, v) if (!json_is_null(v)) json_object_set(extra, k, v);
+    json_object_update(extra, json_object_get(c, "extra"));
+    return extra;
+}
+
+static json_t *case_tools(json_t *c)
+{
+    json_t *tools = json_object_get(c, "tools");
+    return json_is_null(tools) ? NULL : tools;
+}
+
+static void test_chat(json_t *root)
+{
     time_t now = (time_t)json_integer_value(json_object_get(root, "now"));
     json_t *convs = json_object_get(root, "conversations"), *templates = json_object_get(root, "templates");
     size_t ti, ci, ok = 0, total = 0;
     json_t *t, *c;
     json_array_foreach(templates, ti, t)
     {
-        const char *src = json_string_value(json_object_get(t, "template"));
-        size_t srclen = json_string_length(json_object_get(t, "template"));
-        json_t *results = json_object_get(t, "results");
+        const char *name = json_string_value(json_object_get(t, "name"));
+        json_t *src = json_object_get(t, "template"), *results = json_object_get(t, "results");
+        char err[SPILL_ERRLEN] = "";
+        tmpl_t *tm = NULL;
         CHECK(json_array_size(results) == json_array_size(convs) && json_array_size(convs) >= 40,
-              "%s: %zu results for %zu conversations (want >= 40)", json_string_value(json_object_get(t, "name")),
-              json_array_size(results), json_array_size(convs));
+              "%s: %zu results for %zu conversations (want >= 40)", name, json_array_size(results), json_array_size(convs));
+        CHECK(template_compile(json_string_value(src), json_string_length(src), "chat template", &tm, err, sizeof err) == 0,
+              "%s: compile: %s", name, err);
+        if (!tm) continue;
         json_array_foreach(convs, ci, c)
         {
-            json_t *extra = json_object();
-            const char *k;
-            json_t *v;
-            json_object_foreach(json_object_get(t, "extra"), k, v) if (!json_is_null(v)) json_object_set(extra, k, v);
-            json_object_update(extra, json_object_get(c, "extra"));
-            json_t *tools = json_object_get(c, "tools");
-            char *out = NULL, err[SPILL_ERRLEN] = "", what[160];
+            json_t *extra = case_extra(t, c);
+            char *out = NULL, what[160];
             size_t outlen = 0;
-            int rc = chat_template_render(src, srclen, json_object_get(c, "messages"), json_is_null(tools) ? NULL : tools,
-                                          extra, json_is_true(json_object_get(c, "add_generation_prompt")), now, &out,
-                                          &outlen, err, sizeof err);
-            snprintf(what, sizeof what, "%s / %s", json_string_value(json_object_get(t, "name")),
-                     json_string_value(json_object_get(c, "id")));
+            bool agp = json_is_true(json_object_get(c, "add_generation_prompt"));
+            /* the one-shot entry point for the first conversation, the compiled one for the rest */
+            int rc = ci == 0 ? chat_template_render(json_string_value(src), json_string_length(src),
+                                                    json_object_get(c, "messages"), case_tools(c), extra, agp, now,
+                                                    &out, &outlen, err, sizeof err)
+                             : chat_template_apply(tm, json_object_get(c, "messages"), case_tools(c), extra, agp, now,
+                                                   &out, &outlen, err, sizeof err);
+            snprintf(what, sizeof what, "%s / %s", name, json_string_value(json_object_get(c, "id")));
             int before = test_failures;
             check_outcome(what, rc, out, outlen, err, json_array_get(results, ci), "chat template");
             ok += test_failures == before;
@@ -101,9 +118,70 @@ static void test_chat(void)
             free(out);
             json_decref(extra);
         }
+        template_free(tm);
     }
     fprintf(stderr, "chat: %zu/%zu template x conversation renders match\n", ok, total);
-    json_decref(root);
+}
+
+/* Several threads render every conversation of every template through shared compiled templates. */
+typedef struct {
+    json_t *root;
+    tmpl_t **tm;
+    int mismatches;
+} thread_job;
+
+static void *render_all(void *arg)
+{
+    thread_job *j = arg;
+    time_t now = (time_t)json_integer_value(json_object_get(j->root, "now"));
+    json_t *convs = json_object_get(j->root, "conversations"), *templates = json_object_get(j->root, "templates");
+    size_t ti, ci;
+    json_t *t, *c;
+    json_array_foreach(templates, ti, t)
+    {
+        json_array_foreach(convs, ci, c)
+        {
+            json_t *extra = case_extra(t, c), *want = json_object_get(json_array_get(json_object_get(t, "results"), ci), "expect");
+            char *out = NULL, err[SPILL_ERRLEN];
+            size_t outlen = 0;
+            int rc = chat_template_apply(j->tm[ti], json_object_get(c, "messages"), case_tools(c), extra,
+                                         json_is_true(json_object_get(c, "add_generation_prompt")), now, &out, &outlen,
+                                         err, sizeof err);
+            if (want && (rc != 0 || outlen != json_string_length(want) || memcmp(out, json_string_value(want), outlen)))
+                j->mismatches++;
+            free(out);
+            json_decref(extra);
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(json_t *root)
+{
+    json_t *templates = json_object_get(root, "templates"), *t;
+    size_t n = json_array_size(templates), i;
+    tmpl_t **tm = calloc(n, sizeof *tm);
+    char err[SPILL_ERRLEN];
+    json_array_foreach(templates, i, t)
+    {
+        json_t *src = json_object_get(t, "template");
+        CHECK(template_compile(json_string_value(src), json_string_length(src), "chat template", &tm[i], err, sizeof err) == 0,
+              "compile: %s", err);
+    }
+    /* jansson objects are only read here (json_object_get/iteration), which is thread-safe */
+    enum { NT = 4 };
+    pthread_t th[NT];
+    thread_job jobs[NT];
+    for (int k = 0; k < NT; k++) {
+        jobs[k] = (thread_job){root, tm, 0};
+        CHECK(pthread_create(&th[k], NULL, render_all, &jobs[k]) == 0, "pthread_create");
+    }
+    for (int k = 0; k < NT; k++) {
+        pthread_join(th[k], NULL);
+        CHECK(jobs[k].mismatches == 0, "thread %d: %d renders differ from the fixture", k, jobs[k].mismatches);
+    }
+    for (i = 0; i < n; i++) template_free(tm[i]);
+    free(tm);
 }
 
 static void test_features(void)
@@ -253,7 +331,12 @@ int main(void)
     tzset();
     test_api();
     test_features();
-    test_chat();
+    json_t *chat = load("tests/data/tmpl/chat.json");
+    if (chat) {
+        test_chat(chat);
+        test_threads(chat);
+        json_decref(chat);
+    }
     test_dos();
     return test_finish("test_template");
 }

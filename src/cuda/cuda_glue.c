@@ -52,10 +52,10 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     cuda_engine_get_stats(e, &st);
     out->impl = e;
     if (co.streamed)
-        snprintf(out->name, sizeof out->name, "GPU %s, %d of %d layers streamed from pinned RAM", name, st.n_streamed,
+        snprintf(out->name, sizeof out->name, "GPU %.40s, %d of %d layers streamed from pinned RAM", name, st.n_streamed,
                  m->n_layers);
     else
-        snprintf(out->name, sizeof out->name, "GPU %s, resident", name);
+        snprintf(out->name, sizeof out->name, "GPU %.40s, resident", name);
     out->weight_bytes = st.resident_weight_bytes;
     out->forward = g_forward;
     out->kv = g_kv;
