@@ -40,7 +40,7 @@ typedef struct wtensor {
 
 struct gguf_w {
     uint32_t alignment;
-    uint8_t *kv;        /* serialized key/values */
+    uint8_t *kv; /* serialized key/values */
     size_t kv_len, kv_cap;
     uint64_t n_kv;
     char **keys;        /* (n_kv) for duplicate checks */
@@ -80,15 +80,24 @@ static int put(gguf_w *w, const void *p, size_t n)
     return 0;
 }
 
-static int put_u32(gguf_w *w, uint32_t v) { return put(w, &v, 4); } /* x86/ARM little-endian hosts only */
-static int put_u64(gguf_w *w, uint64_t v) { return put(w, &v, 8); }
-static int put_str(gguf_w *w, const char *s, size_t n) { return put_u64(w, n) || put(w, s, n); }
+static int put_u32(gguf_w *w, uint32_t v)
+{
+    return put(w, &v, 4);
+} /* x86/ARM little-endian hosts only */
+static int put_u64(gguf_w *w, uint64_t v)
+{
+    return put(w, &v, 8);
+}
+static int put_str(gguf_w *w, const char *s, size_t n)
+{
+    return put_u64(w, n) || put(w, s, n);
+}
 
 static uint32_t vsize(uint32_t t)
 {
-    static const uint8_t sz[] = {[GGUF_V_U8] = 1,  [GGUF_V_I8] = 1,   [GGUF_V_U16] = 2, [GGUF_V_I16] = 2,
-                                 [GGUF_V_U32] = 4, [GGUF_V_I32] = 4,  [GGUF_V_F32] = 4, [GGUF_V_BOOL] = 1,
-                                 [GGUF_V_U64] = 8, [GGUF_V_I64] = 8,  [GGUF_V_F64] = 8};
+    static const uint8_t sz[] = {
+        [GGUF_V_U8] = 1,  [GGUF_V_I8] = 1,   [GGUF_V_U16] = 2, [GGUF_V_I16] = 2, [GGUF_V_U32] = 4, [GGUF_V_I32] = 4,
+        [GGUF_V_F32] = 4, [GGUF_V_BOOL] = 1, [GGUF_V_U64] = 8, [GGUF_V_I64] = 8, [GGUF_V_F64] = 8};
     return t < sizeof sz ? sz[t] : 0;
 }
 
@@ -349,10 +358,19 @@ int gguf_w_set_type(gguf_w *w, int i, uint32_t type, char *err, size_t errlen)
     return 0;
 }
 
-uint64_t gguf_w_n_tensors(const gguf_w *w) { return w->n_t; }
-uint64_t gguf_w_tensor_bytes(const gguf_w *w, int i) { return w->t[i].bytes; }
+uint64_t gguf_w_n_tensors(const gguf_w *w)
+{
+    return w->n_t;
+}
+uint64_t gguf_w_tensor_bytes(const gguf_w *w, int i)
+{
+    return w->t[i].bytes;
+}
 
-static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
 
 static uint64_t header_bytes(const gguf_w *w)
 {
@@ -419,19 +437,15 @@ int gguf_w_header(const gguf_w *w, uint8_t **buf, size_t *len, char *err, size_t
 
 /* ---------------------------------------------------------------- output file */
 
+static int pwrite_all(int fd, const uint8_t *p, size_t n, uint64_t off, uint64_t *bad_off);
+
 static int write_all(int fd, const uint8_t *p, size_t n, uint64_t off, const char *path, char *err, size_t errlen)
 {
-    while (n) {
-        ssize_t r = pwrite(fd, p, n, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return util_errf(err, errlen, "%s: write failed at byte %llu: %s; check free space.", path,
-                             (unsigned long long)off, r < 0 ? strerror(errno) : "no progress");
-        p += r;
-        n -= (size_t)r;
-        off += (uint64_t)r;
-    }
+    uint64_t bad = 0;
+    int e = pwrite_all(fd, p, n, off, &bad);
+    if (e)
+        return util_errf(err, errlen, "%s: write failed at byte %llu: %s; check free space.", path,
+                         (unsigned long long)bad, strerror(e));
     return 0;
 }
 
@@ -448,7 +462,7 @@ struct gguf_out_bg {
     size_t job_n;
     uint64_t job_off;
     bool stop;
-    int err_no;         /* first failed write: errno (EIO for no progress) and offset */
+    int err_no; /* first failed write: errno (EIO for no progress) and offset */
     uint64_t err_off;
 };
 
@@ -624,7 +638,10 @@ int gguf_out_reserve(gguf_out *o, size_t n, uint8_t **p, char *err, size_t errle
     return 0;
 }
 
-void gguf_out_commit(gguf_out *o, size_t n) { o->fill += n; }
+void gguf_out_commit(gguf_out *o, size_t n)
+{
+    o->fill += n;
+}
 
 int gguf_out_write(gguf_out *o, const void *p, size_t n, char *err, size_t errlen)
 {
@@ -645,7 +662,10 @@ int gguf_out_write(gguf_out *o, const void *p, size_t n, char *err, size_t errle
     return 0;
 }
 
-uint64_t gguf_out_pos(const gguf_out *o) { return o->pos + o->fill; }
+uint64_t gguf_out_pos(const gguf_out *o)
+{
+    return o->pos + o->fill;
+}
 
 int gguf_out_pad(gguf_out *o, uint64_t alignment, char *err, size_t errlen)
 {

@@ -86,11 +86,11 @@ int gguf_w_header(const gguf_w *w, uint8_t **buf, size_t *len, char *err, size_t
 typedef struct gguf_out {
     int fd;
     char *path, *tmp;
-    uint8_t *buf;       /* (cap) 4096-aligned */
+    uint8_t *buf; /* (cap) 4096-aligned */
     size_t cap, fill;
-    uint64_t pos;       /* absolute offset of buf[0] */
-    bool direct;        /* O_DIRECT in use */
-    uint64_t written;   /* bytes handed to the file so far (data + header) */
+    uint64_t pos;           /* absolute offset of buf[0] */
+    bool direct;            /* O_DIRECT in use */
+    uint64_t written;       /* bytes handed to the file so far (data + header) */
     struct gguf_out_bg *bg; /* background writer: writes one buffer while the caller fills the other */
 } gguf_out;
 

@@ -100,6 +100,7 @@ jv jv_list(jheap *h, size_t cap_hint, bool tuple)
     jlist *l = jheap_alloc(h, JV_LIST, sizeof(jlist));
     if (!l) return v;
     l->tuple = tuple;
+    l->depth = 1;
     v.t = JV_LIST;
     v.u.l = l;
     if (cap_hint && !jheap_grow(&l->h, (void **)&l->v, &l->cap, sizeof(jv), cap_hint)) {
@@ -116,6 +117,7 @@ jv jv_dict(jheap *h, bool ns)
     if (!d) return v;
     v.t = ns ? JV_NS : JV_DICT;
     v.u.d = d;
+    d->depth = 1;
     if (ns) {
         d->ns_next = h->namespaces;
         h->namespaces = d;
@@ -139,9 +141,28 @@ jv jv_func(jheap *h, jfunc_kind kind, const char *name, jv self)
     return v;
 }
 
+static uint32_t jv_depth(jv v) { return v.t == JV_LIST ? v.u.l->depth : v.t == JV_DICT ? v.u.d->depth : 0; }
+
+/* New depth of a container receiving v, or 0 (heap->too_deep set) when over the limit. */
+static uint32_t nest_check(jobj *o, uint32_t cur, jv v)
+{
+    uint32_t d = jv_depth(v) + 1;
+    if (d > JV_MAX_NEST) {
+        o->heap->too_deep = true;
+        return 0;
+    }
+    return d > cur ? d : cur;
+}
+
 bool jv_list_push(jv list, jv v)
 {
     jlist *l = list.u.l;
+    uint32_t d = nest_check(&l->h, l->depth, v);
+    if (!d) {
+        jv_unref(v);
+        return false;
+    }
+    l->depth = d;
     if (!jheap_grow(&l->h, (void **)&l->v, &l->cap, sizeof(jv), l->n + 1)) {
         jv_unref(v);
         return false;
@@ -170,6 +191,13 @@ jv *jv_dict_getc(jv dict, const char *key)
 bool jv_dict_set(jv dict, jv k, jv v)
 {
     jdict *d = dict.u.d;
+    uint32_t dk = nest_check(&d->h, d->depth, k), dv = dk ? nest_check(&d->h, dk, v) : 0;
+    if (!dv) {
+        jv_unref(k);
+        jv_unref(v);
+        return false;
+    }
+    d->depth = dv;
     jv *slot = jv_dict_get(dict, k);
     if (slot) {
         jv_unref(k);
@@ -504,8 +532,14 @@ static bool repr_str(jbuf *b, const char *s, size_t len)
     return jbuf_putc(b, q);
 }
 
-bool jv_repr(jbuf *b, jv v)
+static bool repr_at(jbuf *b, jv v, int depth);
+
+bool jv_repr(jbuf *b, jv v) { return repr_at(b, v, 0); }
+
+/* depth bounds the walk through namespaces, which may contain themselves (Python prints "...") */
+static bool repr_at(jbuf *b, jv v, int depth)
 {
+    if (depth > JV_MAX_NEST + 8) return jbuf_puts(b, "...");
     switch (v.t) {
     case JV_STR: return repr_str(b, v.u.s->s, v.u.s->len);
     case JV_LIST: {
@@ -514,7 +548,7 @@ bool jv_repr(jbuf *b, jv v)
         jbuf_putc(b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i) jbuf_puts(b, ", ");
-            jv_repr(b, l->v[i]);
+            repr_at(b, l->v[i], depth + 1);
         }
         if (l->tuple && l->n == 1) jbuf_putc(b, ',');
         return jbuf_putc(b, l->tuple ? ')' : ']');
@@ -524,9 +558,9 @@ bool jv_repr(jbuf *b, jv v)
         jbuf_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
             if (i) jbuf_puts(b, ", ");
-            jv_repr(b, d->k[i]);
+            repr_at(b, d->k[i], depth + 1);
             jbuf_puts(b, ": ");
-            jv_repr(b, d->v[i]);
+            repr_at(b, d->v[i], depth + 1);
         }
         return jbuf_putc(b, '}');
     }
@@ -535,9 +569,9 @@ bool jv_repr(jbuf *b, jv v)
         jbuf_puts(b, "<Namespace {");
         for (size_t i = 0; i < d->n; i++) {
             if (i) jbuf_puts(b, ", ");
-            jv_repr(b, d->k[i]);
+            repr_at(b, d->k[i], depth + 1);
             jbuf_puts(b, ": ");
-            jv_repr(b, d->v[i]);
+            repr_at(b, d->v[i], depth + 1);
         }
         return jbuf_puts(b, "}>");
     }

@@ -83,8 +83,13 @@ struct jstr {
     char s[];    /* NUL-terminated UTF-8 */
 };
 
+/* Lists and dicts nest at most JV_MAX_NEST deep (namespaces do not count: they are released
+ * separately), which bounds every recursive walk (free, repr, ==, json) on the C stack. */
+#define JV_MAX_NEST 1000
+
 struct jlist {
     jobj h;
+    uint32_t depth; /* 1 + deepest child */
     bool tuple;
     bool gen; /* a jinja filter's lazy generator (select, map, unique, items…): always truthy,
                * no len(), compares by identity; |list turns it into a list */
@@ -94,6 +99,7 @@ struct jlist {
 
 struct jdict {
     jobj h;
+    uint32_t depth; /* 1 + deepest key or value */
     size_t n, cap;
     jv *k, *v;       /* (n) keys and values, insertion order */
     jdict *ns_next;  /* JV_NS only: heap's namespace list */
@@ -123,6 +129,7 @@ struct jheap {
     uint64_t total;          /* bytes ever allocated: charged as fuel */
     jdict *namespaces;       /* every namespace created, for cycle breaking */
     bool oom;                /* an allocation failed or hit max_live */
+    bool too_deep;           /* a push/set would have nested deeper than JV_MAX_NEST */
 };
 
 /* ---- construction (each returns a value with one reference, or JV_UNDEF with heap->oom set) */
@@ -140,7 +147,8 @@ jv jv_list(jheap *h, size_t cap_hint, bool tuple);
 jv jv_dict(jheap *h, bool ns);
 jv jv_func(jheap *h, jfunc_kind kind, const char *name, jv self /* consumed */);
 
-/* Appends/sets, consuming `v` (and `k`); false when out of memory (value released). */
+/* Appends/sets, consuming `v` (and `k`); false when out of memory or too deep (heap->oom or
+ * heap->too_deep set, value released). */
 bool jv_list_push(jv list, jv v);
 bool jv_dict_set(jv dict, jv k, jv v);
 /* Borrowed lookup; NULL when absent.  Keys compare with Python == . */

@@ -14,7 +14,8 @@
  *  - Type per tensor: every 2-D weight whose rows are whole 32-blocks is
  *    requantized (q8 → Q8_0; q4 → both Q4_0 and Q4_1 are computed and the one
  *    with the lower ||W−Wq|| wins, so the choice is measured per tensor, not
- *    guessed per model); 1-D tensors (norms, biases) become F32, which costs
+ *    guessed per model), except tensors already in a type the request allows
+ *    (Q8_0 for q8, Q4_0/Q4_1 for q4), which are copied; 1-D tensors (norms, biases) become F32, which costs
  *    nothing and is what forward.c converts them to anyway; `none` copies
  *    matrices byte for byte.  Requantizing an already-quantized source adds
  *    its error to the source's: the report measures against the source's
@@ -68,8 +69,8 @@ static int use_rank(const char *name)
         /* per layer, as forward.c uses them */
         "attn_norm.weight", "attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias", "attn_v.weight",
         "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight", "attn_qkv.weight", "attn_qkv.bias",
-        "attn_output.weight", "post_attention_norm.weight", "ffn_norm.weight", "ffn_gate_inp.weight",
-        "ffn_gate.weight", "ffn_up.weight", "ffn_gate_up.weight", "ffn_down.weight", "post_ffw_norm.weight"};
+        "attn_output.weight", "post_attention_norm.weight", "ffn_norm.weight", "ffn_gate_inp.weight", "ffn_gate.weight",
+        "ffn_up.weight", "ffn_gate_up.weight", "ffn_down.weight", "post_ffw_norm.weight"};
     const char *s = name;
     if (!strncmp(name, "blk.", 4)) {
         const char *dot = strchr(name + 4, '.');
@@ -87,10 +88,9 @@ typedef struct item {
     int32_t layer;
     int rank;
     size_t src_idx;
-    int widx;              /* index in the writer */
-    uint32_t out_type;
-    bool permute;          /* HF llama Q/K rows */
-    int perm_S;            /* head size for the permutation */
+    int widx;     /* index in the writer */
+    bool permute; /* HF llama Q/K rows */
+    int perm_S;   /* head size for the permutation */
 } item;
 
 static int item_cmp(const void *pa, const void *pb)
@@ -108,18 +108,18 @@ static int item_cmp(const void *pa, const void *pb)
 typedef struct packer {
     const pack_opts *o;
     model_desc *m;
-    int *fds;              /* (m->n_files) */
+    int *fds; /* (m->n_files) */
     gguf_w *w;
     gguf_out out;
     item *items;
     size_t n_items;
-    float *rope_freqs;     /* (rope_dim/2) generated for HF Llama 3 scaling */
-    cpu_pool *pool;        /* rows of a chunk are converted in parallel; each thread's scratch holds one row */
-    float *x;              /* chunk buffer: (rows, K) fp32 */
-    uint8_t *src, *dst;    /* chunk buffers: source bytes, converted bytes */
-    double *rerr;          /* (rows, 3): per-row squared error of Q4_0/Q8_0, of Q4_1, squared norm */
+    float *rope_freqs;  /* (rope_dim/2) generated for HF Llama 3 scaling */
+    cpu_pool *pool;     /* rows of a chunk are converted in parallel; each thread's scratch holds one row */
+    float *x;           /* chunk buffer: (rows, K) fp32 */
+    uint8_t *src, *dst; /* chunk buffers: source bytes, converted bytes */
+    double *rerr;       /* (rows, 3): per-row squared error of Q4_0/Q8_0, of Q4_1, squared norm */
     size_t x_cap, src_cap, dst_cap, rerr_cap;
-    double err2, norm2;    /* totals over requantized tensors */
+    double err2, norm2; /* totals over requantized tensors */
     uint64_t done_bytes;
     double t0, last_draw;
 } packer;
@@ -131,9 +131,12 @@ static double now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Reads source bytes.  The source is read once, in order: its pages are dropped from the page cache right
+ * after (POSIX_FADV_DONTNEED), so packing a model larger than RAM does not evict everything else. */
 static int read_at(packer *p, uint32_t file, void *dst, size_t n, uint64_t off, char *err, size_t errlen)
 {
     uint8_t *d = dst;
+    uint64_t off0 = off, n0 = n;
     while (n) {
         ssize_t r = pread(p->fds[file], d, n, (off_t)off);
         if (r < 0 && errno == EINTR)
@@ -145,6 +148,7 @@ static int read_at(packer *p, uint32_t file, void *dst, size_t n, uint64_t off, 
         n -= (size_t)r;
         off += (uint64_t)r;
     }
+    posix_fadvise(p->fds[file], (off_t)off0, (off_t)n0, POSIX_FADV_DONTNEED);
     return 0;
 }
 
@@ -173,11 +177,15 @@ static bool is_vector(const model_tensor *t)
     return t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1;
 }
 
-/* 2-D+ weights whose rows are whole 32-element blocks are requantized (unless --quant none). */
+/* 2-D+ weights whose rows are whole 32-element blocks are requantized (unless --quant none, or the
+ * tensor already has a type the requested quant allows: Q8_0 for q8, Q4_0/Q4_1 for q4, kept byte for byte). */
 static bool is_matrix_to_quantize(const packer *p, const item *it)
 {
     const model_tensor *t = it->t;
-    return p->o->quant != PACK_NONE && t && !is_vector(t) && t->ne[0] % 32 == 0 && strstr(t->name, ".weight");
+    enum pack_quant q = p->o->quant;
+    if (q == PACK_NONE || !t || is_vector(t) || t->ne[0] % 32 || !strstr(t->name, ".weight"))
+        return false;
+    return q == PACK_Q8 ? t->dtype != GGML_Q8_0 : t->dtype != GGML_Q4_0 && t->dtype != GGML_Q4_1;
 }
 
 /* ---------------------------------------------------------------- metadata */
@@ -206,7 +214,8 @@ static int hf_keys(packer *p, char *err, size_t errlen)
         gguf_w_f32(w, KEY("rope.freq_base"), (float)m->rope_theta, err, errlen) ||
         gguf_w_u32(w, KEY("vocab_size"), (uint32_t)m->vocab, err, errlen))
         return -1;
-    if (m->sliding_window > 0 && gguf_w_u32(w, KEY("attention.sliding_window"), (uint32_t)m->sliding_window, err, errlen))
+    if (m->sliding_window > 0 &&
+        gguf_w_u32(w, KEY("attention.sliding_window"), (uint32_t)m->sliding_window, err, errlen))
         return -1;
     if (m->n_experts > 0 && (gguf_w_u32(w, KEY("expert_count"), (uint32_t)m->n_experts, err, errlen) ||
                              gguf_w_u32(w, KEY("expert_used_count"), (uint32_t)m->n_experts_used, err, errlen)))
@@ -449,6 +458,7 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
             goto out;
     }
     if (quantize) {
+        r->requantized = true;
         r->rel_err = nrm > 0 ? sqrt(e0) / sqrt(nrm) : 0;
         p->err2 += e0;
         p->norm2 += nrm;
@@ -491,8 +501,8 @@ static int plan(packer *p, char *err, size_t errlen)
         if (strlen(t->name) > 63)
             return util_errf(err, errlen, "%s: tensor name %s is longer than GGUF's 63 bytes.", m->source, t->name);
         if (!quant_type_supported(t->dtype))
-            return util_errf(err, errlen, "%s: tensor %s is stored as %s, which pack cannot read.", m->source,
-                             t->name, quant_type_name(t->dtype));
+            return util_errf(err, errlen, "%s: tensor %s is stored as %s, which pack cannot read.", m->source, t->name,
+                             quant_type_name(t->dtype));
         if (hf && !strcmp(t->name, "rope_freqs.weight"))
             llama3 = false;
     }
@@ -514,12 +524,12 @@ static int plan(packer *p, char *err, size_t errlen)
         if (t) {
             nd = t->n_dims;
             memcpy(ne, t->ne, sizeof ne);
-            ty = is_vector(t) ? GGML_F32 : is_matrix_to_quantize(p, it) ? (p->o->quant == PACK_Q8 ? GGML_Q8_0 : GGML_Q4_0)
-                                                              : t->dtype;
+            ty = is_vector(t)                   ? GGML_F32
+                 : is_matrix_to_quantize(p, it) ? (p->o->quant == PACK_Q8 ? GGML_Q8_0 : GGML_Q4_0)
+                                                : t->dtype;
         }
         if ((it->widx = gguf_w_tensor(p->w, it->name, nd, ne, ty, err, errlen)) < 0)
             return -1;
-        it->out_type = ty;
     }
     return 0;
 }
@@ -544,8 +554,8 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
         util_errf(err, errlen, "%s: architecture %s cannot be packed: %s", m->source, m->arch, m->state_note);
         goto out;
     }
-    if (m->format == MODEL_HF && strcmp(m->arch, "llama") && strcmp(m->arch, "mistral") &&
-        strcmp(m->arch, "qwen2") && strcmp(m->arch, "qwen3")) {
+    if (m->format == MODEL_HF && strcmp(m->arch, "llama") && strcmp(m->arch, "mistral") && strcmp(m->arch, "qwen2") &&
+        strcmp(m->arch, "qwen3")) {
         util_errf(err, errlen,
                   "%s: packing a Hugging Face %s checkpoint is not supported yet (llama, mistral, qwen2 and qwen3 "
                   "are); convert it to GGUF with llama.cpp and pack that.",
@@ -693,7 +703,7 @@ int pack_main(int argc, char **argv)
         const pack_tensor_report *r = &rep.t[i];
         printf("%-40s %-6s %-6s %12llu %12llu ", r->name, quant_type_name(r->src_type), quant_type_name(r->dst_type),
                (unsigned long long)r->src_bytes, (unsigned long long)r->dst_bytes);
-        if (r->src_type != r->dst_type && r->dst_type != GGML_F32)
+        if (r->requantized)
             printf("%8.3f%%", 100 * r->rel_err);
         else
             printf("%9s", "-");

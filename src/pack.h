@@ -12,32 +12,33 @@
 enum pack_quant { PACK_NONE, PACK_Q8, PACK_Q4 };
 
 typedef struct pack_opts {
-    const char *model;      /* anything model_resolve accepts: .gguf, HF directory, tag */
-    const char *out;        /* output .gguf */
+    const char *model; /* anything model_resolve accepts: .gguf, HF directory, tag */
+    const char *out;   /* output .gguf */
     enum pack_quant quant;
-    int threads;            /* rows are converted in parallel; 0 = every online CPU */
-    bool progress;          /* redraw a progress line on stderr */
+    int threads;   /* rows are converted in parallel; 0 = every online CPU */
+    bool progress; /* redraw a progress line on stderr */
 } pack_opts;
 
 typedef struct pack_tensor_report {
-    char name[96];          /* canonical name */
+    char name[96]; /* canonical name */
     uint32_t src_type, dst_type;
     uint64_t src_bytes, dst_bytes;
-    double rel_err;         /* ||W - Wq|| / ||W|| against the source's values; 0 when copied */
-    double alt_err;         /* q4: the error of the Q4 type not chosen (Q4_1 when Q4_0 won, and back); else 0 */
-    bool permuted;          /* rows reordered for GGUF llama RoPE (HF source) */
+    bool requantized; /* converted to a quantized type (else copied, or widened to F32) */
+    double rel_err;   /* ||W - Wq|| / ||W|| against the source's values; 0 unless requantized */
+    double alt_err;   /* q4: the error of the Q4 type not chosen (Q4_1 when Q4_0 won, and back); else 0 */
+    bool permuted;    /* rows reordered for GGUF llama RoPE (HF source) */
 } pack_tensor_report;
 
 typedef struct pack_report {
     size_t n;
-    pack_tensor_report *t;  /* (n) in output file order */
-    uint64_t src_bytes;     /* weight bytes in the source */
-    uint64_t dst_bytes;     /* output file size */
-    double rel_err;         /* over every requantized tensor: sqrt(Σ||W-Wq||²) / sqrt(Σ||W||²) */
-    double worst_err;       /* largest per-tensor rel_err */
+    pack_tensor_report *t; /* (n) in output file order */
+    uint64_t src_bytes;    /* weight bytes in the source */
+    uint64_t dst_bytes;    /* output file size */
+    double rel_err;        /* over every requantized tensor: sqrt(Σ||W-Wq||²) / sqrt(Σ||W||²) */
+    double worst_err;      /* largest per-tensor rel_err */
     double seconds;
-    size_t n_q4_0, n_q4_1;  /* q4: how many tensors each type won */
-    bool tokenizer_json;    /* HF source: tokenizer.json embedded as spill.tokenizer.json */
+    size_t n_q4_0, n_q4_1; /* q4: how many tensors each type won */
+    bool tokenizer_json;   /* HF source: tokenizer.json embedded as spill.tokenizer.json */
 } pack_report;
 
 /*
@@ -48,7 +49,8 @@ typedef struct pack_report {
  * tokenizer.json as the string `spill.tokenizer.json`.  Tensors: globals
  * first, then each layer in forward-pass order, each 4096-aligned; 2-D
  * weights → Q8_0 (q8), Q4_0 or Q4_1 whichever has the lower measured error
- * (q4), or unchanged (none); 1-D tensors → F32.  HF llama checkpoints get
+ * (q4), or unchanged (none, and tensors already Q8_0 for q8 or Q4_0/Q4_1 for
+ * q4); 1-D tensors → F32.  HF llama checkpoints get
  * their Q/K rows permuted as convert_hf_to_gguf.py does, so the GGUF `llama`
  * RoPE (consecutive pairs) computes what HF's rotate-half computed.
  * Memory: one chunk of rows at a time (16 MiB of fp32), except q4, which

@@ -315,10 +315,12 @@ int probe_run(const probe_opts *o, probe_result *r, char *err, size_t errlen)
     uint64_t min = o->small_ok ? 16 * MIB : 256 * MIB;
     r->test_bytes = o->bytes ? o->bytes : 1024 * MIB;
     if (r->test_bytes < min)
-        return util_errf(err, errlen, "probe: --bytes %llu is below the minimum of %llu MiB (smaller files measure "
-                                      "the drive's cache, not its sustained rate).",
+        return util_errf(err, errlen,
+                         "probe: --bytes %llu is below the minimum of %llu MiB (smaller files measure "
+                         "the drive's cache, not its sustained rate).",
                          (unsigned long long)r->test_bytes, (unsigned long long)(min / MIB));
-    r->test_bytes = r->test_bytes / (16 * MIB) * (16 * MIB); /* whole 16 MiB requests, so O_DIRECT lengths stay aligned */
+    r->test_bytes =
+        r->test_bytes / (16 * MIB) * (16 * MIB); /* whole 16 MiB requests, so O_DIRECT lengths stay aligned */
     if (o->dir)
         snprintf(r->dir, sizeof r->dir, "%s", o->dir);
     else if (util_pathf(r->dir, sizeof r->dir, "%s/calibration", util_spill_home()) != 0)
@@ -380,11 +382,11 @@ int probe_save(const probe_result *r, const char *path, char *err, size_t errlen
         "{s:i, s:s, s:{s:I, s:I}, s:{s:s, s:I, s:I, s:b, s:o, s:I, s:f, s:o, s:f}, s:{s:i, s:{s:s, s:i, s:i, s:i, "
         "s:f}}}",
         "version", 1, "time", r->time, "ram", "total_bytes", (json_int_t)r->ram_total, "available_bytes",
-        (json_int_t)r->ram_available, "disk", "dir", r->dir, "fs_free_bytes", (json_int_t)r->fs_free,
-        "fs_total_bytes", (json_int_t)r->fs_total, "o_direct", r->direct, "note",
-        r->note[0] ? json_string(r->note) : json_null(), "test_bytes", (json_int_t)r->test_bytes, "write_gbs",
-        r->write_gbs, "reads", reads, "read_gbs", r->read_gbs, "cpu", "threads", r->threads, "matmul", "dtype", "F16",
-        "n", r->mm_n, "k", r->mm_k, "t", r->mm_t, "gflops", r->matmul_gflops);
+        (json_int_t)r->ram_available, "disk", "dir", r->dir, "fs_free_bytes", (json_int_t)r->fs_free, "fs_total_bytes",
+        (json_int_t)r->fs_total, "o_direct", r->direct, "note", r->note[0] ? json_string(r->note) : json_null(),
+        "test_bytes", (json_int_t)r->test_bytes, "write_gbs", r->write_gbs, "reads", reads, "read_gbs", r->read_gbs,
+        "cpu", "threads", r->threads, "matmul", "dtype", "F16", "n", r->mm_n, "k", r->mm_k, "t", r->mm_t, "gflops",
+        r->matmul_gflops);
     if (!j)
         return util_errf(err, errlen, "%s: cannot build the JSON (invalid UTF-8 in the directory name?).", path);
     char *s = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
@@ -427,8 +429,8 @@ int probe_load(const char *path, probe_result *r, char *err, size_t errlen)
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
     if (!j)
-        return util_errf(err, errlen, "%s: line %d, column %d: %s; run `spill probe` again.", path, je.line,
-                         je.column, je.text);
+        return util_errf(err, errlen, "%s: line %d, column %d: %s; run `spill probe` again.", path, je.line, je.column,
+                         je.text);
     int rc = -1;
     json_t *ram = json_object_get(j, "ram"), *disk = json_object_get(j, "disk"), *cpu = json_object_get(j, "cpu");
     json_t *mm = json_object_get(cpu, "matmul"), *reads = json_object_get(disk, "reads");
@@ -496,7 +498,8 @@ void probe_print(const probe_result *r)
         printf("           note: %s\n", r->note);
     printf("write      %.2f GB/s (%s, %.2f GB file, fsync included)\n", r->write_gbs,
            r->direct ? "O_DIRECT" : "buffered", r->test_bytes / 1e9);
-    printf("read       request   1 reader   4 readers   (%s)\n", r->direct ? "O_DIRECT, page cache bypassed" : "buffered");
+    printf("read       request   1 reader   4 readers   (%s)\n",
+           r->direct ? "O_DIRECT, page cache bypassed" : "buffered");
     for (int i = 0; i < PROBE_N_READS; i += 2)
         printf("           %3d MiB   %6.2f GB/s %6.2f GB/s\n", r->reads[i].request_mib, r->reads[i].gbs,
                r->reads[i + 1].gbs);

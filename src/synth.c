@@ -48,7 +48,7 @@
 #define CHUNK (4u << 20) /* bytes generated per step, filled in place in the write buffer */
 
 static const synth_shape presets[] = {
-    /*name          arch     D     H   K  F      V       L   theta     eps    ctx   bias   tied */
+    /* name, arch, D, H, K, F, V, L, rope theta, norm eps, context, qkv bias, tied */
     {"llama3-8b", "llama", 4096, 32, 8, 14336, 128256, 32, 500000.0, 1e-5f, 8192, false, false},
     {"llama3-70b", "llama", 8192, 64, 8, 28672, 128256, 80, 500000.0, 1e-5f, 8192, false, false},
     {"qwen2.5-7b", "qwen2", 3584, 28, 4, 18944, 152064, 28, 1000000.0, 1e-6f, 32768, true, false},
@@ -88,7 +88,10 @@ static void rng_seed(rng *r, uint64_t seed, const char *name)
         r->s[i] = splitmix64(&x);
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
 
 /* xoshiro256++ (Blackman & Vigna) */
 static inline uint64_t rng_next(rng *r)
@@ -106,7 +109,10 @@ static inline uint64_t rng_next(rng *r)
 }
 
 /* Uniform in [-1, 1). */
-static inline float rng_sym(rng *r) { return (float)((double)(rng_next(r) >> 11) * 0x1.0p-52 - 1.0); }
+static inline float rng_sym(rng *r)
+{
+    return (float)((double)(rng_next(r) >> 11) * 0x1.0p-52 - 1.0);
+}
 
 #define AMP 0.034641016f /* 0.02·√3: a uniform on [-AMP, AMP] has std 0.02 */
 
@@ -446,6 +452,13 @@ int synth_main(int argc, char **argv)
     }
     if (!o.like || !path)
         return usage();
+    const synth_shape *sh = synth_find(o.like);
+    if (!sh || o.layers > sh->L) {
+        fprintf(stderr, "spill synth: %s\n",
+                sh ? "--layers is more than the model has"
+                   : "--like must be llama3-8b, llama3-70b, qwen2.5-7b, smollm2-135m or tiny.");
+        return 2;
+    }
     if (!strcmp(q, "f16"))
         o.wtype = GGML_F16;
     else if (!strcmp(q, "bf16"))
@@ -475,7 +488,7 @@ int synth_main(int argc, char **argv)
     synth_stats st;
     if (synth_write(&o, &st, err, sizeof err) != 0) {
         fprintf(stderr, "spill synth: %s\n", err);
-        return 1;
+        return 73; /* EX_CANTCREAT */
     }
     printf("wrote %s: %.3f GB in %.1f s (%.2f GB/s%s)\n", path, st.bytes / 1e9, st.seconds,
            st.bytes / 1e9 / (st.seconds > 0 ? st.seconds : 1e-9), st.direct ? ", O_DIRECT" : ", buffered");

@@ -11,32 +11,32 @@
 
 /* A model shape.  Dimension letters: D model, H heads, K kv heads, F ffn, V vocab, L layers. */
 typedef struct synth_shape {
-    const char *name;   /* llama3-8b, llama3-70b, qwen2.5-7b, smollm2-135m, tiny */
-    const char *arch;   /* GGUF general.architecture: llama | qwen2 */
+    const char *name; /* llama3-8b, llama3-70b, qwen2.5-7b, smollm2-135m, tiny */
+    const char *arch; /* GGUF general.architecture: llama | qwen2 */
     int D, H, K, F, V, L;
     double rope_theta;
     float norm_eps;
     int ctx_len;
-    bool qkv_bias;      /* q/k/v projections carry biases (Qwen2) */
-    bool tied;          /* no output.weight: the head reuses token_embd */
+    bool qkv_bias; /* q/k/v projections carry biases (Qwen2) */
+    bool tied;     /* no output.weight: the head reuses token_embd */
 } synth_shape;
 
 /* The preset of that name, or NULL. */
 const synth_shape *synth_find(const char *name);
 
 typedef struct synth_opts {
-    const char *like;   /* preset name */
-    int layers;         /* 0 = the preset's L; else 1..L */
-    uint32_t wtype;     /* matrices: GGML_F16, GGML_BF16, GGML_Q8_0 or GGML_Q4_0 */
+    const char *like; /* preset name */
+    int layers;       /* 0 = the preset's L; else 1..L */
+    uint32_t wtype;   /* matrices: GGML_F16, GGML_BF16, GGML_Q8_0 or GGML_Q4_0 */
     uint64_t seed;
-    const char *path;   /* output .gguf */
-    bool progress;      /* redraw a progress line on stderr */
+    const char *path; /* output .gguf */
+    bool progress;    /* redraw a progress line on stderr */
 } synth_opts;
 
 typedef struct synth_stats {
-    uint64_t bytes;     /* file size */
-    double seconds;     /* wall time of the whole write, fsync included */
-    bool direct;        /* data written with O_DIRECT */
+    uint64_t bytes; /* file size */
+    double seconds; /* wall time of the whole write, fsync included */
+    bool direct;    /* data written with O_DIRECT */
 } synth_stats;
 
 /*
@@ -49,8 +49,10 @@ typedef struct synth_stats {
  */
 int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen);
 
-/* `spill synth --like NAME [--layers N] [--quant f16|bf16|q8|q4] [--seed N] -o PATH`
- * (argv: the arguments after the command word).  Returns the exit code. */
+/* `spill synth --like NAME [--layers N] [--quant f16|bf16|q8|q4] [--seed N] -o PATH|DIR`
+ * (argv: the arguments after the command word; with a directory the file is
+ * DIR/<name>[-L<layers>]-<quant>.gguf).  Returns 0, 2 on bad arguments, 73
+ * (EX_CANTCREAT) when the file cannot be written. */
 int synth_main(int argc, char **argv);
 
 #endif

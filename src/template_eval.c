@@ -74,6 +74,8 @@ int tev_fail_undef(ev *e, const node *n, jv u)
 int tev_tick(ev *e, const node *n, uint64_t k)
 {
     e->steps += k;
+    if (e->heap.too_deep)
+        return tev_fail(e, n, "template values nest deeper than %d levels (lists/dicts inside each other)", JV_MAX_NEST);
     if (e->heap.oom)
         return tev_fail(e, n, "template values exceed the memory limit of %zu bytes; the template builds values too large",
                     e->lim->max_memory);
@@ -84,12 +86,12 @@ int tev_tick(ev *e, const node *n, uint64_t k)
 }
 
 /* Checks a freshly built value: JV_UNDEF without hint from a constructor means out of memory. */
-int tev_oom_check(ev *e, const node *n) { return e->heap.oom ? tev_tick(e, n, 0) : 0; }
+int tev_oom_check(ev *e, const node *n) { return e->heap.oom || e->heap.too_deep ? tev_tick(e, n, 0) : 0; }
 
 /* Ends a function that just built *out: on a failed allocation releases it and fails. */
 int tev_built(ev *e, const node *n, jv *out)
 {
-    if (!e->heap.oom) return 0;
+    if (!e->heap.oom && !e->heap.too_deep) return 0;
     jv_drop(out);
     return tev_tick(e, n, 0);
 }

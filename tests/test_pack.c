@@ -288,8 +288,8 @@ static void test_pack_synth(void)
                 continue;
             bool mat = ts->ne[1] > 1;
             n_mat += mat;
-            uint32_t want = !mat ? GGML_F32
-                            : cases[c].q == PACK_Q8 ? GGML_Q8_0
+            uint32_t want = !mat                      ? GGML_F32
+                            : cases[c].q == PACK_Q8   ? GGML_Q8_0
                             : cases[c].q == PACK_NONE ? ts->dtype
                                                       : r->dst_type;
             CHECK(tp->dtype == want && r->dst_type == tp->dtype, "%s: %s has type %s", cases[c].name, r->name,
@@ -311,14 +311,15 @@ static void test_pack_synth(void)
             for (uint64_t k = 0; a && b && k < n; k++)
                 d += ((double)a[k] - b[k]) * ((double)a[k] - b[k]), s += (double)a[k] * a[k];
             CHECK(a && b && fabs(sqrt(d / s) - r->rel_err) <= 1e-9 * r->rel_err + 1e-12,
-                  "%s: %s reported %.9g, files say %.9g", cases[c].name, r->name, r->rel_err, a && b ? sqrt(d / s) : -1);
+                  "%s: %s reported %.9g, files say %.9g", cases[c].name, r->name, r->rel_err,
+                  a && b ? sqrt(d / s) : -1);
             free(a);
             free(b);
         }
         CHECK(n_mat == 2 + 4 * 7, "%s: %zu matrices", cases[c].name, n_mat);
         if (cases[c].q == PACK_Q4)
-            CHECK(rep.n_q4_0 + rep.n_q4_1 == n_mat, "q4: %zu + %zu choices for %zu matrices", rep.n_q4_0,
-                  rep.n_q4_1, n_mat);
+            CHECK(rep.n_q4_0 + rep.n_q4_1 == n_mat, "q4: %zu + %zu choices for %zu matrices", rep.n_q4_0, rep.n_q4_1,
+                  n_mat);
         if (cases[c].q != PACK_NONE)
             CHECK(rep.rel_err >= cases[c].lo && rep.rel_err <= cases[c].hi && rep.worst_err >= rep.rel_err,
                   "%s: overall error %.4f%%", cases[c].name, 100 * rep.rel_err);
@@ -346,8 +347,8 @@ static void test_pack_synth(void)
             if (cases[c].q == PACK_NONE)
                 CHECK(!memcmp(lg, ref, 1024 * sizeof *lg), "none: logits differ (rel %g)", d);
             else
-                CHECK(d <= cases[c].logit_tol, "%s: logits differ by %.3f%% (tolerance %g%%)", cases[c].name,
-                      100 * d, 100 * cases[c].logit_tol);
+                CHECK(d <= cases[c].logit_tol, "%s: logits differ by %.3f%% (tolerance %g%%)", cases[c].name, 100 * d,
+                      100 * cases[c].logit_tol);
             fprintf(stderr, "  tiny %-4s: weight error %.3f%% overall, logits %.3f%%\n", cases[c].name,
                     100 * rep.rel_err, 100 * d);
         }
@@ -357,6 +358,32 @@ static void test_pack_synth(void)
     }
     free(ref);
     model_close(ms);
+
+    /* a model already in the requested type is copied, not requantized: q8 of a Q8_0 model changes nothing */
+    char q8src[256], q8out[256];
+    snprintf(q8src, sizeof q8src, "%s/tiny-q8src.gguf", dir);
+    snprintf(q8out, sizeof q8out, "%s/tiny-q8q8.gguf", dir);
+    synth_opts s8 = {.like = "tiny", .wtype = GGML_Q8_0, .seed = 11, .path = q8src};
+    pack_opts p8 = {.model = q8src, .out = q8out, .quant = PACK_Q8};
+    pack_report r8;
+    if (synth_write(&s8, &ss, err, sizeof err) == 0 && pack_model(&p8, &r8, err, sizeof err) == 0) {
+        size_t requant = 0;
+        for (size_t i = 0; i < r8.n; i++)
+            requant += r8.t[i].requantized;
+        CHECK(requant == 0 && r8.rel_err == 0, "q8 of a Q8_0 model requantized %zu tensors", requant);
+        model_desc *a, *b;
+        if (opens(q8src, &a)) {
+            if (opens(q8out, &b)) {
+                float *la = run_logits(a, toks, 7), *lb = run_logits(b, toks, 7);
+                CHECK(la && lb && !memcmp(la, lb, 1024 * sizeof *la), "q8 of a Q8_0 model changed the logits");
+                free(la), free(lb);
+                model_close(b);
+            }
+            model_close(a);
+        }
+        pack_report_free(&r8);
+    } else
+        CHECK(0, "q8 of a Q8_0 model: %s", err);
 
     /* rows are converted in parallel: the output and the report must not depend on the thread count */
     char a[256], b[256];
@@ -408,8 +435,8 @@ static void test_pack_hf(const char *name, enum pack_quant q, double tol)
     }
     check_layout(mp, name);
     bool llama = !strcmp(mh->arch, "llama");
-    CHECK(!strcmp(mp->arch, mh->arch) && mp->rope_style == (llama ? ROPE_NORM : ROPE_NEOX), "%s: arch %s rope %d",
-          name, mp->arch, mp->rope_style);
+    CHECK(!strcmp(mp->arch, mh->arch) && mp->rope_style == (llama ? ROPE_NORM : ROPE_NEOX), "%s: arch %s rope %d", name,
+          mp->arch, mp->rope_style);
     CHECK(mp->n_layers == mh->n_layers && mp->d_model == mh->d_model && mp->n_heads == mh->n_heads &&
               mp->n_kv_heads == mh->n_kv_heads && mp->head_dim == mh->head_dim && mp->ffn_dim == mh->ffn_dim &&
               mp->vocab == mh->vocab && mp->tied_embeddings == mh->tied_embeddings &&
@@ -448,6 +475,58 @@ static void test_pack_hf(const char *name, enum pack_quant q, double tol)
     model_close(mh);
     model_close(mp);
     pack_report_free(&rep);
+}
+
+/* An HF directory with a tokenizer: tokenizer.json is embedded whole, the template and stop set travel. */
+static void test_pack_hf_tokenizer(void)
+{
+    char hf[128], out[256], cmd[1200], err[SPILL_ERRLEN];
+    snprintf(hf, sizeof hf, "%s/hf_tok", dir);
+    snprintf(
+        cmd, sizeof cmd,
+        "mkdir -p %s && cp tests/data/ref/llama_gqa_s64/*.json tests/data/ref/llama_gqa_s64/model.safetensors %s/ && "
+        "cp tests/data/tok/smollm2.tokenizer.json %s/tokenizer.json && "
+        "printf '{\"chat_template\": \"{{ messages[0].content }}<|im_end|>\", \"eos_token\": \"<|im_end|>\"}' "
+        "> %s/tokenizer_config.json",
+        hf, hf, hf, hf);
+    CHECK(system(cmd) == 0, "building %s", hf);
+    snprintf(out, sizeof out, "%s/hf_tok.gguf", dir);
+    pack_opts po = {.model = hf, .out = out, .quant = PACK_Q8};
+    pack_report rep;
+    int rc = pack_model(&po, &rep, err, sizeof err);
+    CHECK(rc == 0 && rep.tokenizer_json, "pack with tokenizer: %s", err);
+    if (rc)
+        return;
+    pack_report_free(&rep);
+    model_desc *mh, *mp;
+    if (!opens(hf, &mh))
+        return;
+    if (opens(out, &mp)) {
+        const char *s;
+        size_t len;
+        char *want;
+        size_t wl;
+        CHECK(gguf_get_str(mp->gguf, "spill.tokenizer.json", &s, &len) &&
+                  util_read_file(mh->tokenizer_path, 64u << 20, &want, &wl, err, sizeof err) == 0 && wl == len &&
+                  !memcmp(s, want, len),
+              "spill.tokenizer.json is not the file's bytes");
+        free(want);
+        tokenizer *tk = NULL;
+        CHECK(tokenizer_from_json(s, len, "packed", &tk, err, sizeof err) == 0, "embedded tokenizer: %s", err);
+        if (tk)
+            tokenizer_free(tk);
+        CHECK(mp->chat_template && mh->chat_template && !strcmp(mp->chat_template, mh->chat_template),
+              "chat template lost");
+        const gguf_kv *st = gguf_get(mp->gguf, "spill.stop_ids");
+        CHECK(st && st->type == GGUF_V_ARRAY && st->arr_n == mh->n_stop, "spill.stop_ids has %llu of %zu ids",
+              st ? (unsigned long long)st->arr_n : 0ull, mh->n_stop);
+        for (size_t i = 0; st && i < st->arr_n && i < mh->n_stop; i++)
+            CHECK(gguf_arr_num(st, i) == mh->stop_ids[i], "stop id %zu", i);
+        CHECK(mp->eos_id == mh->eos_id && mp->bos_id == mh->bos_id, "eos %d/%d bos %d/%d", mp->eos_id, mh->eos_id,
+              mp->bos_id, mh->bos_id);
+        model_close(mp);
+    }
+    model_close(mh);
 }
 
 /* ---------------------------------------------------------------- 4. real model */
@@ -525,6 +604,7 @@ int main(void)
     test_pack_hf("qwen3_qknorm", PACK_NONE, 1e-4);
     test_pack_hf("llama_mha_s128_tied_llama3", PACK_NONE, 0);
     test_pack_hf("llama_gqa_s64", PACK_Q8, 0.02);
+    test_pack_hf_tokenizer();
     test_pack_smollm(PACK_NONE);
     test_pack_smollm(PACK_Q8);
 

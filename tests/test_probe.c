@@ -49,8 +49,8 @@ static void check_sane(const probe_result *r, const char *what)
     static const int req[6] = {1, 1, 4, 4, 16, 16}, rd[6] = {1, 4, 1, 4, 1, 4};
     double best = 0;
     for (int i = 0; i < PROBE_N_READS; i++) {
-        CHECK(r->reads[i].request_mib == req[i] && r->reads[i].readers == rd[i], "%s: read %d is %d MiB x %d", what,
-              i, r->reads[i].request_mib, r->reads[i].readers);
+        CHECK(r->reads[i].request_mib == req[i] && r->reads[i].readers == rd[i], "%s: read %d is %d MiB x %d", what, i,
+              r->reads[i].request_mib, r->reads[i].readers);
         CHECK(isfinite(r->reads[i].gbs) && r->reads[i].gbs > 0, "%s: read %d rate %g", what, i, r->reads[i].gbs);
         best = r->reads[i].gbs > best ? r->reads[i].gbs : best;
     }
@@ -150,8 +150,7 @@ int main(void)
     CHECK(probe_load(bad, &r, err, sizeof err) != 0 && strstr(err, "bad.json") && strstr(err, "disk.read_gbs"),
           "malformed: '%s'", err);
     probe_opts small = {.dir = calib, .bytes = 64ull << 20};
-    CHECK(probe_run(&small, &r, err, sizeof err) != 0 && strstr(err, "256 MiB"), "64M without --test-small: '%s'",
-          err);
+    CHECK(probe_run(&small, &r, err, sizeof err) != 0 && strstr(err, "256 MiB"), "64M without --test-small: '%s'", err);
     char *argv2[] = {"--bytes", "lots"};
     CHECK(probe_main(2, argv2) == 2, "bad --bytes is a usage error");
     char *argv3[] = {"--frobnicate"};

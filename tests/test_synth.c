@@ -36,7 +36,10 @@
 
 static char dir[] = "/tmp/spill_test_synth_XXXXXX";
 
-static uint64_t align4k(uint64_t v) { return (v + 4095) / 4096 * 4096; }
+static uint64_t align4k(uint64_t v)
+{
+    return (v + 4095) / 4096 * 4096;
+}
 
 static const model_tensor *find(const model_desc *m, const char *name)
 {
@@ -128,8 +131,8 @@ static void check_one(const char *q, uint32_t wtype)
     CHECK(rc == 0, "%s: model_open: %s", q, err);
     if (rc)
         return;
-    CHECK(!strcmp(m->arch, "llama") && m->n_layers == 4 && m->d_model == 256 && m->n_heads == 4 &&
-              m->n_kv_heads == 2 && m->head_dim == 64 && m->ffn_dim == 512 && m->vocab == 1024,
+    CHECK(!strcmp(m->arch, "llama") && m->n_layers == 4 && m->d_model == 256 && m->n_heads == 4 && m->n_kv_heads == 2 &&
+              m->head_dim == 64 && m->ffn_dim == 512 && m->vocab == 1024,
           "%s: dims L%d D%d H%d K%d S%d F%d V%d", q, m->n_layers, m->d_model, m->n_heads, m->n_kv_heads, m->head_dim,
           m->ffn_dim, m->vocab);
     CHECK(fabs(m->rope_theta - 10000.0) < 1e-6 && fabs(m->norm_eps - 1e-5f) < 1e-12, "%s: rope %g eps %g", q,
@@ -144,12 +147,12 @@ static void check_one(const char *q, uint32_t wtype)
         uint64_t ne0, ne1;
         bool matrix;
     } shapes[] = {
-        {"token_embd.weight", 256, 1024, true},  {"output.weight", 256, 1024, true},
-        {"output_norm.weight", 256, 1, false},   {"blk.0.attn_q.weight", 256, 256, true},
-        {"blk.1.attn_k.weight", 256, 128, true}, {"blk.2.attn_v.weight", 256, 128, true},
+        {"token_embd.weight", 256, 1024, true},       {"output.weight", 256, 1024, true},
+        {"output_norm.weight", 256, 1, false},        {"blk.0.attn_q.weight", 256, 256, true},
+        {"blk.1.attn_k.weight", 256, 128, true},      {"blk.2.attn_v.weight", 256, 128, true},
         {"blk.3.attn_output.weight", 256, 256, true}, {"blk.3.ffn_gate.weight", 256, 512, true},
-        {"blk.0.ffn_up.weight", 256, 512, true}, {"blk.2.ffn_down.weight", 512, 256, true},
-        {"blk.1.attn_norm.weight", 256, 1, false}, {"blk.1.ffn_norm.weight", 256, 1, false},
+        {"blk.0.ffn_up.weight", 256, 512, true},      {"blk.2.ffn_down.weight", 512, 256, true},
+        {"blk.1.attn_norm.weight", 256, 1, false},    {"blk.1.ffn_norm.weight", 256, 1, false},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const model_tensor *t = find(m, shapes[i].name);
@@ -161,8 +164,8 @@ static void check_one(const char *q, uint32_t wtype)
         CHECK(t->dtype == (shapes[i].matrix ? wtype : GGML_F32), "%s: %s has dtype %u", q, t->name, t->dtype);
         double mn, mx, sd = tensor_std(m, t, &mn, &mx);
         if (shapes[i].matrix)
-            CHECK(fabs(sd - 0.02) < 0.001 && mn >= -0.0355 && mx <= 0.0355, "%s: %s std %g range [%g, %g]", q,
-                  t->name, sd, mn, mx);
+            CHECK(fabs(sd - 0.02) < 0.001 && mn >= -0.0355 && mx <= 0.0355, "%s: %s std %g range [%g, %g]", q, t->name,
+                  sd, mn, mx);
         else
             CHECK(mn >= 0.95 && mx <= 1.05 && sd > 0, "%s: norm %s range [%g, %g]", q, t->name, mn, mx);
     }
@@ -202,8 +205,7 @@ static void check_one(const char *q, uint32_t wtype)
             s2 += (double)logits[i] * logits[i];
         }
         /* logits std ≈ 0.02·√D·(rms of the normed state ≈ 1) = 0.32; accept 0.05..2 */
-        CHECK(rc || (finite && sqrt(s2 / 1024) > 0.05 && sqrt(s2 / 1024) < 2), "%s: logits rms %g", q,
-              sqrt(s2 / 1024));
+        CHECK(rc || (finite && sqrt(s2 / 1024) > 0.05 && sqrt(s2 / 1024) < 2), "%s: logits rms %g", q, sqrt(s2 / 1024));
         free(logits);
         kv_row_free(engine_kv(e), &kr);
         engine_close(e);
@@ -276,6 +278,13 @@ int main(void)
     CHECK(synth_main(6, argv2) == 2, "bad --quant is a usage error");
     char *argv3[] = {"--like", "tiny"};
     CHECK(synth_main(2, argv3) == 2, "missing -o is a usage error");
+    char *argv4[] = {"--like", "gpt5", "-o", dir};
+    CHECK(synth_main(4, argv4) == 2, "unknown shape is a usage error");
+    char *argv5[] = {"--like", "tiny", "--layers", "9", "-o", dir};
+    CHECK(synth_main(6, argv5) == 2, "too many layers is a usage error");
+    snprintf(c, sizeof c, "%s/no/such/dir/x.gguf", dir);
+    char *argv6[] = {"--like", "tiny", "-o", c};
+    CHECK(synth_main(4, argv6) == 73, "an unwritable path exits 73");
 
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

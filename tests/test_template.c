@@ -70,8 +70,10 @@ static json_t *case_extra(json_t *t, json_t *c)
     json_t *extra = json_object();
     const char *k;
     json_t *v;
-    json_object_foreach(json_object_get(t, "extra"), k, v) if (!json_is_null(v)) json_object_set(extra, k, v);
-    json_object_update(extra, json_object_get(c, "extra"));
+    /* deep copies: the fixture is shared by the threads of test_threads, and json_object_set
+     * would bump reference counts of shared values */
+    json_object_foreach(json_object_get(t, "extra"), k, v) if (!json_is_null(v)) json_object_set_new(extra, k, json_deep_copy(v));
+    json_object_foreach(json_object_get(c, "extra"), k, v) json_object_set_new(extra, k, json_deep_copy(v));
     return extra;
 }
 
@@ -290,6 +292,15 @@ static void test_api(void)
     lim.max_depth = 8;
     CHECK(render_str("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "{}", &lim, &out, err, sizeof err) == -1 &&
               strstr(err, "macro"), "depth limit: %s", err);
+
+    /* namespaces may contain themselves or chain deeply: printing stays bounded, nothing leaks */
+    CHECK(render_str("{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns }}", "{}", NULL, &out, err, sizeof err) == 0 &&
+              strstr(out, "<Namespace {'me': [<Namespace"), "self-containing namespace: %s", err);
+    free(out);
+    CHECK(render_str("{% set ns = namespace(x=1) %}{% for i in range(20000) %}{% set ns.x = namespace(y=ns.x) %}{% endfor %}"
+                     "{{ ns.x|string|length > 0 }}", "{}", NULL, &out, err, sizeof err) == 0 && !strcmp(out, "True"),
+          "namespace chain: %s", err);
+    free(out);
 
     /* a compiled template renders repeatedly with different contexts */
     tmpl_t *t = NULL;

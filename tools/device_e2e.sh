@@ -3,7 +3,7 @@
 # (tiny SmolLM2-vocabulary fixture, GPU vs CPU answers) and benchmark B3
 # (HF accelerate offload vs spill streaming the same 8B-shaped checkpoint).
 # Expects the static build/cuda/spill-cuda copied to .carry/bin (carry .carry/bin).
-#   tools/device_e2e.sh [e2e] [b3]
+#   tools/device_e2e.sh [e2e] [b3] [b5]
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -50,4 +50,10 @@ if [[ " $steps " == *" b3 "* ]]; then
     echo "b3 exit $?" >> "$OUT/b3.log"
 
 fi
-ls -la "$OUT" "$OUT/b3" 2>/dev/null
+if [[ " $steps " == *" b5 "* ]]; then
+    [ -f /tmp/b3model/config.json ] || { echo "b5 needs the b3 model"; exit 1; }
+    PYTHONUNBUFFERED=1 timeout 300 python3 tools/b5_refill.py /tmp/b3model "$OUT/b5" "$B" --rows 384 --batch 192 \
+        --chunk 4096 > "$OUT/b5.log" 2>&1
+    echo "b5 exit $?" >> "$OUT/b5.log"
+fi
+ls -la "$OUT" "$OUT/b3" "$OUT/b5" 2>/dev/null

@@ -443,6 +443,23 @@ FEATURES = [
     ("dict_global", "{{ dict(a=1, b='x') }} {{ dict(a=1)|tojson }}"),
     ("call_non_callable", "{{ i() }}"),
     ("undefined_global", "{{ no_such_function() }}"),
+    # jinja2 quirks found by differential testing
+    ("generator_truthy", "{% if empty|select('odd') %}yes{% else %}no{% endif %} {{ messages|selectattr('role', 'equalto', 'x') is sequence }}"),
+    ("generator_length_error", "{{ l|select('odd')|length }}"),
+    ("generator_to_list", "{{ l|select('odd')|list|length }} {{ (l|reject('odd')|list)[0] }}"),
+    ("select_falsy_input", "{{ n|select|list }} {{ 0|map('upper')|list }} {{ ''|selectattr('x')|list }}"),
+    ("callable_undefined", "{{ nothing is callable }} {{ d.zz is callable }}"),
+    ("sharp_s_case", "{{ 'straße'|upper }} {{ 'ß'.title() }} {{ 'ßa'|capitalize }} {{ 'aß'|title }} {{ 'ß' is lower }}"),
+    ("odd_even_float", "{{ 0.5 is odd }} {{ 3.0 is odd }} {{ 4.0 is even }} {{ 7.5 is divisibleby 2.5 }}"),
+    ("unhashable_in_dict", "{{ [1] in d }}"),
+    ("comment_at_eof", "abc{#"),
+    ("raw_at_eof", "abc{% raw %}"),
+    ("round_int", "{{ 3|round }} {{ 3|round(1) }} {{ t|round }} {{ 3|round(0, 'floor') }}"),
+    ("replace_non_string", "{{ 12321|replace(2, 'x') }}"),
+    ("indent_non_string", "{{ 10|indent }}"),
+    ("test_case_non_string", "{{ 7 is upper }} {{ [1] is lower }} {{ 'AB1' is upper }}"),
+    ("slice_non_sequence", "{{ i[1:] }}"),
+    ("repr_undefined_in_list", "{{ [1, nothing, d.zz] }}"),
     # syntax errors
     ("syntax_unclosed_if", "{% if t %}x"),
     ("syntax_unclosed_var", "{{ i "),
@@ -482,6 +499,8 @@ DOS = [
     ("list_doubling", "{% set ns = namespace(l=[1]) %}{% for a in range(100) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}"),
     ("output_flood", "{% for a in range(100000) %}{% for b in range(100000) %}0123456789abcdef{% endfor %}{% endfor %}"),
     ("string_repeat_huge", "{{ 'x' * 1000000000 }}"),
+    ("nested_list_100k", "{% set ns = namespace(x=[]) %}{% for a in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}"),
+    ("nested_dict_100k", "{% set ns = namespace(x={}) %}{% for a in range(100000) %}{% set ns.x = {'k': ns.x} %}{% endfor %}{{ ns.x == ns.x }}"),
     ("namespace_self_cycle", "{% set ns = namespace() %}{% set ns.me = ns %}{{ raise_exception('cycle kept: ' ~ (ns.me is defined)) }}"),
 ]
 
