@@ -432,6 +432,9 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
     }
     for (uint64_t r0 = 0; r0 < rows; r0 += chunk) {
         uint64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+        if (r0 + n < rows) /* let the kernel read the next chunk while this one is converted */
+            posix_fadvise(p->fds[t->file], (off_t)(t->offset + (r0 + n) * srow),
+                          (off_t)((rows - r0 - n < chunk ? rows - r0 - n : chunk) * srow), POSIX_FADV_WILLNEED);
         if (read_at(p, t->file, p->src, (size_t)(n * srow), t->offset + r0 * srow, err, errlen))
             goto out;
         p->done_bytes += n * srow;

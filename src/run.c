@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "calib.h"
+#include "cpu.h"
 #include "engine.h"
 #include "job.h"
 #include "model.h"
@@ -130,7 +131,12 @@ typedef struct runner {
     size_t n_active;
     uint64_t admit_serial;
 
-    sample_scratch sc;
+    sample_scratch sc;   /* sequential sampling (n > 1 choices sharing a prompt) */
+    cpu_pool *spool;     /* sampling threads: rows of a pass are sampled in parallel */
+    sample_scratch *scs; /* (threads) one scratch per sampling thread */
+    sample_result *sres; /* (max seqs) this pass's draws */
+    int *sidx;           /* (max seqs) sequence index of each logits row */
+    int *src;            /* (max seqs) per-draw status */
     int max_seqs;        /* sequences one pass may carry: batch + the largest n */
     float *logits;       /* (max seqs, V) */
     fwd_seq *seqs;
@@ -855,6 +861,18 @@ static void show_progress(runner *r, int pass, double pass_s, bool final)
 
 /* ---------------------------------------------------------------- the loop */
 
+/* One sampling task: logits row k of this pass. */
+static void draw_task(void *ctx, int64_t k, int tid)
+{
+    runner *r = ctx;
+    int s = r->sidx[k];
+    row *w = &r->rows[r->seq_row[s]];
+    choice *ch = &w->ch[r->seq_choice[s]];
+    char err[SPILL_ERRLEN];
+    r->src[k] = sample_next(r->logits + (size_t)k * (size_t)r->m->vocab, r->m->vocab, &w->sp, &ch->ss, &r->scs[tid],
+                            &r->sres[k], err, sizeof err);
+}
+
 static int run_passes(runner *r, char *err, size_t errlen)
 {
     int pass = 0;
@@ -939,6 +957,13 @@ static int run_passes(runner *r, char *err, size_t errlen)
         int frc = r->be.forward(r->be.impl, r->seqs, ns, r->logits, err, errlen);
         if (frc)
             return frc;
+        /* Draw every row's next token in parallel (each row owns its RNG and counts, each thread its
+         * scratch: the draws are the same whatever thread takes which row), then apply them in order. */
+        int nl = 0;
+        for (int s = 0; s < ns; s++)
+            if (r->seqs[s].want_logits)
+                r->sidx[nl++] = s;
+        cpu_pool_run(r->spool, draw_task, r, nl);
         int li = 0;
         for (int s = 0; s < ns; s++) {
             row *w = &r->rows[r->seq_row[s]];
@@ -949,9 +974,11 @@ static int run_passes(runner *r, char *err, size_t errlen)
             const float *lg = r->logits + (size_t)li * (size_t)r->m->vocab;
             bool prompt_done = r->seq_choice[s] == 0 && r->seqs[s].n > 0 && ch->fed == w->n_prompt && ch->n_gen == 0 &&
                                ch->next < 0;
-            sample_result sr;
-            if (sample_next(lg, r->m->vocab, &w->sp, &ch->ss, &r->sc, &sr, err, errlen) ||
-                accept_token(r, w, ch, &sr, err, errlen))
+            sample_result sr = r->sres[li];
+            if (r->src[li])
+                return util_errf(err, errlen, "row %s: no token could be drawn (every logit is NaN or -inf).",
+                                 w->custom_id);
+            if (accept_token(r, w, ch, &sr, err, errlen))
                 return -1;
             /* n > 1: the other choices share the prompt's prefill — copy its KV pages and draw their first
              * token from the same logits with their own RNG. */
@@ -1117,6 +1144,13 @@ static void runner_free(runner *r)
     free(r->seq_row);
     free(r->seq_choice);
     sample_scratch_free(&r->sc);
+    for (int t = 0; r->scs && r->spool && t < cpu_pool_threads(r->spool); t++)
+        sample_scratch_free(&r->scs[t]);
+    free(r->scs);
+    cpu_pool_free(r->spool);
+    free(r->sres);
+    free(r->sidx);
+    free(r->src);
     if (r->be.impl)
         r->be.close(r->be.impl);
     tokenizer_free(r->tok);
@@ -1236,7 +1270,17 @@ static int run_job(runner *r, bool resuming)
     r->seqs = malloc((size_t)max_seqs * sizeof *r->seqs);
     r->seq_row = malloc((size_t)max_seqs * sizeof(int));
     r->seq_choice = malloc((size_t)max_seqs * sizeof(int));
-    if (!r->queue || !r->active || !r->logits || !r->seqs || !r->seq_row || !r->seq_choice) {
+    r->sres = malloc((size_t)max_seqs * sizeof *r->sres);
+    r->sidx = malloc((size_t)max_seqs * sizeof *r->sidx);
+    r->src = calloc((size_t)max_seqs, sizeof *r->src);
+    if (cpu_pool_create(r->o.threads, 0, &r->spool, err, sizeof err))
+        goto fail_job;
+    r->scs = calloc((size_t)cpu_pool_threads(r->spool), sizeof *r->scs);
+    for (int t = 0; r->scs && t < cpu_pool_threads(r->spool); t++)
+        if (sample_scratch_init(&r->scs[t], r->m->vocab, err, sizeof err))
+            goto fail_job;
+    if (!r->queue || !r->active || !r->logits || !r->seqs || !r->seq_row || !r->seq_choice || !r->sres || !r->sidx ||
+        !r->src || !r->scs) {
         util_errf(err, sizeof err, "out of memory for %zu rows.", r->n_rows);
         goto fail_job;
     }

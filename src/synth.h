@@ -29,6 +29,7 @@ typedef struct synth_opts {
     int layers;       /* 0 = the preset's L; else 1..L */
     uint32_t wtype;   /* matrices: GGML_F16, GGML_BF16, GGML_Q8_0 or GGML_Q4_0 */
     uint64_t seed;
+    int threads;      /* generator threads; 0 = every online CPU */
     const char *path; /* output .gguf */
     bool progress;    /* redraw a progress line on stderr */
 } synth_opts;

@@ -60,6 +60,7 @@ typedef struct node node;
 struct node {
     node_kind kind;
     int line, col;
+    uint32_t depth;    /* expressions: 1 + deepest child (bounded by AST_MAX_DEPTH) */
     const char *name;  /* identifiers; owned by the template's string pool */
     node *a, *b, *c, *d;
     node **args;       /* positional args / list items / statements (nargs) */

@@ -498,7 +498,8 @@ static bool parse_pyint(const char *s, int base, int64_t *out)
     while (*p && strchr(" \t\n\r\f\v", *p)) p++;
     if (*p) return false;
     buf[k] = 0;
-    char *end;
+    if (base != 0 && (base < 2 || base > 36)) return false; /* Python: ValueError, jinja falls back to the default */
+    char *end = buf;
     errno = 0;
     long long v = strtoll(buf, &end, base);
     if (*end || end == buf || errno) return false;

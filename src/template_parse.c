@@ -100,21 +100,20 @@ static int nv_push(parser *p, nvec *v, node *x)
     return 0;
 }
 
-/* Tree depth is tracked in a side field: `op` is unused for most nodes, so depth lives in col? No —
- * a dedicated computation keeps it simple: depth(n) = 1 + max(depth(children)) stored in `ntargets`
- * for expression nodes (statements use ntargets for targets and are bounded by PARSE_MAX_NEST). */
+/* depth(n) = 1 + deepest child expression; bounded so evaluating the tree cannot exhaust the C
+ * stack even for left-deep chains like 1+1+…+1 that the parser builds without recursing. */
 static int setdepth(parser *p, node *n, size_t off)
 {
-    size_t d = 0;
+    uint32_t d = 0;
     node *kids[4] = {n->a, n->b, n->c, n->d};
     for (int i = 0; i < 4; i++)
-        if (kids[i] && kids[i]->kind < S_BODY && kids[i]->ntargets > d) d = kids[i]->ntargets;
+        if (kids[i] && kids[i]->depth > d) d = kids[i]->depth;
     for (size_t i = 0; i < n->nargs; i++)
-        if (n->args[i] && n->args[i]->ntargets > d) d = n->args[i]->ntargets;
+        if (n->args[i] && n->args[i]->depth > d) d = n->args[i]->depth;
     for (size_t i = 0; i < n->nkw; i++)
-        if (n->kwargs[i]->ntargets > d) d = n->kwargs[i]->ntargets;
-    n->ntargets = d + 1;
-    if (n->ntargets > AST_MAX_DEPTH) return tmpl_fail_at(p, off, "expression nests deeper than %d levels", AST_MAX_DEPTH);
+        if (n->kwargs[i]->depth > d) d = n->kwargs[i]->depth;
+    n->depth = d + 1;
+    if (n->depth > AST_MAX_DEPTH) return tmpl_fail_at(p, off, "expression nests deeper than %d levels", AST_MAX_DEPTH);
     return 0;
 }
 
@@ -276,7 +275,7 @@ static node *parse_postfix(parser *p, node *n)
                 node *c = mk(p, E_CONST, a->off);
                 if (!c) return NULL;
                 c->cval = jv_int(a->i);
-                c->ntargets = 1;
+                c->depth = 1;
                 x->b = c;
             } else {
                 return expect_fail(p, "name or number after '.'"), NULL;

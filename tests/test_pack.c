@@ -6,6 +6,10 @@
  *    ggml's quantize_row_*_ref) must give the same bytes: Q8_0, Q4_0, Q4_1,
  *    F16, BF16.  Exact match, no tolerance: the arithmetic is the same
  *    sequence of fp32 operations.
+ *    The GGUF writer: a gguf-py file with every value type and four tensor
+ *    types is copied key by key and byte by byte at alignment 4096 and read
+ *    back identical; duplicate keys/tensors, partial blocks, long names, bad
+ *    alignments and a short data section are refused.
  * 2. The tiny synthetic model (bf16) packed to q8, q4 and none:
  *    model_open accepts the output; every tensor is 4096-aligned, layers are
  *    contiguous; matrices have the requested type, norms F32; the tokenizer
@@ -48,6 +52,7 @@
 
 #include "engine.h"
 #include "gguf.h"
+#include "gguf_write.h"
 #include "model.h"
 #include "pack.h"
 #include "quant.h"
@@ -112,6 +117,113 @@ static void test_quantize_fixtures(void)
     uint8_t y[64];
     CHECK(quantize_row(GGML_Q8_0, x, y, 33) != 0, "a partial block is refused");
     CHECK(quantize_row(GGML_Q4_K, x, y, 32) != 0 && !quantize_type_supported(GGML_Q4_K), "Q4_K is not writable");
+}
+
+/* ---------------------------------------------------------------- 1b. the GGUF writer */
+
+/* Copies tests/data/gguf/good_writer.gguf (every value type, string and numeric arrays, F32/F16/Q8_0/Q4_K
+ * tensors, written by gguf-py) through gguf_w_copy_kv + gguf_out at alignment 4096, and compares every key
+ * (type and value) and every tensor's bytes; then the writer's refusals. */
+static void test_gguf_writer(const char *dir)
+{
+    char err[SPILL_ERRLEN], out[256];
+    gguf_file *src = NULL, *dst = NULL;
+    gguf_w *w = NULL;
+    snprintf(out, sizeof out, "%s/copy.gguf", dir);
+    if (gguf_open("tests/data/gguf/good_writer.gguf", &src, err, sizeof err)) {
+        CHECK(0, "fixture: %s", err);
+        return;
+    }
+    int rc = gguf_w_new(4096, &w, err, sizeof err);
+    for (uint64_t i = 0; rc == 0 && i < src->n_kv; i++)
+        if (strcmp(src->kv[i].key, "general.alignment"))
+            rc = gguf_w_copy_kv(w, src, &src->kv[i], err, sizeof err);
+    for (uint64_t i = 0; rc == 0 && i < src->n_tensors; i++) {
+        const gguf_tensor *t = &src->tensors[i];
+        rc = gguf_w_tensor(w, t->name, t->n_dims, t->ne, t->type, err, sizeof err) == (int)i ? 0 : -1;
+    }
+    CHECK(rc == 0, "declaring the copy: %s", err);
+    gguf_out o = {.fd = -1};
+    if (rc == 0 && gguf_out_open(&o, out, gguf_w_data_start(w), 1u << 20, err, sizeof err) == 0) {
+        for (uint64_t i = 0; rc == 0 && i < src->n_tensors; i++) {
+            CHECK(gguf_out_pos(&o) == gguf_w_tensor_offset(w, (int)i), "tensor %llu lands at its offset",
+                  (unsigned long long)i);
+            rc = gguf_out_write(&o, gguf_tensor_data(src, &src->tensors[i]), (size_t)src->tensors[i].size, err,
+                                sizeof err) ||
+                 gguf_out_pad(&o, 4096, err, sizeof err);
+        }
+        rc = rc || gguf_out_finish(&o, w, err, sizeof err);
+        CHECK(rc == 0, "writing the copy: %s", err);
+    }
+    gguf_out_abort(&o);
+    if (rc == 0 && gguf_open(out, &dst, err, sizeof err) == 0) {
+        CHECK(dst->alignment == 4096 && dst->n_kv == src->n_kv + (gguf_get(src, "general.alignment") ? 0 : 1) &&
+                  dst->n_tensors == src->n_tensors,
+              "copy has %llu keys, %llu tensors, alignment %llu", (unsigned long long)dst->n_kv,
+              (unsigned long long)dst->n_tensors, (unsigned long long)dst->alignment);
+        for (uint64_t i = 0; i < src->n_kv; i++) {
+            const gguf_kv *a = &src->kv[i], *b = gguf_get(dst, a->key);
+            if (!strcmp(a->key, "general.alignment"))
+                continue;
+            CHECK(b && b->type == a->type && b->arr_type == a->arr_type && b->arr_n == a->arr_n, "key %s: type",
+                  a->key);
+            if (!b || b->type != a->type)
+                continue;
+            if (a->type == GGUF_V_STRING)
+                CHECK(a->v.s.len == b->v.s.len && !memcmp(a->v.s.p, b->v.s.p, a->v.s.len), "key %s: value", a->key);
+            else if (a->type == GGUF_V_ARRAY)
+                for (uint64_t k = 0; k < a->arr_n && b->arr_n == a->arr_n; k++) {
+                    size_t la, lb;
+                    const char *sa = gguf_arr_str(src, a, k, &la), *sb = gguf_arr_str(dst, b, k, &lb);
+                    if (a->arr_type == GGUF_V_STRING)
+                        CHECK(sa && sb && la == lb && !memcmp(sa, sb, la), "key %s[%llu]", a->key,
+                              (unsigned long long)k);
+                    else
+                        CHECK(gguf_arr_num(a, k) == gguf_arr_num(b, k), "key %s[%llu]", a->key, (unsigned long long)k);
+                }
+            else
+                CHECK(a->v.u == b->v.u && a->v.i == b->v.i && (a->v.f == b->v.f || (a->v.f != a->v.f)), "key %s: value",
+                      a->key);
+        }
+        for (uint64_t i = 0; i < src->n_tensors; i++) {
+            const gguf_tensor *a = &src->tensors[i], *b = &dst->tensors[i];
+            CHECK(!strcmp(a->name, b->name) && a->type == b->type && a->size == b->size && b->offset % 4096 == 0 &&
+                      !memcmp(a->ne, b->ne, sizeof a->ne) &&
+                      !memcmp(gguf_tensor_data(src, a), gguf_tensor_data(dst, b), (size_t)a->size),
+                  "tensor %s differs in the copy", a->name);
+        }
+        CHECK(dst->size % 4096 == 0, "the file ends aligned (%llu bytes)", (unsigned long long)dst->size);
+        gguf_close(dst);
+    } else if (rc == 0)
+        CHECK(0, "reading the copy: %s", err);
+
+    /* refusals */
+    uint64_t ne[2] = {33, 2};
+    CHECK(gguf_w_u32(w, "llama.block_count", 1, err, sizeof err) != 0 && strstr(err, "twice"), "duplicate key: '%s'",
+          err);
+    CHECK(gguf_w_tensor(w, "token_embd.weight", 2, ne, GGML_F32, err, sizeof err) < 0 && strstr(err, "twice"),
+          "duplicate tensor: '%s'", err);
+    CHECK(gguf_w_tensor(w, "x", 2, ne, GGML_Q8_0, err, sizeof err) < 0 && strstr(err, "33 columns"),
+          "partial block: '%s'", err);
+    CHECK(gguf_w_tensor(w, "a_name_that_is_far_too_long_for_ggml_which_allows_63_bytes_at_most", 2, ne, GGML_F32, err,
+                        sizeof err) < 0,
+          "long name accepted");
+    CHECK(gguf_w_patch_u32(w, "test.i32", 5) != 0 && gguf_w_patch_u32(w, "no.such.key", 5) != 0 &&
+              gguf_w_patch_u32(w, "llama.block_count", 5) == 0,
+          "patch_u32 only rewrites existing U32 keys");
+    gguf_w *bad;
+    CHECK(gguf_w_new(48, &bad, err, sizeof err) != 0 && strstr(err, "power of two"), "alignment 48: '%s'", err);
+    /* finishing with the wrong amount of data fails and leaves nothing behind */
+    snprintf(out, sizeof out, "%s/short.gguf", dir);
+    if (gguf_out_open(&o, out, gguf_w_data_start(w), 1u << 20, err, sizeof err) == 0) {
+        CHECK(gguf_out_write(&o, "abc", 3, err, sizeof err) == 0, "write");
+        CHECK(gguf_out_finish(&o, w, err, sizeof err) != 0 && strstr(err, "layout needs"), "short data: '%s'", err);
+        char tmp[300];
+        snprintf(tmp, sizeof tmp, "%s.tmp", out);
+        CHECK(!util_is_file(out) && !util_is_file(tmp), "a failed write left a file behind");
+    }
+    gguf_w_free(w);
+    gguf_close(src);
 }
 
 /* ---------------------------------------------------------------- helpers */
@@ -595,6 +707,7 @@ int main(void)
         CHECK(0, "mkdtemp");
         return test_finish("test_pack");
     }
+    test_gguf_writer(dir);
     test_pack_synth();
     test_pack_hf("llama_gqa_s64", PACK_NONE, 1e-4);
     test_pack_hf("llama_mqa_linear", PACK_NONE, 1e-4);

@@ -250,13 +250,35 @@ int main(void)
     o.seed = 8, o.path = c;
     CHECK(synth_write(&o, &st, err, sizeof err) == 0 && !same_file(a, c), "another seed, same bytes");
 
-    /* layers: 2 of 4, same bytes for the shared layers' tensors is implied by per-name seeding */
+    /* the thread count does not change the bytes */
+    o.seed = 7, o.path = c, o.threads = 3;
+    CHECK(synth_write(&o, &st, err, sizeof err) == 0 && same_file(a, c), "3 threads give other bytes than 2: %s", err);
+    o.threads = 1;
+    CHECK(synth_write(&o, &st, err, sizeof err) == 0 && same_file(a, c), "1 thread gives other bytes than 2: %s", err);
+    o.threads = 0;
+
+    /* --layers 2: a model of 2 layers whose layers are byte for byte those of the 4-layer file */
     o.layers = 2;
-    model_desc *m;
-    CHECK(synth_write(&o, &st, err, sizeof err) == 0 && model_open(c, &m, err, sizeof err) == 0 && m->n_layers == 2,
+    model_desc *m2 = NULL, *m4 = NULL;
+    CHECK(synth_write(&o, &st, err, sizeof err) == 0 && model_open(c, &m2, err, sizeof err) == 0 && m2->n_layers == 2 &&
+              model_open(a, &m4, err, sizeof err) == 0,
           "--layers 2: %s", err);
-    if (m && m->n_layers == 2)
-        model_close(m);
+    if (m2 && m4) {
+        const model_tensor *x = find(m2, "blk.1.ffn_up.weight"), *y = find(m4, "blk.1.ffn_up.weight");
+        uint8_t *bx = x ? malloc(x->size) : NULL, *by = y ? malloc(y->size) : NULL;
+        FILE *fx = fopen(c, "rb"), *fy = fopen(a, "rb");
+        bool same = bx && by && fx && fy && x->size == y->size && fseek(fx, (long)x->offset, SEEK_SET) == 0 &&
+                    fseek(fy, (long)y->offset, SEEK_SET) == 0 && fread(bx, 1, x->size, fx) == x->size &&
+                    fread(by, 1, y->size, fy) == y->size && !memcmp(bx, by, x->size);
+        CHECK(same, "blk.1.ffn_up differs between the 2- and 4-layer files");
+        if (fx)
+            fclose(fx);
+        if (fy)
+            fclose(fy);
+        free(bx), free(by);
+    }
+    model_close(m2);
+    model_close(m4);
 
     o.layers = 5;
     CHECK(synth_write(&o, &st, err, sizeof err) != 0 && strstr(err, "--layers 5"), "5 layers of tiny: '%s'", err);

@@ -21,7 +21,8 @@ Template sources (tests/data/tmpl/src/ and GGUF metadata):
   - gemma-3-270m GGUF carries no chat template; google-gemma-3-it.jinja is the official Gemma 3
     instruct template as copied verbatim in a public repository.
   - meta-llama-Llama-3.2/3.3, Qwen-Qwen3-0.6B, microsoft-Phi-3.5-mini, mistralai-Mistral-Nemo,
-    google-gemma-2-2b-it: llama.cpp's models/templates/ copies of the Hugging Face templates.
+    google-gemma-2-2b-it, NousResearch-Hermes-3 (tool_use), DeepSeek-R1-Distill-Qwen, IBM Granite 3.3:
+    llama.cpp's models/templates/ copies of the Hugging Face templates.
   - Qwen-Qwen2.5-Instruct.recreated.jinja: written from memory ("source": "recreated").
 
 Usage: python3 tools/gen_template_fixtures.py   (from the repo root; deterministic)
@@ -99,6 +100,13 @@ def real_templates():
                                             {"bos_token": "<s>", "eos_token": "<|endoftext|>"}),
         "mistralai-Mistral-Nemo-Instruct-2407": ("llama.cpp models/templates copy of the HF template",
                                                  {"bos_token": "<s>", "eos_token": "</s>"}),
+        "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": ("llama.cpp models/templates copy of the HF template",
+                                                        {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}),
+        "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": ("llama.cpp models/templates copy of the HF template",
+                                                     {"bos_token": "<｜begin▁of▁sentence｜>",
+                                                      "eos_token": "<｜end▁of▁sentence｜>"}),
+        "ibm-granite-granite-3.3-2B-Instruct": ("llama.cpp models/templates copy of the HF template",
+                                                {"bos_token": "<|end_of_text|>", "eos_token": "<|end_of_text|>"}),
     }
     for name, (source, extra) in sources.items():
         with open(os.path.join(SRC, name + ".jinja"), encoding="utf-8", newline="") as f:
@@ -129,6 +137,29 @@ CALC_TOOL = {
         "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
                        "required": ["a", "b"]},
         "return": {"type": "number"},
+    },
+}
+
+TYPES_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "typed",
+        "description": "Exercise every JSON-schema type.  ",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "tags": {"type": "array", "items": {"type": "string"}, "description": " list of tags "},
+                "count": {"type": "integer", "description": "how many"},
+                "ratio": {"type": "number", "description": "a float"},
+                "flag": {"type": "boolean", "description": "yes/no"},
+                "either": {"type": ["string", "number"], "description": "union"},
+                "table": {"type": "object", "additionalProperties": {"type": "integer"}, "description": "map"},
+                "blob": {"type": "object", "description": "free-form"},
+                "anything": {"description": "no type"},
+            },
+            "required": ["tags"],
+        },
+        "return": {"type": "string", "description": "A summary."},
     },
 }
 
@@ -192,6 +223,7 @@ def conversations():
                         A("ok"), {"role": "user", "content": [{"type": "text", "text": "c"}]}])
     add("tools_only_listed", [U("What's the weather in Paris?")], tools=[WEATHER_TOOL])
     add("tools_system", [S("Use tools."), U("Weather in Zürich?")], tools=[WEATHER_TOOL, CALC_TOOL])
+    add("tools_all_types", [U("use typed")], tools=[TYPES_TOOL, CALC_TOOL])
     tc = [U("Weather in Paris?"),
           {"role": "assistant", "content": "", "tool_calls": [tool_call("get_weather", {"city": "Paris", "unit": "celsius"})]},
           {"role": "tool", "tool_call_id": "call12345", "name": "get_weather", "content": "{\"temp\": 21.5, \"sky\": \"clear\"}"},
@@ -459,6 +491,7 @@ FEATURES = [
     ("indent_non_string", "{{ 10|indent }}"),
     ("test_case_non_string", "{{ 7 is upper }} {{ [1] is lower }} {{ 'AB1' is upper }}"),
     ("slice_non_sequence", "{{ i[1:] }}"),
+    ("int_bases", "{{ '42'|int(0, 116) }} {{ 'ff'|int(0, 16) }} {{ '0x1A'|int(0, 16) }} {{ '101'|int(0, 2) }} {{ '1_000'|int }}"),
     ("repr_undefined_in_list", "{{ [1, nothing, d.zz] }}"),
     # syntax errors
     ("syntax_unclosed_if", "{% if t %}x"),
