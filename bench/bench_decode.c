@@ -111,10 +111,25 @@ int main(int argc, char **argv)
             }
         }
         double t_dec = now_s() - t0;
+        size_t ring = 0;
+        uint64_t rb = 0;
+        double wait_s = 0, read_s = 0;
+        bool st = engine_stream_stats(e, &ring, &rb, &wait_s, &read_s);
+        static uint64_t rb_prev;
+        static double read_prev, wait_prev;
+        char extra[256] = "";
+        if (st) /* bytes/seconds of this batch size's passes only (prefill + decode) */
+            snprintf(extra, sizeof extra,
+                     ",\"stream_bytes\":%llu,\"stream_read_s\":%.3f,\"compute_wait_s\":%.3f,\"ring_bytes\":%zu,"
+                     "\"achieved_gbs\":%.3f",
+                     (unsigned long long)(rb - rb_prev), read_s - read_prev, wait_s - wait_prev, ring,
+                     (double)(rb - rb_prev) / 1e9 / (t_dec + t_prefill));
+        rb_prev = rb, read_prev = read_s, wait_prev = wait_s;
         printf("{\"batch\":%d,\"threads\":%d,\"q8_activations\":%s,\"streamed\":%s,\"prompt\":%d,\"tokens\":%d,"
-               "\"prefill_s\":%.4f,\"prefill_tok_s\":%.1f,\"decode_s\":%.4f,\"pass_ms\":%.3f,\"decode_tok_s\":%.2f}\n",
+               "\"prefill_s\":%.4f,\"prefill_tok_s\":%.1f,\"decode_s\":%.4f,\"pass_ms\":%.3f,\"decode_tok_s\":%.2f%s}\n",
                B, engine_threads(e), exact ? "false" : "true", streamed ? "true" : "false", n_prompt, n_tok,
-               t_prefill, (double)(B * n_prompt) / t_prefill, t_dec, t_dec / n_tok * 1e3, (double)(B * n_tok) / t_dec);
+               t_prefill, (double)(B * n_prompt) / t_prefill, t_dec, t_dec / n_tok * 1e3, (double)(B * n_tok) / t_dec,
+               extra);
         fflush(stdout);
     }
     for (int b = 0; b < maxB; b++)

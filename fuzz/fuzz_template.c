@@ -25,8 +25,10 @@ static const char CONTEXT[] =
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static json_t *ctx;
-    if (!ctx) ctx = json_loads(CONTEXT, 0, NULL);
-    if (!ctx) abort();
+    if (!ctx)
+        ctx = json_loads(CONTEXT, 0, NULL);
+    if (!ctx)
+        abort();
     tmpl_limits lim;
     template_limits_default(&lim);
     lim.max_steps = 200000;
@@ -38,7 +40,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t outlen = 0;
     tmpl_t *t = NULL;
     if (template_compile((const char *)data, size, "fuzz", &t, err, sizeof err) == 0) {
-        if (template_render(t, ctx, &lim, &out, &outlen, err, sizeof err) == 0 && outlen > lim.max_output) abort();
+        if (template_render(t, ctx, &lim, &out, &outlen, err, sizeof err) == 0 && outlen > lim.max_output)
+            abort();
         free(out);
         template_free(t);
     }

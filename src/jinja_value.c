@@ -40,16 +40,21 @@ void *jheap_alloc(jheap *h, jv_type kind, size_t bytes)
 /* Grows an object's side array, charging the heap; false on cap/malloc failure. */
 static bool jheap_grow(jobj *o, void **arr, size_t *cap, size_t elem, size_t need)
 {
-    if (need <= *cap) return true;
+    if (need <= *cap)
+        return true;
     jheap *h = o->heap;
     size_t ncap = *cap ? *cap : 4, bytes, old;
     while (ncap < need)
-        if (!ck_mul_size(ncap, 2, &ncap)) return h->oom = true, false;
-    if (!ck_mul_size(ncap, elem, &bytes)) return h->oom = true, false;
+        if (!ck_mul_size(ncap, 2, &ncap))
+            return h->oom = true, false;
+    if (!ck_mul_size(ncap, elem, &bytes))
+        return h->oom = true, false;
     old = *cap * elem;
-    if (h->oom || bytes - old > h->max_live || h->live > h->max_live - (bytes - old)) return h->oom = true, false;
+    if (h->oom || bytes - old > h->max_live || h->live > h->max_live - (bytes - old))
+        return h->oom = true, false;
     void *p = realloc(*arr, bytes);
-    if (!p) return h->oom = true, false;
+    if (!p)
+        return h->oom = true, false;
     *arr = p;
     *cap = ncap;
     h->live += bytes - old;
@@ -67,16 +72,21 @@ jv jv_str(jheap *h, const char *s, size_t len)
         return v;
     }
     jstr *p = jheap_alloc(h, JV_STR, bytes);
-    if (!p) return v;
+    if (!p)
+        return v;
     p->len = len;
-    if (len) memcpy(p->s, s, len);
+    if (len)
+        memcpy(p->s, s, len);
     p->s[len] = 0;
     v.t = JV_STR;
     v.u.s = p;
     return v;
 }
 
-jv jv_cstr(jheap *h, const char *s) { return jv_str(h, s, strlen(s)); }
+jv jv_cstr(jheap *h, const char *s)
+{
+    return jv_str(h, s, strlen(s));
+}
 
 jv jv_undef_hint(jheap *h, const char *fmt, ...)
 {
@@ -98,7 +108,8 @@ jv jv_list(jheap *h, size_t cap_hint, bool tuple)
 {
     jv v = jv_undef();
     jlist *l = jheap_alloc(h, JV_LIST, sizeof(jlist));
-    if (!l) return v;
+    if (!l)
+        return v;
     l->tuple = tuple;
     l->depth = 1;
     v.t = JV_LIST;
@@ -114,7 +125,8 @@ jv jv_dict(jheap *h, bool ns)
 {
     jv v = jv_undef();
     jdict *d = jheap_alloc(h, ns ? JV_NS : JV_DICT, sizeof(jdict));
-    if (!d) return v;
+    if (!d)
+        return v;
     v.t = ns ? JV_NS : JV_DICT;
     v.u.d = d;
     d->depth = 1;
@@ -141,7 +153,10 @@ jv jv_func(jheap *h, jfunc_kind kind, const char *name, jv self)
     return v;
 }
 
-static uint32_t jv_depth(jv v) { return v.t == JV_LIST ? v.u.l->depth : v.t == JV_DICT ? v.u.d->depth : 0; }
+static uint32_t jv_depth(jv v)
+{
+    return v.t == JV_LIST ? v.u.l->depth : v.t == JV_DICT ? v.u.d->depth : 0;
+}
 
 /* New depth of a container receiving v, or 0 (heap->too_deep set) when over the limit. */
 static uint32_t nest_check(jobj *o, uint32_t cur, jv v)
@@ -175,7 +190,8 @@ jv *jv_dict_get(jv dict, jv key)
 {
     jdict *d = dict.u.d;
     for (size_t i = 0; i < d->n; i++)
-        if (jv_equal(d->k[i], key)) return &d->v[i];
+        if (jv_equal(d->k[i], key))
+            return &d->v[i];
     return NULL;
 }
 
@@ -184,7 +200,8 @@ jv *jv_dict_getc(jv dict, const char *key)
     jdict *d = dict.u.d;
     size_t len = strlen(key);
     for (size_t i = 0; i < d->n; i++)
-        if (d->k[i].t == JV_STR && d->k[i].u.s->len == len && !memcmp(d->k[i].u.s->s, key, len)) return &d->v[i];
+        if (d->k[i].t == JV_STR && d->k[i].u.s->len == len && !memcmp(d->k[i].u.s->s, key, len))
+            return &d->v[i];
     return NULL;
 }
 
@@ -232,7 +249,8 @@ void jv_free_obj(jobj *o)
     switch ((jv_type)o->kind) {
     case JV_LIST: {
         jlist *l = (jlist *)o;
-        for (size_t i = 0; i < l->n; i++) jv_unref(l->v[i]);
+        for (size_t i = 0; i < l->n; i++)
+            jv_unref(l->v[i]);
         free(l->v);
         break;
     }
@@ -253,8 +271,11 @@ void jv_free_obj(jobj *o)
         }
         break;
     }
-    case JV_FUNC: jv_unref(((jfunc *)o)->self); break;
-    default: break;
+    case JV_FUNC:
+        jv_unref(((jfunc *)o)->self);
+        break;
+    default:
+        break;
     }
     h->live -= o->bytes;
     free(o);
@@ -265,7 +286,8 @@ void jheap_clear_namespaces(jheap *h)
     jdict *d = h->namespaces;
     h->namespaces = NULL;
     /* First empty every namespace (drops references between them), then drop the list's own references. */
-    for (jdict *p = d; p; p = p->ns_next) jdict_release_items(p);
+    for (jdict *p = d; p; p = p->ns_next)
+        jdict_release_items(p);
     while (d) {
         jdict *next = d->ns_next;
         jv v = {.t = JV_NS};
@@ -281,17 +303,21 @@ int jv_utf8_decode(const char *s, size_t len, uint32_t *cp)
 {
     const unsigned char *u = (const unsigned char *)s;
     int n = u[0] < 0x80 ? 1 : u[0] < 0xE0 ? 2 : u[0] < 0xF0 ? 3 : 4;
-    if ((size_t)n > len) n = 1;
+    if ((size_t)n > len)
+        n = 1;
     uint32_t c = n == 1 ? u[0] : n == 2 ? u[0] & 0x1F : n == 3 ? u[0] & 0x0F : u[0] & 0x07;
-    for (int i = 1; i < n; i++) c = (c << 6) | (u[i] & 0x3F);
+    for (int i = 1; i < n; i++)
+        c = (c << 6) | (u[i] & 0x3F);
     *cp = c;
     return n;
 }
 
 int jv_utf8_encode(uint32_t c, char out[4])
 {
-    if (c < 0x80) return out[0] = (char)c, 1;
-    if (c < 0x800) return out[0] = (char)(0xC0 | c >> 6), out[1] = (char)(0x80 | (c & 0x3F)), 2;
+    if (c < 0x80)
+        return out[0] = (char)c, 1;
+    if (c < 0x800)
+        return out[0] = (char)(0xC0 | c >> 6), out[1] = (char)(0x80 | (c & 0x3F)), 2;
     if (c < 0x10000) {
         out[0] = (char)(0xE0 | c >> 12);
         out[1] = (char)(0x80 | ((c >> 6) & 0x3F));
@@ -308,7 +334,8 @@ int jv_utf8_encode(uint32_t c, char out[4])
 size_t jv_utf8_count(const char *s, size_t len)
 {
     size_t n = 0;
-    for (size_t i = 0; i < len; i++) n += ((unsigned char)s[i] & 0xC0) != 0x80;
+    for (size_t i = 0; i < len; i++)
+        n += ((unsigned char)s[i] & 0xC0) != 0x80;
     return n;
 }
 
@@ -317,7 +344,8 @@ size_t jv_utf8_offset(const char *s, size_t len, size_t cp)
     size_t i = 0;
     while (i < len && cp) {
         i++;
-        while (i < len && ((unsigned char)s[i] & 0xC0) == 0x80) i++;
+        while (i < len && ((unsigned char)s[i] & 0xC0) == 0x80)
+            i++;
         cp--;
     }
     return i;
@@ -334,24 +362,32 @@ bool jv_py_isspace(uint32_t c)
 
 bool jbuf_put(jbuf *b, const char *s, size_t n)
 {
-    if (b->over) return false;
+    if (b->over)
+        return false;
     size_t need;
-    if (!ck_add_size(b->n, n + 1, &need) || (b->max && need > b->max + 1)) return b->over = true, false;
+    if (!ck_add_size(b->n, n + 1, &need) || (b->max && need > b->max + 1))
+        return b->over = true, false;
     if (need > b->cap) {
         size_t ncap = b->cap ? b->cap : 64;
-        while (ncap < need) ncap *= 2;
+        while (ncap < need)
+            ncap *= 2;
         char *p = realloc(b->p, ncap);
-        if (!p) return b->over = true, false;
+        if (!p)
+            return b->over = true, false;
         b->p = p;
         b->cap = ncap;
     }
-    if (n) memcpy(b->p + b->n, s, n);
+    if (n)
+        memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
     return true;
 }
 
-bool jbuf_putc(jbuf *b, char c) { return jbuf_put(b, &c, 1); }
+bool jbuf_putc(jbuf *b, char c)
+{
+    return jbuf_put(b, &c, 1);
+}
 
 void jbuf_free(jbuf *b)
 {
@@ -365,19 +401,33 @@ bool jv_truthy(jv v)
 {
     switch (v.t) {
     case JV_UNDEF:
-    case JV_NONE: return false;
-    case JV_BOOL: return v.u.b;
-    case JV_INT: return v.u.i != 0;
-    case JV_FLOAT: return v.u.f != 0.0;
-    case JV_STR: return v.u.s->len != 0;
-    case JV_LIST: return v.u.l->gen || v.u.l->n != 0;
-    case JV_DICT: return v.u.d->n != 0;
-    default: return true;
+    case JV_NONE:
+        return false;
+    case JV_BOOL:
+        return v.u.b;
+    case JV_INT:
+        return v.u.i != 0;
+    case JV_FLOAT:
+        return v.u.f != 0.0;
+    case JV_STR:
+        return v.u.s->len != 0;
+    case JV_LIST:
+        return v.u.l->gen || v.u.l->n != 0;
+    case JV_DICT:
+        return v.u.d->n != 0;
+    default:
+        return true;
     }
 }
 
-static bool jv_is_num(jv v) { return v.t == JV_BOOL || v.t == JV_INT || v.t == JV_FLOAT; }
-static double jv_num(jv v) { return v.t == JV_FLOAT ? v.u.f : v.t == JV_BOOL ? (double)v.u.b : (double)v.u.i; }
+static bool jv_is_num(jv v)
+{
+    return v.t == JV_BOOL || v.t == JV_INT || v.t == JV_FLOAT;
+}
+static double jv_num(jv v)
+{
+    return v.t == JV_FLOAT ? v.u.f : v.t == JV_BOOL ? (double)v.u.b : (double)v.u.i;
+}
 
 bool jv_equal(jv a, jv b)
 {
@@ -386,42 +436,62 @@ bool jv_equal(jv a, jv b)
             return (a.t == JV_BOOL ? a.u.b : a.u.i) == (b.t == JV_BOOL ? b.u.b : b.u.i);
         return jv_num(a) == jv_num(b);
     }
-    if (a.t != b.t) return false;
+    if (a.t != b.t)
+        return false;
     switch (a.t) {
     case JV_UNDEF:
-    case JV_NONE: return true;
-    case JV_STR: return a.u.s->len == b.u.s->len && !memcmp(a.u.s->s, b.u.s->s, a.u.s->len);
+    case JV_NONE:
+        return true;
+    case JV_STR:
+        return a.u.s->len == b.u.s->len && !memcmp(a.u.s->s, b.u.s->s, a.u.s->len);
     case JV_LIST:
-        if (a.u.l->gen || b.u.l->gen) return a.u.l == b.u.l;
-        if (a.u.l->tuple != b.u.l->tuple || a.u.l->n != b.u.l->n) return false;
+        if (a.u.l->gen || b.u.l->gen)
+            return a.u.l == b.u.l;
+        if (a.u.l->tuple != b.u.l->tuple || a.u.l->n != b.u.l->n)
+            return false;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jv_equal(a.u.l->v[i], b.u.l->v[i])) return false;
+            if (!jv_equal(a.u.l->v[i], b.u.l->v[i]))
+                return false;
         return true;
     case JV_DICT:
-        if (a.u.d->n != b.u.d->n) return false;
+        if (a.u.d->n != b.u.d->n)
+            return false;
         for (size_t i = 0; i < a.u.d->n; i++) {
             jv *o = jv_dict_get(b, a.u.d->k[i]);
-            if (!o || !jv_equal(a.u.d->v[i], *o)) return false;
+            if (!o || !jv_equal(a.u.d->v[i], *o))
+                return false;
         }
         return true;
-    default: return a.u.o == b.u.o;
+    default:
+        return a.u.o == b.u.o;
     }
 }
 
 const char *jv_type_name(jv v)
 {
     switch (v.t) {
-    case JV_UNDEF: return "Undefined";
-    case JV_NONE: return "NoneType";
-    case JV_BOOL: return "bool";
-    case JV_INT: return "int";
-    case JV_FLOAT: return "float";
-    case JV_STR: return "str";
-    case JV_LIST: return v.u.l->gen ? "generator" : v.u.l->tuple ? "tuple" : "list";
-    case JV_DICT: return "dict";
-    case JV_NS: return "Namespace";
-    case JV_LOOP: return "LoopContext";
-    default: return v.u.fn->kind == JF_MACRO ? "Macro" : "function";
+    case JV_UNDEF:
+        return "Undefined";
+    case JV_NONE:
+        return "NoneType";
+    case JV_BOOL:
+        return "bool";
+    case JV_INT:
+        return "int";
+    case JV_FLOAT:
+        return "float";
+    case JV_STR:
+        return "str";
+    case JV_LIST:
+        return v.u.l->gen ? "generator" : v.u.l->tuple ? "tuple" : "list";
+    case JV_DICT:
+        return "dict";
+    case JV_NS:
+        return "Namespace";
+    case JV_LOOP:
+        return "LoopContext";
+    default:
+        return v.u.fn->kind == JF_MACRO ? "Macro" : "function";
     }
 }
 
@@ -443,24 +513,30 @@ void jv_float_repr(double f, char out[32])
     int prec;
     for (prec = 1; prec <= 17; prec++) {
         snprintf(tmp, sizeof tmp, "%.*e", prec - 1, f);
-        if (strtod(tmp, NULL) == f) break;
+        if (strtod(tmp, NULL) == f)
+            break;
     }
     char digits[20];
     int nd = 0, exp10;
     const char *p = tmp;
     bool neg = *p == '-';
-    if (neg) p++;
+    if (neg)
+        p++;
     for (; *p && *p != 'e'; p++)
-        if (*p >= '0' && *p <= '9') digits[nd++] = *p;
+        if (*p >= '0' && *p <= '9')
+            digits[nd++] = *p;
     exp10 = atoi(p + 1);
-    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
     char *o = out;
-    if (neg) *o++ = '-';
+    if (neg)
+        *o++ = '-';
     if (exp10 < -4 || exp10 >= 16) {
         *o++ = digits[0];
         if (nd > 1) {
             *o++ = '.';
-            for (int i = 1; i < nd; i++) *o++ = digits[i];
+            for (int i = 1; i < nd; i++)
+                *o++ = digits[i];
         }
         int ax = exp10 < 0 ? -exp10 : exp10; /* |exp10| <= 324 for doubles */
         snprintf(o, 8, "e%c%02d", exp10 < 0 ? '-' : '+', ax % 1000);
@@ -469,13 +545,17 @@ void jv_float_repr(double f, char out[32])
     if (exp10 < 0) {
         *o++ = '0';
         *o++ = '.';
-        for (int i = 0; i < -exp10 - 1; i++) *o++ = '0';
-        for (int i = 0; i < nd; i++) *o++ = digits[i];
+        for (int i = 0; i < -exp10 - 1; i++)
+            *o++ = '0';
+        for (int i = 0; i < nd; i++)
+            *o++ = digits[i];
     } else {
-        for (int i = 0; i <= exp10; i++) *o++ = i < nd ? digits[i] : '0';
+        for (int i = 0; i <= exp10; i++)
+            *o++ = i < nd ? digits[i] : '0';
         *o++ = '.';
         if (nd > exp10 + 1)
-            for (int i = exp10 + 1; i < nd; i++) *o++ = digits[i];
+            for (int i = exp10 + 1; i < nd; i++)
+                *o++ = digits[i];
         else
             *o++ = '0';
     }
@@ -485,7 +565,8 @@ void jv_float_repr(double f, char out[32])
 /* Python's str.isprintable() for one code point. */
 static bool py_isprintable(uint32_t c)
 {
-    if (c == ' ') return true;
+    if (c == ' ')
+        return true;
     switch (utf8proc_category((utf8proc_int32_t)c)) {
     case UTF8PROC_CATEGORY_CC:
     case UTF8PROC_CATEGORY_CF:
@@ -494,8 +575,10 @@ static bool py_isprintable(uint32_t c)
     case UTF8PROC_CATEGORY_CN:
     case UTF8PROC_CATEGORY_ZL:
     case UTF8PROC_CATEGORY_ZP:
-    case UTF8PROC_CATEGORY_ZS: return false;
-    default: return true;
+    case UTF8PROC_CATEGORY_ZS:
+        return false;
+    default:
+        return true;
     }
 }
 
@@ -534,30 +617,39 @@ static bool repr_str(jbuf *b, const char *s, size_t len)
 
 static bool repr_at(jbuf *b, jv v, int depth);
 
-bool jv_repr(jbuf *b, jv v) { return repr_at(b, v, 0); }
+bool jv_repr(jbuf *b, jv v)
+{
+    return repr_at(b, v, 0);
+}
 
 /* depth bounds the walk through namespaces, which may contain themselves (Python prints "...") */
 static bool repr_at(jbuf *b, jv v, int depth)
 {
-    if (depth > JV_MAX_NEST + 8) return jbuf_puts(b, "...");
+    if (depth > JV_MAX_NEST + 8)
+        return jbuf_puts(b, "...");
     switch (v.t) {
-    case JV_STR: return repr_str(b, v.u.s->s, v.u.s->len);
+    case JV_STR:
+        return repr_str(b, v.u.s->s, v.u.s->len);
     case JV_LIST: {
         jlist *l = v.u.l;
-        if (l->gen) return jbuf_puts(b, "<generator object>"); /* CPython adds an address: never byte-equal */
+        if (l->gen)
+            return jbuf_puts(b, "<generator object>"); /* CPython adds an address: never byte-equal */
         jbuf_putc(b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
-            if (i) jbuf_puts(b, ", ");
+            if (i)
+                jbuf_puts(b, ", ");
             repr_at(b, l->v[i], depth + 1);
         }
-        if (l->tuple && l->n == 1) jbuf_putc(b, ',');
+        if (l->tuple && l->n == 1)
+            jbuf_putc(b, ',');
         return jbuf_putc(b, l->tuple ? ')' : ']');
     }
     case JV_DICT: {
         jdict *d = v.u.d;
         jbuf_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
-            if (i) jbuf_puts(b, ", ");
+            if (i)
+                jbuf_puts(b, ", ");
             repr_at(b, d->k[i], depth + 1);
             jbuf_puts(b, ": ");
             repr_at(b, d->v[i], depth + 1);
@@ -568,15 +660,18 @@ static bool repr_at(jbuf *b, jv v, int depth)
         jdict *d = v.u.d;
         jbuf_puts(b, "<Namespace {");
         for (size_t i = 0; i < d->n; i++) {
-            if (i) jbuf_puts(b, ", ");
+            if (i)
+                jbuf_puts(b, ", ");
             repr_at(b, d->k[i], depth + 1);
             jbuf_puts(b, ": ");
             repr_at(b, d->v[i], depth + 1);
         }
         return jbuf_puts(b, "}>");
     }
-    case JV_UNDEF: return jbuf_puts(b, "Undefined");
-    default: break;
+    case JV_UNDEF:
+        return jbuf_puts(b, "Undefined");
+    default:
+        break;
     }
     return jv_to_str(b, v);
 }
@@ -585,16 +680,26 @@ bool jv_to_str(jbuf *b, jv v)
 {
     char num[32];
     switch (v.t) {
-    case JV_UNDEF: return !b->over;
-    case JV_NONE: return jbuf_puts(b, "None");
-    case JV_BOOL: return jbuf_puts(b, v.u.b ? "True" : "False");
-    case JV_INT: snprintf(num, sizeof num, "%lld", (long long)v.u.i); return jbuf_puts(b, num);
-    case JV_FLOAT: jv_float_repr(v.u.f, num); return jbuf_puts(b, num);
-    case JV_STR: return jbuf_put(b, v.u.s->s, v.u.s->len);
+    case JV_UNDEF:
+        return !b->over;
+    case JV_NONE:
+        return jbuf_puts(b, "None");
+    case JV_BOOL:
+        return jbuf_puts(b, v.u.b ? "True" : "False");
+    case JV_INT:
+        snprintf(num, sizeof num, "%lld", (long long)v.u.i);
+        return jbuf_puts(b, num);
+    case JV_FLOAT:
+        jv_float_repr(v.u.f, num);
+        return jbuf_puts(b, num);
+    case JV_STR:
+        return jbuf_put(b, v.u.s->s, v.u.s->len);
     case JV_LIST:
     case JV_DICT:
-    case JV_NS: return jv_repr(b, v);
-    case JV_LOOP: return jbuf_puts(b, "<LoopContext>");
+    case JV_NS:
+        return jv_repr(b, v);
+    case JV_LOOP:
+        return jbuf_puts(b, "<LoopContext>");
     case JV_FUNC:
         jbuf_puts(b, v.u.fn->kind == JF_MACRO ? "<Macro '" : "<function ");
         jbuf_puts(b, v.u.fn->name ? v.u.fn->name : "?");
@@ -613,13 +718,27 @@ static void json_str(jbuf *b, const char *s, size_t len, bool ensure_ascii)
         int n = jv_utf8_decode(s + i, len - i, &c);
         char esc[16];
         switch (c) {
-        case '"': jbuf_puts(b, "\\\""); break;
-        case '\\': jbuf_puts(b, "\\\\"); break;
-        case '\n': jbuf_puts(b, "\\n"); break;
-        case '\r': jbuf_puts(b, "\\r"); break;
-        case '\t': jbuf_puts(b, "\\t"); break;
-        case '\b': jbuf_puts(b, "\\b"); break;
-        case '\f': jbuf_puts(b, "\\f"); break;
+        case '"':
+            jbuf_puts(b, "\\\"");
+            break;
+        case '\\':
+            jbuf_puts(b, "\\\\");
+            break;
+        case '\n':
+            jbuf_puts(b, "\\n");
+            break;
+        case '\r':
+            jbuf_puts(b, "\\r");
+            break;
+        case '\t':
+            jbuf_puts(b, "\\t");
+            break;
+        case '\b':
+            jbuf_puts(b, "\\b");
+            break;
+        case '\f':
+            jbuf_puts(b, "\\f");
+            break;
         default:
             if (c < 0x20 || (ensure_ascii && c > 0x7E)) {
                 if (c >= 0x10000) {
@@ -641,14 +760,17 @@ static void json_str(jbuf *b, const char *s, size_t len, bool ensure_ascii)
 static void json_newline(jbuf *b, const jjson_opts *o, int level)
 {
     jbuf_putc(b, '\n');
-    for (int i = 0; i < o->indent * level && !b->over; i++) jbuf_putc(b, ' ');
+    for (int i = 0; i < o->indent * level && !b->over; i++)
+        jbuf_putc(b, ' ');
 }
 
 static int json_float(jbuf *b, double f)
 {
     char num[32];
-    if (isnan(f)) return jbuf_puts(b, "NaN"), 0;
-    if (isinf(f)) return jbuf_puts(b, f < 0 ? "-Infinity" : "Infinity"), 0;
+    if (isnan(f))
+        return jbuf_puts(b, "NaN"), 0;
+    if (isinf(f))
+        return jbuf_puts(b, f < 0 ? "-Infinity" : "Infinity"), 0;
     jv_float_repr(f, num);
     jbuf_puts(b, num);
     return 0;
@@ -659,9 +781,15 @@ static int json_key(jbuf *b, jv k, const jjson_opts *o, char *err, size_t errlen
 {
     jbuf t = {0};
     switch (k.t) {
-    case JV_STR: json_str(b, k.u.s->s, k.u.s->len, o->ensure_ascii); return 0;
-    case JV_NONE: jbuf_puts(b, "\"null\""); return 0;
-    case JV_BOOL: jbuf_puts(b, k.u.b ? "\"true\"" : "\"false\""); return 0;
+    case JV_STR:
+        json_str(b, k.u.s->s, k.u.s->len, o->ensure_ascii);
+        return 0;
+    case JV_NONE:
+        jbuf_puts(b, "\"null\"");
+        return 0;
+    case JV_BOOL:
+        jbuf_puts(b, k.u.b ? "\"true\"" : "\"false\"");
+        return 0;
     case JV_INT:
     case JV_FLOAT:
         if (k.t == JV_INT)
@@ -682,33 +810,51 @@ static int json_value(jbuf *b, jv v, const jjson_opts *o, int level, char *err, 
 {
     const char *isep = o->item_sep ? o->item_sep : o->indent >= 0 ? "," : ", ";
     const char *ksep = o->key_sep ? o->key_sep : ": ";
-    if (level > 1000) return util_errf(err, errlen, "maximum recursion depth exceeded while encoding a JSON object");
+    if (level > 1000)
+        return util_errf(err, errlen, "maximum recursion depth exceeded while encoding a JSON object");
     switch (v.t) {
-    case JV_NONE: jbuf_puts(b, "null"); return 0;
-    case JV_BOOL: jbuf_puts(b, v.u.b ? "true" : "false"); return 0;
-    case JV_INT: return jv_to_str(b, v) ? 0 : 0;
-    case JV_FLOAT: return json_float(b, v.u.f);
-    case JV_STR: json_str(b, v.u.s->s, v.u.s->len, o->ensure_ascii); return 0;
+    case JV_NONE:
+        jbuf_puts(b, "null");
+        return 0;
+    case JV_BOOL:
+        jbuf_puts(b, v.u.b ? "true" : "false");
+        return 0;
+    case JV_INT:
+        return jv_to_str(b, v) ? 0 : 0;
+    case JV_FLOAT:
+        return json_float(b, v.u.f);
+    case JV_STR:
+        json_str(b, v.u.s->s, v.u.s->len, o->ensure_ascii);
+        return 0;
     case JV_LIST: {
         jlist *l = v.u.l;
-        if (l->gen) return util_errf(err, errlen, "Object of type generator is not JSON serializable");
-        if (!l->n) return jbuf_puts(b, "[]"), 0;
+        if (l->gen)
+            return util_errf(err, errlen, "Object of type generator is not JSON serializable");
+        if (!l->n)
+            return jbuf_puts(b, "[]"), 0;
         jbuf_putc(b, '[');
         for (size_t i = 0; i < l->n; i++) {
-            if (i) jbuf_puts(b, isep);
-            if (o->indent >= 0) json_newline(b, o, level + 1);
-            if (json_value(b, l->v[i], o, level + 1, err, errlen)) return -1;
+            if (i)
+                jbuf_puts(b, isep);
+            if (o->indent >= 0)
+                json_newline(b, o, level + 1);
+            if (json_value(b, l->v[i], o, level + 1, err, errlen))
+                return -1;
         }
-        if (o->indent >= 0) json_newline(b, o, level);
+        if (o->indent >= 0)
+            json_newline(b, o, level);
         jbuf_putc(b, ']');
         return 0;
     }
     case JV_DICT: {
         jdict *d = v.u.d;
-        if (!d->n) return jbuf_puts(b, "{}"), 0;
+        if (!d->n)
+            return jbuf_puts(b, "{}"), 0;
         size_t *order = malloc(d->n * sizeof *order);
-        if (!order) return util_errf(err, errlen, "out of memory while encoding JSON");
-        for (size_t i = 0; i < d->n; i++) order[i] = i;
+        if (!order)
+            return util_errf(err, errlen, "out of memory while encoding JSON");
+        for (size_t i = 0; i < d->n; i++)
+            order[i] = i;
         if (o->sort_keys) /* insertion sort: stable, keys are few */
             for (size_t i = 1; i < d->n; i++) {
                 size_t x = order[i], j = i;
@@ -721,7 +867,8 @@ static int json_value(jbuf *b, jv v, const jjson_opts *o, int level, char *err, 
                     }
                     size_t m = a.u.s->len < c.u.s->len ? a.u.s->len : c.u.s->len;
                     int r = memcmp(a.u.s->s, c.u.s->s, m);
-                    if (r < 0 || (r == 0 && a.u.s->len <= c.u.s->len)) break;
+                    if (r < 0 || (r == 0 && a.u.s->len <= c.u.s->len))
+                        break;
                     order[j] = order[j - 1];
                     j--;
                 }
@@ -729,8 +876,10 @@ static int json_value(jbuf *b, jv v, const jjson_opts *o, int level, char *err, 
             }
         jbuf_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
-            if (i) jbuf_puts(b, isep);
-            if (o->indent >= 0) json_newline(b, o, level + 1);
+            if (i)
+                jbuf_puts(b, isep);
+            if (o->indent >= 0)
+                json_newline(b, o, level + 1);
             if (json_key(b, d->k[order[i]], o, err, errlen) < 0) {
                 free(order);
                 return -1;
@@ -742,7 +891,8 @@ static int json_value(jbuf *b, jv v, const jjson_opts *o, int level, char *err, 
             }
         }
         free(order);
-        if (o->indent >= 0) json_newline(b, o, level);
+        if (o->indent >= 0)
+            json_newline(b, o, level);
         jbuf_putc(b, '}');
         return 0;
     }
@@ -760,17 +910,31 @@ int jv_to_json(jbuf *b, jv v, const jjson_opts *o, char *err, size_t errlen)
 
 static int from_json(jheap *h, const json_t *j, int depth, jv *out, char *err, size_t errlen)
 {
-    if (depth < 0) return util_errf(err, errlen, "template context nests deeper than the template limit; flatten it");
+    if (depth < 0)
+        return util_errf(err, errlen, "template context nests deeper than the template limit; flatten it");
     switch (json_typeof(j)) {
-    case JSON_NULL: *out = jv_none(); return 0;
-    case JSON_TRUE: *out = jv_bool(true); return 0;
-    case JSON_FALSE: *out = jv_bool(false); return 0;
-    case JSON_INTEGER: *out = jv_int((int64_t)json_integer_value(j)); return 0;
-    case JSON_REAL: *out = jv_float(json_real_value(j)); return 0;
-    case JSON_STRING: *out = jv_str(h, json_string_value(j), json_string_length(j)); break;
+    case JSON_NULL:
+        *out = jv_none();
+        return 0;
+    case JSON_TRUE:
+        *out = jv_bool(true);
+        return 0;
+    case JSON_FALSE:
+        *out = jv_bool(false);
+        return 0;
+    case JSON_INTEGER:
+        *out = jv_int((int64_t)json_integer_value(j));
+        return 0;
+    case JSON_REAL:
+        *out = jv_float(json_real_value(j));
+        return 0;
+    case JSON_STRING:
+        *out = jv_str(h, json_string_value(j), json_string_length(j));
+        break;
     case JSON_ARRAY: {
         *out = jv_list(h, json_array_size(j), false);
-        if (out->t != JV_LIST) break;
+        if (out->t != JV_LIST)
+            break;
         for (size_t i = 0; i < json_array_size(j); i++) {
             jv e;
             if (from_json(h, json_array_get(j, i), depth - 1, &e, err, errlen) || !jv_list_push(*out, e)) {
@@ -783,7 +947,8 @@ static int from_json(jheap *h, const json_t *j, int depth, jv *out, char *err, s
     }
     case JSON_OBJECT: {
         *out = jv_dict(h, false);
-        if (out->t != JV_DICT) break;
+        if (out->t != JV_DICT)
+            break;
         const char *k;
         size_t klen;
         json_t *val;
@@ -800,7 +965,8 @@ static int from_json(jheap *h, const json_t *j, int depth, jv *out, char *err, s
         return 0;
     }
     }
-    if (out->t == JV_UNDEF) return util_errf(err, errlen, "template context is too large for the template memory limit");
+    if (out->t == JV_UNDEF)
+        return util_errf(err, errlen, "template context is too large for the template memory limit");
     return 0;
 }
 

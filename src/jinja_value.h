@@ -40,11 +40,11 @@ typedef enum {
     JV_INT,
     JV_FLOAT,
     JV_STR,
-    JV_LIST,  /* list or tuple (jlist.tuple) */
+    JV_LIST, /* list or tuple (jlist.tuple) */
     JV_DICT,
-    JV_NS,    /* namespace(): a mutable dict reached by attribute */
-    JV_LOOP,  /* the `loop` variable of a for loop */
-    JV_FUNC,  /* global function, bound method or macro */
+    JV_NS,   /* namespace(): a mutable dict reached by attribute */
+    JV_LOOP, /* the `loop` variable of a for loop */
+    JV_FUNC, /* global function, bound method or macro */
 } jv_type;
 
 typedef struct jheap jheap;
@@ -61,9 +61,9 @@ typedef struct jv {
         bool b;
         int64_t i;
         double f;
-        jstr *s;   /* JV_STR; JV_UNDEF: hint for the error message, may be NULL */
+        jstr *s; /* JV_STR; JV_UNDEF: hint for the error message, may be NULL */
         jlist *l;
-        jdict *d;  /* JV_DICT and JV_NS */
+        jdict *d; /* JV_DICT and JV_NS */
         jloop *lp;
         jfunc *fn;
         jobj *o;
@@ -79,8 +79,8 @@ struct jobj {
 
 struct jstr {
     jobj h;
-    size_t len;  /* bytes, excluding the NUL */
-    char s[];    /* NUL-terminated UTF-8 */
+    size_t len; /* bytes, excluding the NUL */
+    char s[];   /* NUL-terminated UTF-8 */
 };
 
 /* Lists and dicts nest at most JV_MAX_NEST deep (namespaces do not count: they are released
@@ -101,8 +101,8 @@ struct jdict {
     jobj h;
     uint32_t depth; /* 1 + deepest key or value */
     size_t n, cap;
-    jv *k, *v;       /* (n) keys and values, insertion order */
-    jdict *ns_next;  /* JV_NS only: heap's namespace list */
+    jv *k, *v;      /* (n) keys and values, insertion order */
+    jdict *ns_next; /* JV_NS only: heap's namespace list */
 };
 
 struct jloop {
@@ -112,32 +112,58 @@ struct jloop {
     int depth0;
 };
 
-typedef enum {
-    JF_RANGE, JF_NAMESPACE, JF_DICT, JF_RAISE, JF_STRFTIME, JF_MACRO, JF_METHOD, JF_CYCLE
-} jfunc_kind;
+typedef enum { JF_RANGE, JF_NAMESPACE, JF_DICT, JF_RAISE, JF_STRFTIME, JF_MACRO, JF_METHOD, JF_CYCLE } jfunc_kind;
 
 struct jfunc {
     jobj h;
     jfunc_kind kind;
-    const char *name;    /* method or macro name (static or AST-owned) */
-    jv self;             /* bound receiver (JF_METHOD, JF_CYCLE), else JV_NONE */
-    const void *macro;   /* JF_MACRO: AST node owned by the template */
+    const char *name;  /* method or macro name (static or AST-owned) */
+    jv self;           /* bound receiver (JF_METHOD, JF_CYCLE), else JV_NONE */
+    const void *macro; /* JF_MACRO: AST node owned by the template */
+    const void *env;   /* JF_MACRO: the evaluator frame it was defined in; only used after it is
+                        * found alive on the current scope chain with the same id */
+    uint64_t env_id;
 };
 
 struct jheap {
-    size_t live, max_live;   /* bytes of live objects and the cap */
-    uint64_t total;          /* bytes ever allocated: charged as fuel */
-    jdict *namespaces;       /* every namespace created, for cycle breaking */
-    bool oom;                /* an allocation failed or hit max_live */
-    bool too_deep;           /* a push/set would have nested deeper than JV_MAX_NEST */
+    size_t live, max_live; /* bytes of live objects and the cap */
+    uint64_t total;        /* bytes ever allocated: charged as fuel */
+    jdict *namespaces;     /* every namespace created, for cycle breaking */
+    bool oom;              /* an allocation failed or hit max_live */
+    bool too_deep;         /* a push/set would have nested deeper than JV_MAX_NEST */
 };
 
 /* ---- construction (each returns a value with one reference, or JV_UNDEF with heap->oom set) */
-static inline jv jv_undef(void) { jv v = {.t = JV_UNDEF}; v.u.s = NULL; return v; }
-static inline jv jv_none(void) { jv v = {.t = JV_NONE}; v.u.i = 0; return v; }
-static inline jv jv_bool(bool b) { jv v = {.t = JV_BOOL}; v.u.b = b; return v; }
-static inline jv jv_int(int64_t i) { jv v = {.t = JV_INT}; v.u.i = i; return v; }
-static inline jv jv_float(double f) { jv v = {.t = JV_FLOAT}; v.u.f = f; return v; }
+static inline jv jv_undef(void)
+{
+    jv v = {.t = JV_UNDEF};
+    v.u.s = NULL;
+    return v;
+}
+static inline jv jv_none(void)
+{
+    jv v = {.t = JV_NONE};
+    v.u.i = 0;
+    return v;
+}
+static inline jv jv_bool(bool b)
+{
+    jv v = {.t = JV_BOOL};
+    v.u.b = b;
+    return v;
+}
+static inline jv jv_int(int64_t i)
+{
+    jv v = {.t = JV_INT};
+    v.u.i = i;
+    return v;
+}
+static inline jv jv_float(double f)
+{
+    jv v = {.t = JV_FLOAT};
+    v.u.f = f;
+    return v;
+}
 
 void *jheap_alloc(jheap *h, jv_type kind, size_t bytes);
 jv jv_str(jheap *h, const char *s, size_t len);
@@ -159,13 +185,15 @@ jv *jv_dict_getc(jv dict, const char *key);
  * so one compiled template can be rendered by several threads at once. */
 static inline jv jv_ref(jv v)
 {
-    if ((v.t >= JV_STR || (v.t == JV_UNDEF && v.u.o)) && v.u.o->rc >= 0) v.u.o->rc++;
+    if ((v.t >= JV_STR || (v.t == JV_UNDEF && v.u.o)) && v.u.o->rc >= 0)
+        v.u.o->rc++;
     return v;
 }
 void jv_free_obj(jobj *o);
 static inline void jv_unref(jv v)
 {
-    if ((v.t >= JV_STR || (v.t == JV_UNDEF && v.u.o)) && v.u.o->rc > 0 && --v.u.o->rc == 0) jv_free_obj(v.u.o);
+    if ((v.t >= JV_STR || (v.t == JV_UNDEF && v.u.o)) && v.u.o->rc > 0 && --v.u.o->rc == 0)
+        jv_free_obj(v.u.o);
 }
 /* Breaks namespace cycles; call once when a render ends, before releasing the roots. */
 void jheap_clear_namespaces(jheap *h);
@@ -189,7 +217,10 @@ typedef struct {
     bool over;          /* an append failed (cap or malloc) */
 } jbuf;
 bool jbuf_put(jbuf *b, const char *s, size_t n);
-static inline bool jbuf_puts(jbuf *b, const char *s) { return jbuf_put(b, s, __builtin_strlen(s)); }
+static inline bool jbuf_puts(jbuf *b, const char *s)
+{
+    return jbuf_put(b, s, __builtin_strlen(s));
+}
 bool jbuf_putc(jbuf *b, char c);
 void jbuf_free(jbuf *b);
 
@@ -206,7 +237,7 @@ void jv_float_repr(double f, char out[32]);
  * JSON serializable"). */
 typedef struct {
     bool ensure_ascii, sort_keys;
-    int indent; /* < 0: None */
+    int indent;                     /* < 0: None */
     const char *item_sep, *key_sep; /* NULL: Python defaults for the indent */
 } jjson_opts;
 int jv_to_json(jbuf *b, jv v, const jjson_opts *o, char *err, size_t errlen);

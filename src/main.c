@@ -5,8 +5,9 @@
  * Exit codes (documented in README):
  *   0 success · 2 bad arguments · 65 invalid input data (EX_DATAERR) ·
  *   66 input missing/unreadable (EX_NOINPUT) · 69 command not built yet
- *   (EX_UNAVAILABLE) · 70 internal error (EX_SOFTWARE) · 75 temporary failure,
- *   resumable (EX_TEMPFAIL).
+ *   (EX_UNAVAILABLE) · 70 internal error (EX_SOFTWARE) · 73 cannot create
+ *   the output (EX_CANTCREAT) · 74 I/O error (EX_IOERR) · 75 temporary
+ *   failure, resumable (EX_TEMPFAIL: interrupted job, GPU fault).
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -16,6 +17,9 @@
 
 #include "check.h"
 #include "model.h"
+#include "pack.h"
+#include "probe.h"
+#include "synth.h"
 #include "run.h"
 #include "template.h"
 #include "tokenizer.h"
@@ -39,11 +43,13 @@ static const struct command {
     {"runs", "spill runs [show ID]", "list and inspect the run store", false},
     {"models", "spill models [show MODEL]", "curated tags, local models, architecture support", true},
     {"adapters", "spill adapters", "list known LoRA adapters", false},
-    {"probe", "spill probe", "measure RAM, disk read rate (page cache bypassed), GEMM rate", false},
+    {"probe", "spill probe [--dir PATH] [--bytes N]", "measure RAM, disk read rate (page cache bypassed), GEMM rate",
+     true},
     {"serve", "spill serve [--port N]", "OpenAI Files + Batches HTTP API", false},
     {"bench", "spill bench MODEL", "throughput vs batch and tier; CSV + plot", false},
-    {"pack", "spill pack MODEL --quant q8|q4 -o DIR", "repack into the streaming layout", false},
-    {"synth", "spill synth --like NAME [--layers N] -o DIR", "write a random-weight model of a real shape", false},
+    {"pack", "spill pack MODEL --quant q8|q4|none -o OUT.gguf|DIR", "repack into the streaming layout", true},
+    {"synth", "spill synth --like NAME [--layers N] [--quant f16|bf16|q8|q4] [--seed N] -o PATH|DIR",
+     "write a random-weight model of a real shape", true},
     {"tokenize", "spill tokenize MODEL TEXT|- [--json] [--special]", "token ids and pieces of a text", true},
     {"template", "spill template MODEL MESSAGES.json [--json]", "render the chat template and tokenize it", true},
 };
@@ -382,6 +388,12 @@ int main(int argc, char **argv)
         return run_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "resume"))
         return resume_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "probe"))
+        return probe_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "pack"))
+        return pack_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "synth"))
+        return synth_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "check"))
         return check_main(argc - 2, argv + 2);
     return usage_one(cmd, EX_USAGE_);

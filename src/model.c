@@ -464,6 +464,14 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
         for (size_t i = 0; i < sizeof eot_markers / sizeof eot_markers[0]; i++)
             if (strstr(m->chat_template, eot_markers[i]))
                 add_stop(m, gguf_token_id(g, eot_markers[i]));
+    /* spill pack records the source's full stop set (an HF checkpoint's generation_config list). */
+    const gguf_kv *sk = gguf_get(g, "spill.stop_ids");
+    if (sk && sk->type == GGUF_V_ARRAY)
+        for (uint64_t i = 0; i < sk->arr_n && i < MODEL_MAX_STOP; i++) {
+            double v = gguf_arr_num(sk, i);
+            if (v >= 0 && v < m->vocab)
+                add_stop(m, (int64_t)v);
+        }
     /* Gemma GGUFs ship no template; their turn end is <end_of_turn>. */
     if (!m->chat_template && !strncmp(m->arch, "gemma", 5))
         add_stop(m, gguf_token_id(g, "<end_of_turn>"));

@@ -116,6 +116,7 @@ typedef struct runner {
     run_opts o;
     model_desc *m;
     tokenizer *tok;
+    tmpl_t *tmpl;        /* the chat template, compiled once */
     spill_backend be;    /* be.impl NULL until opened */
     job *j;
     char fingerprint[65];
@@ -225,7 +226,7 @@ static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen,
     size_t n = 0;
     *code = "invalid_request";
     if (q->endpoint == REQ_EP_CHAT) {
-        if (!r->m->chat_template) {
+        if (!r->tmpl) {
             snprintf(msg, msglen, "The model %s has no chat template; send this row to /v1/completions instead.",
                      r->o.model_spec);
             return 1;
@@ -244,8 +245,7 @@ static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen,
             json_object_set_new(extra, "eos_token", json_stringn(p, pl));
         char *text = NULL;
         size_t tl = 0;
-        int rc = chat_template_render(r->m->chat_template, strlen(r->m->chat_template), q->messages, q->tools, extra,
-                                      true, 0, &text, &tl, err, sizeof err);
+        int rc = chat_template_apply(r->tmpl, q->messages, q->tools, extra, true, 0, &text, &tl, err, sizeof err);
         json_decref(extra);
         if (rc != 0) {
             snprintf(msg, msglen, "The chat template rejected this conversation: %.400s", err);
@@ -1154,6 +1154,7 @@ static void runner_free(runner *r)
     if (r->be.impl)
         r->be.close(r->be.impl);
     tokenizer_free(r->tok);
+    template_free(r->tmpl);
     model_close(r->m);
 }
 
@@ -1176,6 +1177,9 @@ static int run_job(runner *r, bool resuming)
                                    : !r->m->tokenizer_path
                                          ? util_errf(err, sizeof err, "%s: tokenizer.json is missing.", r->m->source)
                                          : tokenizer_from_json_file(r->m->tokenizer_path, &r->tok, err, sizeof err))
+        goto fail;
+    if (r->m->chat_template &&
+        template_compile(r->m->chat_template, strlen(r->m->chat_template), "chat template", &r->tmpl, err, sizeof err))
         goto fail;
     model_fingerprint(r->m, r->fingerprint);
     snprintf(r->sys_fp, sizeof r->sys_fp, "fp_%.10s", r->fingerprint);

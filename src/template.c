@@ -37,31 +37,36 @@ void *tmpl_alloc(tmpl_t *t, size_t size)
     if (t->nblocks == t->capblocks) {
         size_t ncap = t->capblocks ? t->capblocks * 2 : 64;
         void **p = realloc(t->blocks, ncap * sizeof *p);
-        if (!p) return NULL;
+        if (!p)
+            return NULL;
         t->blocks = p;
         t->capblocks = ncap;
     }
     void *m = calloc(1, size ? size : 1);
-    if (m) t->blocks[t->nblocks++] = m;
+    if (m)
+        t->blocks[t->nblocks++] = m;
     return m;
 }
 
 char *tmpl_strndup(tmpl_t *t, const char *s, size_t n)
 {
     char *p = tmpl_alloc(t, n + 1);
-    if (p) memcpy(p, s, n);
+    if (p)
+        memcpy(p, s, n);
     return p;
 }
 
 /* ---------------------------------------------------------------- tokens */
-
 
 void tmpl_linecol(const parser *p, size_t off, int *line, int *col)
 {
     size_t lo = 0, hi = p->nlines;
     while (hi - lo > 1) {
         size_t mid = (lo + hi) / 2;
-        if (p->lines[mid] <= off) lo = mid; else hi = mid;
+        if (p->lines[mid] <= off)
+            lo = mid;
+        else
+            hi = mid;
     }
     *line = (int)lo + 1;
     *col = (int)(off - p->lines[lo]) + 1;
@@ -84,7 +89,8 @@ static int push_tok(parser *p, tok_type t, size_t off, const char *s, size_t len
     if (p->ntok == p->captok) {
         size_t ncap = p->captok ? p->captok * 2 : 256;
         token *nt = realloc(p->tok, ncap * sizeof *nt);
-        if (!nt) return tmpl_fail_at(p, off, "out of memory while lexing the template");
+        if (!nt)
+            return tmpl_fail_at(p, off, "out of memory while lexing the template");
         p->tok = nt;
         p->captok = ncap;
     }
@@ -100,7 +106,8 @@ static int push_tok(parser *p, tok_type t, size_t off, const char *s, size_t len
 /* Length of the Python-whitespace code point at s[i], 0 if none. */
 static size_t ws_at(const char *s, size_t n, size_t i)
 {
-    if (i >= n) return 0;
+    if (i >= n)
+        return 0;
     uint32_t c;
     int k = jv_utf8_decode(s + i, n - i, &c);
     return jv_py_isspace(c) ? (size_t)k : 0;
@@ -109,7 +116,8 @@ static size_t ws_at(const char *s, size_t n, size_t i)
 static size_t skip_ws(const char *s, size_t n, size_t i)
 {
     size_t k;
-    while ((k = ws_at(s, n, i))) i += k;
+    while ((k = ws_at(s, n, i)))
+        i += k;
     return i;
 }
 
@@ -118,10 +126,12 @@ static size_t rstrip_len(const char *s, size_t len)
 {
     while (len) {
         size_t st = len - 1;
-        while (st && ((unsigned char)s[st] & 0xC0) == 0x80) st--;
+        while (st && ((unsigned char)s[st] & 0xC0) == 0x80)
+            st--;
         uint32_t c;
         jv_utf8_decode(s + st, len - st, &c);
-        if (!jv_py_isspace(c)) break;
+        if (!jv_py_isspace(c))
+            break;
         len = st;
     }
     return len;
@@ -142,14 +152,18 @@ static int emit_data(parser *p, size_t a, size_t b, char sign, bool lstrip_ok, b
         len = rstrip_len(s, len);
     } else if (sign != '+' && lstrip_ok) {
         size_t l = len;
-        while (l && s[l - 1] != '\n') l--;
+        while (l && s[l - 1] != '\n')
+            l--;
         if ((l > 0 || line_starting) && l < len) {
             size_t i = l;
-            while (i < len && ws_at(s, len, i)) i += ws_at(s, len, i);
-            if (i == len) len = l;
+            while (i < len && ws_at(s, len, i))
+                i += ws_at(s, len, i);
+            if (i == len)
+                len = l;
         }
     }
-    if (!len) return 0;
+    if (!len)
+        return 0;
     return push_tok(p, T_DATA, a, s, len);
 }
 
@@ -157,7 +171,8 @@ static int emit_data(parser *p, size_t a, size_t b, char sign, bool lstrip_ok, b
 static int decode_string(parser *p, size_t off, const char *s, size_t n, const char **out, size_t *outlen)
 {
     char *o = tmpl_alloc(p->t, n + 1), *w = o;
-    if (!o) return tmpl_fail_at(p, off, "out of memory while lexing the template");
+    if (!o)
+        return tmpl_fail_at(p, off, "out of memory while lexing the template");
     for (size_t i = 0; i < n;) {
         if (s[i] != '\\' || i + 1 >= n) {
             *w++ = s[i++];
@@ -168,24 +183,52 @@ static int decode_string(parser *p, size_t off, const char *s, size_t n, const c
         int hex = 0;
         i += 2;
         switch (c) {
-        case '\n': continue;
-        case '\\': *w++ = '\\'; continue;
-        case '\'': *w++ = '\''; continue;
-        case '"': *w++ = '"'; continue;
-        case 'a': *w++ = '\a'; continue;
-        case 'b': *w++ = '\b'; continue;
-        case 'f': *w++ = '\f'; continue;
-        case 'n': *w++ = '\n'; continue;
-        case 'r': *w++ = '\r'; continue;
-        case 't': *w++ = '\t'; continue;
-        case 'v': *w++ = '\v'; continue;
-        case 'x': hex = 2; break;
-        case 'u': hex = 4; break;
-        case 'U': hex = 8; break;
+        case '\n':
+            continue;
+        case '\\':
+            *w++ = '\\';
+            continue;
+        case '\'':
+            *w++ = '\'';
+            continue;
+        case '"':
+            *w++ = '"';
+            continue;
+        case 'a':
+            *w++ = '\a';
+            continue;
+        case 'b':
+            *w++ = '\b';
+            continue;
+        case 'f':
+            *w++ = '\f';
+            continue;
+        case 'n':
+            *w++ = '\n';
+            continue;
+        case 'r':
+            *w++ = '\r';
+            continue;
+        case 't':
+            *w++ = '\t';
+            continue;
+        case 'v':
+            *w++ = '\v';
+            continue;
+        case 'x':
+            hex = 2;
+            break;
+        case 'u':
+            hex = 4;
+            break;
+        case 'U':
+            hex = 8;
+            break;
         default:
             if (c >= '0' && c <= '7') {
                 cp = (uint32_t)(c - '0');
-                for (int k = 0; k < 2 && i < n && s[i] >= '0' && s[i] <= '7'; k++) cp = cp * 8 + (uint32_t)(s[i++] - '0');
+                for (int k = 0; k < 2 && i < n && s[i] >= '0' && s[i] <= '7'; k++)
+                    cp = cp * 8 + (uint32_t)(s[i++] - '0');
                 break;
             }
             *w++ = '\\';
@@ -193,8 +236,12 @@ static int decode_string(parser *p, size_t off, const char *s, size_t n, const c
             continue;
         }
         for (int k = 0; k < hex; k++, i++) {
-            int d = i < n ? (s[i] >= '0' && s[i] <= '9' ? s[i] - '0' : (s[i] | 32) >= 'a' && (s[i] | 32) <= 'f' ? (s[i] | 32) - 'a' + 10 : -1) : -1;
-            if (d < 0) return tmpl_fail_at(p, off, "truncated \\%c escape in string literal", c);
+            int d = i < n ? (s[i] >= '0' && s[i] <= '9'                 ? s[i] - '0'
+                             : (s[i] | 32) >= 'a' && (s[i] | 32) <= 'f' ? (s[i] | 32) - 'a' + 10
+                                                                        : -1)
+                          : -1;
+            if (d < 0)
+                return tmpl_fail_at(p, off, "truncated \\%c escape in string literal", c);
             cp = cp * 16 + (uint32_t)d;
         }
         if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
@@ -206,8 +253,8 @@ static int decode_string(parser *p, size_t off, const char *s, size_t n, const c
     return 0;
 }
 
-static const char *const OPS[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[", "]", "(",
-                                  ")", "{", "}", ">", "<", "=", ".", ":", "|", ",", ";"};
+static const char *const OPS[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[",
+                                  "]",  "(",  ")",  "{",  "}",  ">",  "<", "=", ".", ":", "|", ",", ";"};
 
 /* Lexes the inside of {{ … }} or {% … %} starting at *pi; stops after the end marker. */
 static int lex_tag(parser *p, size_t *pi, bool block, bool *line_starting)
@@ -217,17 +264,21 @@ static int lex_tag(parser *p, size_t *pi, bool block, bool *line_starting)
     char stack[PARSE_MAX_NEST];
     int depth = 0;
     for (;;) {
-        if (i >= n) return tmpl_fail_at(p, open_off, "unexpected end of template inside a %s tag; close it with %s",
-                                   block ? "{% %}" : "{{ }}", block ? "%}" : "}}");
+        if (i >= n)
+            return tmpl_fail_at(p, open_off, "unexpected end of template inside a %s tag; close it with %s",
+                                block ? "{% %}" : "{{ }}", block ? "%}" : "}}");
         if (depth == 0) {
             const char *end = block ? "%}" : "}}";
             bool plus = block && s[i] == '+' && starts(s, n, i + 1, end);
             bool minus = s[i] == '-' && starts(s, n, i + 1, end);
             if (plus || minus || starts(s, n, i, end)) {
-                if (push_tok(p, block ? T_BLOCK_END : T_VAR_END, i, NULL, 0)) return -1;
+                if (push_tok(p, block ? T_BLOCK_END : T_VAR_END, i, NULL, 0))
+                    return -1;
                 i += (plus || minus) ? 3 : 2;
-                if (minus) i = skip_ws(s, n, i);
-                else if (block && !plus && i < n && s[i] == '\n') i++;
+                if (minus)
+                    i = skip_ws(s, n, i);
+                else if (block && !plus && i < n && s[i] == '\n')
+                    i++;
                 *line_starting = s[i - 1] == '\n';
                 *pi = i;
                 return 0;
@@ -248,40 +299,55 @@ static int lex_tag(parser *p, size_t *pi, bool block, bool *line_starting)
                 i += 2;
                 size_t digits = 0;
                 for (; i < n; i++) {
-                    if (s[i] == '_') continue;
-                    int d = s[i] >= '0' && s[i] <= '9' ? s[i] - '0' : (s[i] | 32) >= 'a' && (s[i] | 32) <= 'f' ? (s[i] | 32) - 'a' + 10 : 99;
-                    if (d >= base) break;
+                    if (s[i] == '_')
+                        continue;
+                    int d = s[i] >= '0' && s[i] <= '9'                 ? s[i] - '0'
+                            : (s[i] | 32) >= 'a' && (s[i] | 32) <= 'f' ? (s[i] | 32) - 'a' + 10
+                                                                       : 99;
+                    if (d >= base)
+                        break;
                     if (v > (UINT64_MAX >> 4) || v * (uint64_t)base + (uint64_t)d > INT64_MAX)
                         return tmpl_fail_at(p, a, "integer literal is too large");
                     v = v * (uint64_t)base + (uint64_t)d;
                     digits++;
                 }
-                if (!digits) return tmpl_fail_at(p, a, "integer literal has no digits");
-                if (push_tok(p, T_INT, a, s + a, i - a)) return -1;
+                if (!digits)
+                    return tmpl_fail_at(p, a, "integer literal has no digits");
+                if (push_tok(p, T_INT, a, s + a, i - a))
+                    return -1;
                 p->tok[p->ntok - 1].i = (int64_t)v;
                 continue;
             }
-            while (i < n && ((s[i] >= '0' && s[i] <= '9') || (s[i] == '_' && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '9'))) i++;
+            while (i < n &&
+                   ((s[i] >= '0' && s[i] <= '9') || (s[i] == '_' && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '9')))
+                i++;
             if (!after_dot && i + 1 < n && s[i] == '.' && s[i + 1] >= '0' && s[i + 1] <= '9') {
                 isfloat = true;
                 i++;
-                while (i < n && ((s[i] >= '0' && s[i] <= '9') || (s[i] == '_' && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '9'))) i++;
+                while (i < n && ((s[i] >= '0' && s[i] <= '9') ||
+                                 (s[i] == '_' && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '9')))
+                    i++;
             }
             if (!after_dot && i < n && (s[i] | 32) == 'e') {
                 size_t e = i + 1;
-                if (e < n && (s[e] == '+' || s[e] == '-')) e++;
+                if (e < n && (s[e] == '+' || s[e] == '-'))
+                    e++;
                 if (e < n && s[e] >= '0' && s[e] <= '9') {
                     isfloat = true;
                     i = e;
-                    while (i < n && ((s[i] >= '0' && s[i] <= '9') || (s[i] == '_' && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '9'))) i++;
+                    while (i < n && ((s[i] >= '0' && s[i] <= '9') ||
+                                     (s[i] == '_' && i + 1 < n && s[i + 1] >= '0' && s[i + 1] <= '9')))
+                        i++;
                 }
             }
             char buf[64];
             size_t bl = 0;
             for (size_t k = a; k < i && bl < sizeof buf - 1; k++)
-                if (s[k] != '_') buf[bl++] = s[k];
+                if (s[k] != '_')
+                    buf[bl++] = s[k];
             buf[bl] = 0;
-            if (push_tok(p, isfloat ? T_FLOAT : T_INT, a, s + a, i - a)) return -1;
+            if (push_tok(p, isfloat ? T_FLOAT : T_INT, a, s + a, i - a))
+                return -1;
             if (isfloat) {
                 p->tok[p->ntok - 1].f = strtod(buf, NULL);
             } else {
@@ -297,24 +363,31 @@ static int lex_tag(parser *p, size_t *pi, bool block, bool *line_starting)
         }
         if (c == '_' || ((c | 32) >= 'a' && (c | 32) <= 'z')) {
             size_t a = i;
-            while (i < n && (s[i] == '_' || ((s[i] | 32) >= 'a' && (s[i] | 32) <= 'z') || (s[i] >= '0' && s[i] <= '9'))) i++;
-            if (push_tok(p, T_NAME, a, s + a, i - a)) return -1;
+            while (i < n && (s[i] == '_' || ((s[i] | 32) >= 'a' && (s[i] | 32) <= 'z') || (s[i] >= '0' && s[i] <= '9')))
+                i++;
+            if (push_tok(p, T_NAME, a, s + a, i - a))
+                return -1;
             continue;
         }
         if (c == '\'' || c == '"') {
             size_t a = i++;
-            while (i < n && (unsigned char)s[i] != c) i += s[i] == '\\' ? 2 : 1;
-            if (i >= n) return tmpl_fail_at(p, a, "unterminated string literal");
+            while (i < n && (unsigned char)s[i] != c)
+                i += s[i] == '\\' ? 2 : 1;
+            if (i >= n)
+                return tmpl_fail_at(p, a, "unterminated string literal");
             const char *str = NULL;
             size_t slen = 0;
-            if (decode_string(p, a, s + a + 1, i - a - 1, &str, &slen)) return -1;
-            if (push_tok(p, T_STRING, a, str, slen)) return -1;
+            if (decode_string(p, a, s + a + 1, i - a - 1, &str, &slen))
+                return -1;
+            if (push_tok(p, T_STRING, a, str, slen))
+                return -1;
             i++;
             continue;
         }
         size_t k;
         for (k = 0; k < sizeof OPS / sizeof *OPS; k++)
-            if (starts(s, n, i, OPS[k])) break;
+            if (starts(s, n, i, OPS[k]))
+                break;
         if (k == sizeof OPS / sizeof *OPS) {
             uint32_t cp;
             jv_utf8_decode(s + i, n - i, &cp);
@@ -323,13 +396,17 @@ static int lex_tag(parser *p, size_t *pi, bool block, bool *line_starting)
         size_t ol = strlen(OPS[k]);
         char oc = OPS[k][0];
         if (ol == 1 && (oc == '(' || oc == '[' || oc == '{')) {
-            if (depth == PARSE_MAX_NEST) return tmpl_fail_at(p, i, "brackets nest deeper than %d levels", PARSE_MAX_NEST);
+            if (depth == PARSE_MAX_NEST)
+                return tmpl_fail_at(p, i, "brackets nest deeper than %d levels", PARSE_MAX_NEST);
             stack[depth++] = oc == '(' ? ')' : oc == '[' ? ']' : '}';
         } else if (ol == 1 && (oc == ')' || oc == ']' || oc == '}')) {
-            if (!depth) return tmpl_fail_at(p, i, "unexpected '%c'", oc);
-            if (stack[--depth] != oc) return tmpl_fail_at(p, i, "unexpected '%c', expected '%c'", oc, stack[depth]);
+            if (!depth)
+                return tmpl_fail_at(p, i, "unexpected '%c'", oc);
+            if (stack[--depth] != oc)
+                return tmpl_fail_at(p, i, "unexpected '%c', expected '%c'", oc, stack[depth]);
         }
-        if (push_tok(p, T_OP, i, s + i, ol)) return -1;
+        if (push_tok(p, T_OP, i, s + i, ol))
+            return -1;
         i += ol;
     }
 }
@@ -339,18 +416,25 @@ static size_t raw_open(const char *s, size_t n, size_t i, const char *word, char
 {
     size_t j = i + 2;
     char sign = 0;
-    if (j < n && (s[j] == '-' || s[j] == '+')) sign = s[j++];
+    if (j < n && (s[j] == '-' || s[j] == '+'))
+        sign = s[j++];
     j = skip_ws(s, n, j);
-    if (!starts(s, n, j, word)) return 0;
+    if (!starts(s, n, j, word))
+        return 0;
     j += strlen(word);
     size_t after_word = j;
     j = skip_ws(s, n, j);
-    if (j == after_word && j < n && s[j] != '-' && s[j] != '%' && s[j] != '+') return 0;
+    if (j == after_word && j < n && s[j] != '-' && s[j] != '%' && s[j] != '+')
+        return 0;
     *end_minus = false;
-    if (starts(s, n, j, "-%}")) *end_minus = true, j += 3;
-    else if (starts(s, n, j, "+%}")) j += 3;
-    else if (starts(s, n, j, "%}")) j += 2;
-    else return 0;
+    if (starts(s, n, j, "-%}"))
+        *end_minus = true, j += 3;
+    else if (starts(s, n, j, "+%}"))
+        j += 3;
+    else if (starts(s, n, j, "%}"))
+        j += 2;
+    else
+        return 0;
     *sign_out = sign;
     return j;
 }
@@ -362,9 +446,11 @@ static int lex(parser *p)
     bool line_starting = true;
     while (i < n) {
         size_t q = i;
-        while (q + 1 < n && !(s[q] == '{' && (s[q + 1] == '{' || s[q + 1] == '%' || s[q + 1] == '#'))) q++;
+        while (q + 1 < n && !(s[q] == '{' && (s[q + 1] == '{' || s[q + 1] == '%' || s[q + 1] == '#')))
+            q++;
         if (q + 1 >= n) {
-            if (push_tok(p, T_DATA, i, s + i, n - i)) return -1;
+            if (push_tok(p, T_DATA, i, s + i, n - i))
+                return -1;
             break;
         }
         char opener = s[q + 1];
@@ -373,40 +459,56 @@ static int lex(parser *p)
         char rsign;
         bool rminus;
         if (opener == '%' && (j = raw_open(s, n, q, "raw", &rsign, &rminus))) {
-            if (emit_data(p, i, q, sign, true, line_starting)) return -1;
-            if (rminus) j = skip_ws(s, n, j);
-            if (j >= n) break; /* jinja2 quirk: an opener at the very end of the source ends lexing silently */
+            if (emit_data(p, i, q, sign, true, line_starting))
+                return -1;
+            if (rminus)
+                j = skip_ws(s, n, j);
+            if (j >= n)
+                break; /* jinja2 quirk: an opener at the very end of the source ends lexing silently */
             /* raw body runs to the first {% endraw %} */
             size_t e = j, after = 0;
             char esign = 0;
             bool eminus = false;
             for (; e + 1 < n; e++)
-                if (s[e] == '{' && s[e + 1] == '%' && (after = raw_open(s, n, e, "endraw", &esign, &eminus))) break;
-            if (!after) return tmpl_fail_at(p, q, "missing {%% endraw %%} for this {%% raw %%}");
-            if (emit_data(p, j, e, esign, true, s[j - 1] == '\n')) return -1;
-            if (eminus) after = skip_ws(s, n, after);
-            else if (s[after - 1] == '}' && s[after - 2] == '%' && s[after - 3] != '+' && after < n && s[after] == '\n') after++;
+                if (s[e] == '{' && s[e + 1] == '%' && (after = raw_open(s, n, e, "endraw", &esign, &eminus)))
+                    break;
+            if (!after)
+                return tmpl_fail_at(p, q, "missing {%% endraw %%} for this {%% raw %%}");
+            if (emit_data(p, j, e, esign, true, s[j - 1] == '\n'))
+                return -1;
+            if (eminus)
+                after = skip_ws(s, n, after);
+            else if (s[after - 1] == '}' && s[after - 2] == '%' && s[after - 3] != '+' && after < n && s[after] == '\n')
+                after++;
             i = after;
             line_starting = s[i - 1] == '\n';
             continue;
         }
-        if (emit_data(p, i, q, sign, opener != '{', line_starting)) return -1;
+        if (emit_data(p, i, q, sign, opener != '{', line_starting))
+            return -1;
         j = q + 2 + (sign ? 1 : 0);
         if (opener == '#') {
             size_t e = j;
-            if (j >= n) break; /* as for raw: `{#` as the last bytes is not an error in jinja2 */
-            while (e + 1 < n && !(s[e] == '#' && s[e + 1] == '}')) e++;
-            if (e + 1 >= n) return tmpl_fail_at(p, q, "missing end of comment tag #}");
+            if (j >= n)
+                break; /* as for raw: `{#` as the last bytes is not an error in jinja2 */
+            while (e + 1 < n && !(s[e] == '#' && s[e + 1] == '}'))
+                e++;
+            if (e + 1 >= n)
+                return tmpl_fail_at(p, q, "missing end of comment tag #}");
             char esign = e > j && (s[e - 1] == '-' || s[e - 1] == '+') ? s[e - 1] : 0;
             i = e + 2;
-            if (esign == '-') i = skip_ws(s, n, i);
-            else if (esign != '+' && i < n && s[i] == '\n') i++;
+            if (esign == '-')
+                i = skip_ws(s, n, i);
+            else if (esign != '+' && i < n && s[i] == '\n')
+                i++;
             line_starting = s[i - 1] == '\n';
             continue;
         }
-        if (push_tok(p, opener == '%' ? T_BLOCK_BEGIN : T_VAR_BEGIN, q, NULL, 0)) return -1;
+        if (push_tok(p, opener == '%' ? T_BLOCK_BEGIN : T_VAR_BEGIN, q, NULL, 0))
+            return -1;
         i = j;
-        if (lex_tag(p, &i, opener == '%', &line_starting)) return -1;
+        if (lex_tag(p, &i, opener == '%', &line_starting))
+            return -1;
     }
     return push_tok(p, T_EOF, n, NULL, 0);
 }
@@ -425,8 +527,10 @@ void template_limits_default(tmpl_limits *lim)
 
 void template_free(tmpl_t *t)
 {
-    if (!t) return;
-    for (size_t i = 0; i < t->nblocks; i++) free(t->blocks[i]);
+    if (!t)
+        return;
+    for (size_t i = 0; i < t->nblocks; i++)
+        free(t->blocks[i]);
     free(t->blocks);
     free(t->name);
     free(t);
@@ -436,8 +540,10 @@ int template_compile(const char *src, size_t len, const char *name, tmpl_t **out
 {
     *out = NULL;
     const char *nm = name ? name : "template";
-    if (!util_utf8_valid(src, len)) return util_errf(err, errlen, "%s: source is not valid UTF-8; re-encode it", nm);
-    if (memchr(src, 0, len)) return util_errf(err, errlen, "%s: source contains a NUL byte", nm);
+    if (!util_utf8_valid(src, len))
+        return util_errf(err, errlen, "%s: source is not valid UTF-8; re-encode it", nm);
+    if (memchr(src, 0, len))
+        return util_errf(err, errlen, "%s: source contains a NUL byte", nm);
     tmpl_t *t = calloc(1, sizeof *t);
     parser p = {0};
     int rc = -1;
@@ -448,32 +554,40 @@ int template_compile(const char *src, size_t len, const char *name, tmpl_t **out
     /* normalise newlines, drop one trailing \n */
     char *s = tmpl_alloc(t, len + 1);
     size_t n = 0;
-    if (!s) goto out_oom;
+    if (!s)
+        goto out_oom;
     for (size_t i = 0; i < len; i++) {
         if (src[i] == '\r') {
             s[n++] = '\n';
-            if (i + 1 < len && src[i + 1] == '\n') i++;
+            if (i + 1 < len && src[i + 1] == '\n')
+                i++;
         } else {
             s[n++] = src[i];
         }
     }
-    if (n && s[n - 1] == '\n') n--;
+    if (n && s[n - 1] == '\n')
+        n--;
     p.t = t;
     p.src = s;
     p.n = n;
     p.err = err;
     p.errlen = errlen;
     size_t nl = 1;
-    for (size_t i = 0; i < n; i++) nl += s[i] == '\n';
+    for (size_t i = 0; i < n; i++)
+        nl += s[i] == '\n';
     p.lines = malloc(nl * sizeof *p.lines);
-    if (!p.lines) goto out_oom;
+    if (!p.lines)
+        goto out_oom;
     p.lines[0] = 0;
     p.nlines = 1;
     for (size_t i = 0; i < n; i++)
-        if (s[i] == '\n') p.lines[p.nlines++] = i + 1;
-    if (lex(&p)) goto out_free;
+        if (s[i] == '\n')
+            p.lines[p.nlines++] = i + 1;
+    if (lex(&p))
+        goto out_free;
     t->root = tmpl_parse(&p);
-    if (!t->root) goto out_free;
+    if (!t->root)
+        goto out_free;
     *out = t;
     t = NULL;
     rc = 0;
@@ -492,7 +606,8 @@ out_free:
 static int ctx_from_object(jheap *h, void *arg, jv *ctx, char *err, size_t errlen)
 {
     json_t *context = arg;
-    if (!json_is_object(context)) return util_errf(err, errlen, "the template render context must be a JSON object");
+    if (!json_is_object(context))
+        return util_errf(err, errlen, "the template render context must be a JSON object");
     return jv_from_json(h, context, CTX_MAX_DEPTH, ctx, err, errlen);
 }
 
@@ -530,21 +645,28 @@ static int chat_message(jheap *h, json_t *m, jv *out, char *err, size_t errlen)
     json_t *r = NULL;
     for (int k = 0; k < 3 && !r; k++) {
         json_t *v = json_object_get(m, fields[k]);
-        if (v && !json_is_null(v)) r = v;
+        if (v && !json_is_null(v))
+            r = v;
     }
-    if (!r) return jv_from_json(h, m, CTX_MAX_DEPTH, out, err, errlen);
+    if (!r)
+        return jv_from_json(h, m, CTX_MAX_DEPTH, out, err, errlen);
     jv msg, rv, aliased = jv_dict(h, false);
-    if (aliased.t != JV_DICT) return util_errf(err, errlen, "the chat context exceeds the template memory limit");
-    if (jv_from_json(h, m, CTX_MAX_DEPTH, &msg, err, errlen)) return jv_unref(aliased), -1;
-    if (jv_from_json(h, r, CTX_MAX_DEPTH, &rv, err, errlen)) return jv_unref(aliased), jv_unref(msg), -1;
+    if (aliased.t != JV_DICT)
+        return util_errf(err, errlen, "the chat context exceeds the template memory limit");
+    if (jv_from_json(h, m, CTX_MAX_DEPTH, &msg, err, errlen))
+        return jv_unref(aliased), -1;
+    if (jv_from_json(h, r, CTX_MAX_DEPTH, &rv, err, errlen))
+        return jv_unref(aliased), jv_unref(msg), -1;
     int rc = ctx_set(h, aliased, "thinking", jv_ref(rv), err, errlen);
     for (size_t i = 0; !rc && i < msg.u.d->n; i++)
         if (!jv_dict_set(aliased, jv_ref(msg.u.d->k[i]), jv_ref(msg.u.d->v[i])))
             rc = util_errf(err, errlen, "the chat context exceeds the template memory limit");
-    if (!rc) rc = ctx_set(h, aliased, "reasoning_content", jv_ref(rv), err, errlen);
+    if (!rc)
+        rc = ctx_set(h, aliased, "reasoning_content", jv_ref(rv), err, errlen);
     jv_unref(rv);
     jv_unref(msg);
-    if (rc) return jv_unref(aliased), -1;
+    if (rc)
+        return jv_unref(aliased), -1;
     *out = aliased;
     return 0;
 }
@@ -565,15 +687,19 @@ static int chat_ctx(jheap *h, void *arg, jv *ctx, char *err, size_t errlen)
     }
     json_array_foreach(a->messages, i, m)
     {
-        if (chat_message(h, m, &v, err, errlen)) return jv_unref(msgs), -1;
+        if (chat_message(h, m, &v, err, errlen))
+            return jv_unref(msgs), -1;
         if (!jv_list_push(msgs, v)) {
             jv_unref(msgs);
             return util_errf(err, errlen, "the chat context exceeds the template memory limit");
         }
     }
-    if (ctx_set(h, *ctx, "messages", msgs, err, errlen)) return -1;
-    if (!a->tools) v = jv_none();
-    else if (jv_from_json(h, a->tools, CTX_MAX_DEPTH, &v, err, errlen)) return -1;
+    if (ctx_set(h, *ctx, "messages", msgs, err, errlen))
+        return -1;
+    if (!a->tools)
+        v = jv_none();
+    else if (jv_from_json(h, a->tools, CTX_MAX_DEPTH, &v, err, errlen))
+        return -1;
     if (ctx_set(h, *ctx, "tools", v, err, errlen) || ctx_set(h, *ctx, "documents", jv_none(), err, errlen) ||
         ctx_set(h, *ctx, "add_generation_prompt", jv_bool(a->add_generation_prompt), err, errlen))
         return -1;
@@ -584,7 +710,8 @@ static int chat_ctx(jheap *h, void *arg, jv *ctx, char *err, size_t errlen)
         if (!strcmp(key, "messages") || !strcmp(key, "tools") || !strcmp(key, "add_generation_prompt"))
             return util_errf(err, errlen, "%s: extra key '%s' collides with a reserved template variable; rename it",
                              a->t->name, key);
-        if (jv_from_json(h, val, CTX_MAX_DEPTH, &v, err, errlen) || ctx_set(h, *ctx, key, v, err, errlen)) return -1;
+        if (jv_from_json(h, val, CTX_MAX_DEPTH, &v, err, errlen) || ctx_set(h, *ctx, key, v, err, errlen))
+            return -1;
     }
     return 0;
 }
@@ -596,10 +723,12 @@ int chat_template_apply(const tmpl_t *t, json_t *messages, json_t *tools, json_t
     json_t *m;
     *out = NULL;
     *outlen = 0;
-    if (!json_is_array(messages)) return util_errf(err, errlen, "%s: messages must be a JSON array", t->name);
-    json_array_foreach(messages, i, m) if (!json_is_object(m))
-        return util_errf(err, errlen, "%s: message %zu is not a JSON object", t->name, i);
-    if (extra && !json_is_object(extra)) return util_errf(err, errlen, "%s: extra must be a JSON object", t->name);
+    if (!json_is_array(messages))
+        return util_errf(err, errlen, "%s: messages must be a JSON array", t->name);
+    json_array_foreach(messages, i, m) if (!json_is_object(m)) return util_errf(
+        err, errlen, "%s: message %zu is not a JSON object", t->name, i);
+    if (extra && !json_is_object(extra))
+        return util_errf(err, errlen, "%s: extra must be a JSON object", t->name);
     chat_args a = {t, messages, tools, extra, add_generation_prompt};
     tmpl_limits lim;
     template_limits_default(&lim);
@@ -613,7 +742,8 @@ int chat_template_render(const char *src, size_t len, json_t *messages, json_t *
     tmpl_t *t = NULL;
     *out = NULL;
     *outlen = 0;
-    if (template_compile(src, len, "chat template", &t, err, errlen)) return -1;
+    if (template_compile(src, len, "chat template", &t, err, errlen))
+        return -1;
     int rc = chat_template_apply(t, messages, tools, extra, add_generation_prompt, now, out, outlen, err, errlen);
     template_free(t);
     return rc;

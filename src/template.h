@@ -28,12 +28,12 @@ typedef struct tmpl_t tmpl_t;
 #define TEMPLATE_ERR_RAISED (-2)
 
 typedef struct {
-    uint64_t max_steps;  /* fuel: statements + expressions + iterations + allocated bytes/64 (50M) */
-    uint32_t max_depth;  /* nested evaluation / macro recursion depth (256) */
-    size_t max_output;   /* bytes of rendered output (16 MiB) */
-    uint64_t max_range;  /* largest range() (100000 = jinja2 sandbox MAX_RANGE) */
-    size_t max_memory;   /* live bytes of template values (256 MiB) */
-    time_t now;          /* the clock strftime_now() formats (local time); 0 = time(NULL) at render */
+    uint64_t max_steps; /* fuel: statements + expressions + iterations + allocated bytes/64 (50M) */
+    uint32_t max_depth; /* nested evaluation / macro recursion depth (256) */
+    size_t max_output;  /* bytes of rendered output (16 MiB) */
+    uint64_t max_range; /* largest range() (100000 = jinja2 sandbox MAX_RANGE) */
+    size_t max_memory;  /* live bytes of template values (256 MiB) */
+    time_t now;         /* the clock strftime_now() formats (local time); 0 = time(NULL) at render */
 } tmpl_limits;
 
 /* Fills the defaults above. */
@@ -52,8 +52,8 @@ int template_compile(const char *src, size_t len, const char *name, tmpl_t **out
  * bytes (caller frees).  Returns 0, TEMPLATE_ERR_RAISED (err = the template's message),
  * or -1 ("NAME line L, column C: reason").
  */
-int template_render(const tmpl_t *t, json_t *context, const tmpl_limits *lim, char **out, size_t *outlen,
-                    char *err, size_t errlen);
+int template_render(const tmpl_t *t, json_t *context, const tmpl_limits *lim, char **out, size_t *outlen, char *err,
+                    size_t errlen);
 
 void template_free(tmpl_t *t);
 
@@ -65,8 +65,7 @@ void template_free(tmpl_t *t);
  * strftime_now (0 = current time).  Same returns as template_render.
  */
 int chat_template_render(const char *src, size_t len, json_t *messages, json_t *tools, json_t *extra,
-                         bool add_generation_prompt, time_t now, char **out, size_t *outlen, char *err,
-                         size_t errlen);
+                         bool add_generation_prompt, time_t now, char **out, size_t *outlen, char *err, size_t errlen);
 
 /* The same with a template compiled once (template_compile), for rendering many conversations;
  * thread-safe on a shared tmpl_t. */

@@ -19,38 +19,37 @@
 
 typedef enum {
     /* expressions */
-    E_CONST,   /* cval: none/bool/int/float/str (string owned by the node's heap-free const) */
-    E_NAME,    /* name */
-    E_ATTR,    /* a.name */
-    E_ITEM,    /* a[b] */
-    E_SLICE,   /* a[b:c:d], missing parts NULL */
-    E_CALL,    /* a(args, kw=…) */
-    E_FILTER,  /* a|name(args) ; a NULL inside {% filter %} (unused) */
-    E_TEST,    /* a is [not] name(args) ; neg */
+    E_CONST,  /* cval: none/bool/int/float/str (strings are immortal, template-owned) */
+    E_NAME,   /* name */
+    E_ATTR,   /* a.name */
+    E_ITEM,   /* a[b] */
+    E_SLICE,  /* a[b:c:d], missing parts NULL */
+    E_CALL,   /* a(args, kw=…) */
+    E_FILTER, /* a|name(args); a NULL in a `{% set x | f %}` block's filter chain */
+    E_TEST,   /* a is [not] name(args) ; neg */
     E_NOT,
     E_NEG,
     E_POS,
-    E_BINOP,   /* op: a OP b */
+    E_BINOP, /* op: a OP b */
     E_AND,
     E_OR,
     E_COMPARE, /* a op1 b op2 c … chained: ops[], args[] (n = number of operands) */
     E_COND,    /* b if a else c (c may be NULL → undefined) */
     E_LIST,
     E_TUPLE,
-    E_DICT,    /* args = k0, v0, k1, v1, … */
+    E_DICT, /* args = k0, v0, k1, v1, … */
     /* statements */
-    S_BODY,    /* list of statements in args */
-    S_TEXT,    /* text, textlen */
-    S_OUTPUT,  /* {{ a }} */
-    S_IF,      /* if a: b else c */
-    S_FOR,     /* for targets(name list in args… see below) */
-    S_SET,     /* set target = a */
-    S_SETBLOCK,/* set name %}b{% endset */
+    S_BODY,     /* list of statements in args */
+    S_TEXT,     /* text, textlen */
+    S_OUTPUT,   /* {{ a }} */
+    S_IF,       /* if a: b else c */
+    S_FOR,      /* see the field comment below */
+    S_SET,      /* set target = a */
+    S_SETBLOCK, /* set name %}b{% endset */
     S_MACRO,
-    S_CALLBLOCK,
     S_BREAK,
     S_CONTINUE,
-    S_SCOPE,   /* {% generation %}/{% with %} body rendered in a child scope */
+    S_SCOPE, /* {% generation %} body a, rendered in a child scope */
 } node_kind;
 
 typedef enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW, OP_CONCAT } binop;
@@ -60,48 +59,65 @@ typedef struct node node;
 struct node {
     node_kind kind;
     int line, col;
-    uint32_t depth;    /* expressions: 1 + deepest child (bounded by AST_MAX_DEPTH) */
-    const char *name;  /* identifiers; owned by the template's string pool */
+    uint32_t depth;   /* expressions: 1 + deepest child (bounded by AST_MAX_DEPTH) */
+    const char *name; /* identifier (template-owned) */
     node *a, *b, *c, *d;
-    node **args;       /* positional args / list items / statements (nargs) */
+    node **args; /* positional args / list items / statements (nargs) */
     size_t nargs;
     const char **kwnames; /* keyword names for kwargs (nkw) */
     node **kwargs;
     size_t nkw;
-    int op;            /* binop for E_BINOP; cmpop list in ops for E_COMPARE */
+    int op; /* binop for E_BINOP; cmpop list in ops for E_COMPARE */
     int *ops;
-    bool neg;          /* E_TEST: is not */
-    jv cval;           /* E_CONST value; strings allocated from the template's const heap */
-    const char *text;  /* S_TEXT */
+    bool neg;         /* E_TEST: is not */
+    jv cval;          /* E_CONST value */
+    const char *text; /* S_TEXT */
     size_t textlen;
     /* S_FOR: targets in tnames (ntargets, >1 means unpacking), iterable a, filter b, body c, else d.
      * S_SET: targets in tnames (or attr target: name=ns var, attr=tnames[0] when is_attr), value a.
-     * S_MACRO: name, params tnames with defaults kwargs-like (pdefaults, NULL if none), body a. */
+     * S_SETBLOCK: target tnames[0], body a, filter chain b (or NULL).
+     * S_MACRO: name, parameters tnames with default expressions pdefaults[i] (NULL if none), body a. */
     const char **tnames;
     size_t ntargets;
     bool is_attr;
     node **pdefaults;
+    /* Frame nodes (the root S_BODY, S_FOR, for-else body, S_MACRO, S_SETBLOCK, S_SCOPE): names
+     * bound to undefined when the frame starts, as jinja2 does (template_parse.c, analyse_frame). */
+    const char **undef;
+    size_t nundef;
 };
 
 struct tmpl_t {
     char *name;
     node *root;
-    /* arena of nodes and strings: a simple list of blocks */
+    /* every node and string of the template: calloc'd blocks freed by template_free */
     void **blocks;
     size_t nblocks, capblocks;
 };
 
 /* ---- front end shared by the lexer (template.c) and the parser (template_parse.c) */
 
-#define PARSE_MAX_NEST 256  /* parser recursion: parens, nested blocks, unary chains */
-#define AST_MAX_DEPTH 1000  /* tree depth incl. left-deep operator chains, bounds evaluator recursion */
+#define PARSE_MAX_NEST 256 /* parser recursion: parens, nested blocks, unary chains */
+#define AST_MAX_DEPTH 1000 /* tree depth incl. left-deep operator chains, bounds evaluator recursion */
 
-typedef enum { T_EOF, T_DATA, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING, T_INT, T_FLOAT, T_OP } tok_type;
+typedef enum {
+    T_EOF,
+    T_DATA,
+    T_VAR_BEGIN,
+    T_VAR_END,
+    T_BLOCK_BEGIN,
+    T_BLOCK_END,
+    T_NAME,
+    T_STRING,
+    T_INT,
+    T_FLOAT,
+    T_OP
+} tok_type;
 
 typedef struct {
     tok_type t;
-    size_t off;     /* byte offset in the normalised source */
-    const char *s;  /* T_DATA/T_STRING: decoded text (arena); T_NAME/T_OP: source bytes */
+    size_t off;    /* byte offset in the normalised source */
+    const char *s; /* T_DATA/T_STRING: decoded text (arena); T_NAME/T_OP: source bytes */
     size_t len;
     int64_t i;
     double f;
@@ -115,9 +131,9 @@ typedef struct {
     size_t nlines;
     token *tok;
     size_t ntok, captok;
-    size_t pos;     /* parser cursor */
-    int nest;       /* parser recursion depth */
-    int loops;      /* enclosing for loops, for break/continue */
+    size_t pos; /* parser cursor */
+    int nest;   /* parser recursion depth */
+    int loops;  /* enclosing for loops, for break/continue */
     char *err;
     size_t errlen;
 } parser;

@@ -1,11 +1,12 @@
 /*
  * template_eval.c — chat templates, back half: walks the tree built by
- * template.c and renders it with jinja2's semantics (the transformers
- * ImmutableSandboxedEnvironment): scoping, Undefined, attribute/item access,
- * Python operators and truthiness, calls (macros, range, namespace, dict,
- * raise_exception, strftime_now), statements and the render entry point.
+ * template_parse.c and renders it with jinja2's semantics (the transformers
+ * ImmutableSandboxedEnvironment): budgets and errors, scoping, expressions,
+ * calls (macros, range, namespace, dict, raise_exception, strftime_now),
+ * statements and the render entry point.
  *
- * Does not own: lexing/parsing (template.c), filters/tests/methods
+ * Does not own: lexing (template.c), parsing (template_parse.c), attribute
+ * access and operators (template_ops.c), filters/tests/methods
  * (template_filters.c), value representation and str()/repr()/json.dumps()
  * (jinja_value.c).
  *
@@ -29,14 +30,11 @@
  *  - Jinja's compile-time constant folding is not reproduced: a literal-only
  *    expression that jinja2 folds (e.g. `(1.5)[1:]` → '') errors here.
  */
-#include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <utf8proc.h>
 
 #include "template_eval.h"
 #include "util.h"
@@ -50,7 +48,8 @@ static int exec_node(ev *e, const node *n);
 
 int tev_fail(ev *e, const node *n, const char *fmt, ...)
 {
-    if (e->failed) return -1;
+    if (e->failed)
+        return -1;
     char msg[400];
     va_list ap;
     va_start(ap, fmt);
@@ -67,7 +66,8 @@ int tev_fail(ev *e, const node *n, const char *fmt, ...)
 
 int tev_fail_undef(ev *e, const node *n, jv u)
 {
-    if (u.u.s) return tev_fail(e, n, "%s", u.u.s->s);
+    if (u.u.s)
+        return tev_fail(e, n, "%s", u.u.s->s);
     return tev_fail(e, n, "a value is undefined");
 }
 
@@ -75,31 +75,39 @@ int tev_tick(ev *e, const node *n, uint64_t k)
 {
     e->steps += k;
     if (e->heap.too_deep)
-        return tev_fail(e, n, "template values nest deeper than %d levels (lists/dicts inside each other)", JV_MAX_NEST);
+        return tev_fail(e, n, "template values nest deeper than %d levels (lists/dicts inside each other)",
+                        JV_MAX_NEST);
     if (e->heap.oom)
-        return tev_fail(e, n, "template values exceed the memory limit of %zu bytes; the template builds values too large",
-                    e->lim->max_memory);
+        return tev_fail(e, n,
+                        "template values exceed the memory limit of %zu bytes; the template builds values too large",
+                        e->lim->max_memory);
     if (e->steps + e->heap.total / 64 > e->lim->max_steps)
         return tev_fail(e, n, "template exceeded its budget of %llu steps; it loops or copies too much",
-                    (unsigned long long)e->lim->max_steps);
+                        (unsigned long long)e->lim->max_steps);
     return 0;
 }
 
 /* Checks a freshly built value: JV_UNDEF without hint from a constructor means out of memory. */
-int tev_oom_check(ev *e, const node *n) { return e->heap.oom || e->heap.too_deep ? tev_tick(e, n, 0) : 0; }
+int tev_oom_check(ev *e, const node *n)
+{
+    return e->heap.oom || e->heap.too_deep ? tev_tick(e, n, 0) : 0;
+}
 
 /* Ends a function that just built *out: on a failed allocation releases it and fails. */
 int tev_built(ev *e, const node *n, jv *out)
 {
-    if (!e->heap.oom && !e->heap.too_deep) return 0;
+    if (!e->heap.oom && !e->heap.too_deep)
+        return 0;
     jv_drop(out);
     return tev_tick(e, n, 0);
 }
 
 /* ---------------------------------------------------------------- small helpers */
 
-jv tev_str(ev *e, const char *s, size_t len) { return jv_str(&e->heap, s, len); }
-
+jv tev_str(ev *e, const char *s, size_t len)
+{
+    return jv_str(&e->heap, s, len);
+}
 
 /* Python str(v) as a new string value. */
 int tev_to_str(ev *e, const node *n, jv v, jv *out)
@@ -121,16 +129,20 @@ int tev_to_str(ev *e, const node *n, jv v, jv *out)
 
 jv *tev_arg(cargs *a, size_t i, const char *name)
 {
-    if (i < a->npos) return &a->pos[i];
+    if (i < a->npos)
+        return &a->pos[i];
     for (size_t k = 0; name && k < a->nkw; k++)
-        if (!strcmp(a->kwn[k], name)) return &a->kw[k];
+        if (!strcmp(a->kwn[k], name))
+            return &a->kw[k];
     return NULL;
 }
 
 static void cargs_free(cargs *a)
 {
-    for (size_t i = 0; i < a->npos; i++) jv_unref(a->pos[i]);
-    for (size_t i = 0; i < a->nkw; i++) jv_unref(a->kw[i]);
+    for (size_t i = 0; i < a->npos; i++)
+        jv_unref(a->pos[i]);
+    for (size_t i = 0; i < a->nkw; i++)
+        jv_unref(a->kw[i]);
     free(a->pos);
     free(a->kw);
 }
@@ -146,9 +158,11 @@ static int eval_args(ev *e, const node *n, cargs *a)
     }
     a->kwn = n->kwnames;
     for (size_t i = 0; i < n->nargs; i++, a->npos++)
-        if (eval(e, n->args[i], &a->pos[i])) return cargs_free(a), -1;
+        if (eval(e, n->args[i], &a->pos[i]))
+            return cargs_free(a), -1;
     for (size_t i = 0; i < n->nkw; i++, a->nkw++)
-        if (eval(e, n->kwargs[i], &a->kw[i])) return cargs_free(a), -1;
+        if (eval(e, n->kwargs[i], &a->kw[i]))
+            return cargs_free(a), -1;
     return 0;
 }
 
@@ -157,11 +171,16 @@ static int eval_args(ev *e, const node *n, cargs *a)
 int tev_iterate(ev *e, const node *n, jv v, jv *out)
 {
     switch (v.t) {
-    case JV_LIST: *out = jv_ref(v); return 0;
-    case JV_UNDEF: *out = jv_list(&e->heap, 0, false); return tev_built(e, n, out);
+    case JV_LIST:
+        *out = jv_ref(v);
+        return 0;
+    case JV_UNDEF:
+        *out = jv_list(&e->heap, 0, false);
+        return tev_built(e, n, out);
     case JV_DICT: {
         *out = jv_list(&e->heap, v.u.d->n, false);
-        for (size_t i = 0; i < v.u.d->n && out->t == JV_LIST; i++) jv_list_push(*out, jv_ref(v.u.d->k[i]));
+        for (size_t i = 0; i < v.u.d->n && out->t == JV_LIST; i++)
+            jv_list_push(*out, jv_ref(v.u.d->k[i]));
         return tev_built(e, n, out);
     }
     case JV_STR: {
@@ -174,10 +193,12 @@ int tev_iterate(ev *e, const node *n, jv v, jv *out)
             jv_list_push(*out, tev_str(e, s + i, (size_t)k));
             i += (size_t)k;
         }
-        if (tev_tick(e, n, len)) return jv_drop(out), -1;
+        if (tev_tick(e, n, len))
+            return jv_drop(out), -1;
         return tev_built(e, n, out);
     }
-    default: return tev_fail(e, n, "'%s' object is not iterable", jv_type_name(v));
+    default:
+        return tev_fail(e, n, "'%s' object is not iterable", jv_type_name(v));
     }
 }
 
@@ -187,7 +208,8 @@ static jv *lookup(ev *e, frame *f, const char *name)
 {
     for (; f; f = f->parent)
         for (size_t i = f->n; i-- > 0;)
-            if (!strcmp(f->b[i].name, name)) return &f->b[i].v;
+            if (!strcmp(f->b[i].name, name))
+                return &f->b[i].v;
     return jv_dict_getc(e->ctx, name);
 }
 
@@ -207,7 +229,8 @@ static int assign(ev *e, const node *n, frame *f, const char *name, jv v /* cons
             return tev_fail(e, n, "out of memory");
         }
         memcpy(nb, f->b, f->n * sizeof *nb);
-        if (f->b != f->inl) free(f->b);
+        if (f->b != f->inl)
+            free(f->b);
         f->b = nb;
         f->cap = ncap;
     }
@@ -216,9 +239,18 @@ static int assign(ev *e, const node *n, frame *f, const char *name, jv v /* cons
     return 0;
 }
 
+/* Starts a frame's names that jinja2 starts undefined (see analyse_frame in template_parse.c). */
+static int bind_undef(ev *e, const node *owner, frame *f)
+{
+    for (size_t i = 0; i < owner->nundef; i++)
+        if (assign(e, owner, f, owner->undef[i], jv_undef_hint(&e->heap, "'%s' is undefined", owner->undef[i])))
+            return -1;
+    return 0;
+}
+
 static bool frame_init(ev *e, frame *f, frame *parent)
 {
-    (void)e;
+    f->id = ++e->frames;
     f->parent = parent;
     f->b = f->inl;
     f->n = 0;
@@ -228,464 +260,19 @@ static bool frame_init(ev *e, frame *f, frame *parent)
 
 static void frame_free(frame *f)
 {
-    for (size_t i = 0; i < f->n; i++) jv_unref(f->b[i].v);
-    if (f->b != f->inl) free(f->b);
+    for (size_t i = 0; i < f->n; i++)
+        jv_unref(f->b[i].v);
+    if (f->b != f->inl)
+        free(f->b);
     f->b = f->inl;
     f->n = 0;
 }
 
-/* ---------------------------------------------------------------- attribute / item access */
-
-static const char *const STR_METHODS[] = {"startswith", "endswith", "split", "rsplit", "strip", "lstrip", "rstrip",
-                                          "upper", "lower", "title", "capitalize", "replace", "find", "rfind",
-                                          "count", "index", "join", "isdigit", "isalpha", "isalnum", "isspace",
-                                          "islower", "isupper", "splitlines", "format", "zfill", NULL};
-static const char *const DICT_METHODS[] = {"items", "keys", "values", "get", NULL};
-static const char *const LIST_METHODS[] = {"index", "count", NULL};
-
-const char *tev_find_name(const char *const *list, const char *nm)
-{
-    for (; *list; list++)
-        if (!strcmp(*list, nm)) return *list;
-    return NULL;
-}
-
-static int loop_attr(ev *e, const node *n, jv loop, const char *name, jv *out);
-
-/* jinja2 `obj.name`: attribute first, then item. */
-int tev_getattr(ev *e, const node *n, jv obj, const char *name, jv *out)
-{
-    const char *m;
-    switch (obj.t) {
-    case JV_UNDEF: return tev_fail_undef(e, n, obj);
-    case JV_DICT:
-        if ((m = tev_find_name(DICT_METHODS, name))) {
-            *out = jv_func(&e->heap, JF_METHOD, m, jv_ref(obj));
-            return tev_built(e, n, out);
-        }
-        {
-            jv *v = jv_dict_getc(obj, name);
-            if (v) {
-                *out = jv_ref(*v);
-                return 0;
-            }
-        }
-        *out = jv_undef_hint(&e->heap, "'dict object' has no attribute '%s'", name);
-        return 0;
-    case JV_NS: {
-        jv *v = jv_dict_getc(obj, name);
-        *out = v ? jv_ref(*v) : jv_undef_hint(&e->heap, "'Namespace' object has no attribute '%s'", name);
-        return 0;
-    }
-    case JV_LOOP: return loop_attr(e, n, obj, name, out);
-    case JV_STR:
-        if ((m = tev_find_name(STR_METHODS, name))) {
-            *out = jv_func(&e->heap, JF_METHOD, m, jv_ref(obj));
-            return tev_built(e, n, out);
-        }
-        break;
-    case JV_LIST:
-        if ((m = tev_find_name(LIST_METHODS, name))) {
-            *out = jv_func(&e->heap, JF_METHOD, m, jv_ref(obj));
-            return tev_built(e, n, out);
-        }
-        break;
-    case JV_NONE: *out = jv_undef_hint(&e->heap, "'None' has no attribute '%s'", name); return 0;
-    default: break;
-    }
-    *out = jv_undef_hint(&e->heap, "'%s object' has no attribute '%s'", jv_type_name(obj), name);
-    return 0;
-}
-
-/* Python index normalisation; false when out of range. */
-static bool norm_index(int64_t i, size_t len, size_t *out)
-{
-    if (i < 0) i += (int64_t)len;
-    if (i < 0 || (uint64_t)i >= len) return false;
-    *out = (size_t)i;
-    return true;
-}
-
-/* jinja2 `obj[key]`: item first, then attribute for string keys. */
-int tev_getitem(ev *e, const node *n, jv obj, jv key, jv *out)
-{
-    size_t i;
-    switch (obj.t) {
-    case JV_UNDEF: return tev_fail_undef(e, n, obj);
-    case JV_DICT: {
-        jv *v = jv_dict_get(obj, key);
-        if (v) {
-            *out = jv_ref(*v);
-            return 0;
-        }
-        if (key.t == JV_STR) return tev_getattr(e, n, obj, key.u.s->s, out);
-        break;
-    }
-    case JV_LIST:
-        if (is_int(key) && !obj.u.l->gen) {
-            if (norm_index(as_int(key), obj.u.l->n, &i)) {
-                *out = jv_ref(obj.u.l->v[i]);
-                return 0;
-            }
-            *out = jv_undef_hint(&e->heap, "%s object has no element %lld", jv_type_name(obj), (long long)as_int(key));
-            return 0;
-        }
-        break;
-    case JV_STR:
-        if (is_int(key)) {
-            size_t cps = jv_utf8_count(obj.u.s->s, obj.u.s->len);
-            if (norm_index(as_int(key), cps, &i)) {
-                size_t a = jv_utf8_offset(obj.u.s->s, obj.u.s->len, i);
-                size_t b = jv_utf8_offset(obj.u.s->s + a, obj.u.s->len - a, 1);
-                *out = tev_str(e, obj.u.s->s + a, b);
-                return tev_built(e, n, out);
-            }
-            *out = jv_undef_hint(&e->heap, "str object has no element %lld", (long long)as_int(key));
-            return 0;
-        }
-        break;
-    default:
-        if (key.t == JV_STR) return tev_getattr(e, n, obj, key.u.s->s, out);
-        break;
-    }
-    jbuf kb = {.max = 64};
-    jv_repr(&kb, key);
-    *out = jv_undef_hint(&e->heap, "'%s object' has no attribute '%s'", jv_type_name(obj), kb.p ? kb.p : "");
-    jbuf_free(&kb);
-    return 0;
-}
-
-/* Python slice indices for a sequence of length len. */
-static int slice_indices(ev *e, const node *n, jv start, jv stop, jv step, size_t len, int64_t *a, int64_t *b, int64_t *s)
-{
-    int64_t L = (int64_t)len;
-    *s = 1;
-    if (step.t != JV_NONE) {
-        if (!is_int(step)) return tev_fail(e, n, "slice indices must be integers or None");
-        *s = as_int(step);
-        if (*s == 0) return tev_fail(e, n, "slice step cannot be zero");
-    }
-    for (int k = 0; k < 2; k++) {
-        jv v = k ? stop : start;
-        int64_t *o = k ? b : a;
-        if (v.t == JV_NONE) {
-            *o = *s > 0 ? (k ? L : 0) : (k ? -1 : L - 1);
-            continue;
-        }
-        if (!is_int(v)) return tev_fail(e, n, "slice indices must be integers or None");
-        int64_t x = as_int(v);
-        if (x < 0) {
-            x += L;
-            if (x < 0) x = *s > 0 ? 0 : -1;
-        } else if (x >= L) {
-            x = *s > 0 ? L : L - 1;
-        }
-        *o = x;
-    }
-    return 0;
-}
-
-int tev_slice(ev *e, const node *n, jv obj, jv start, jv stop, jv step, jv *out)
-{
-    if (obj.t == JV_UNDEF) return tev_fail_undef(e, n, obj);
-    /* slices bypass jinja's environment.getitem, so a non-sequence is a TypeError (not Undefined) */
-    if ((obj.t != JV_LIST && obj.t != JV_STR) || (obj.t == JV_LIST && obj.u.l->gen))
-        return tev_fail(e, n, "'%s' object is not subscriptable", jv_type_name(obj));
-    bool is_str = obj.t == JV_STR;
-    size_t len = is_str ? jv_utf8_count(obj.u.s->s, obj.u.s->len) : obj.u.l->n;
-    int64_t a = 0, b = 0, s = 1;
-    if (slice_indices(e, n, start, stop, step, len, &a, &b, &s)) return -1;
-    if (tev_tick(e, n, len / 16)) return -1;
-    if (!is_str) {
-        *out = jv_list(&e->heap, 0, obj.u.l->tuple);
-        for (int64_t i = a; out->t == JV_LIST && (s > 0 ? i < b : i > b); i += s) jv_list_push(*out, jv_ref(obj.u.l->v[i]));
-        return tev_built(e, n, out);
-    }
-    /* strings: collect code point offsets once */
-    const char *p = obj.u.s->s;
-    size_t blen = obj.u.s->len;
-    if (s == 1) {
-        size_t oa = jv_utf8_offset(p, blen, (size_t)a), ob = b > a ? jv_utf8_offset(p, blen, (size_t)b) : oa;
-        *out = tev_str(e, p + oa, ob - oa);
-        return tev_built(e, n, out);
-    }
-    size_t *offs = malloc((len + 1) * sizeof *offs);
-    jbuf r = {0};
-    if (!offs) return tev_fail(e, n, "out of memory");
-    for (size_t i = 0, k = 0; k <= len; k++) {
-        offs[k] = i;
-        if (i < blen) i += jv_utf8_offset(p + i, blen - i, 1);
-    }
-    for (int64_t i = a; s > 0 ? i < b : i > b; i += s) jbuf_put(&r, p + offs[i], offs[i + 1] - offs[i]);
-    *out = tev_str(e, r.p ? r.p : "", r.n);
-    free(offs);
-    jbuf_free(&r);
-    return tev_built(e, n, out);
-}
-
-/* ---------------------------------------------------------------- operators */
-
-int tev_order(ev *e, const node *n, jv a, jv b, int *res, const char *opname)
-{
-    if (is_num(a) && is_num(b)) {
-        if (is_int(a) && is_int(b)) *res = as_int(a) < as_int(b) ? -1 : as_int(a) > as_int(b);
-        else *res = as_num(a) < as_num(b) ? -1 : as_num(a) > as_num(b) ? 1 : as_num(a) == as_num(b) ? 0 : 2;
-        return 0;
-    }
-    if (a.t == JV_STR && b.t == JV_STR) {
-        size_t m = a.u.s->len < b.u.s->len ? a.u.s->len : b.u.s->len;
-        int r = memcmp(a.u.s->s, b.u.s->s, m);
-        *res = r ? (r < 0 ? -1 : 1) : a.u.s->len < b.u.s->len ? -1 : a.u.s->len > b.u.s->len;
-        return 0;
-    }
-    if (a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple && !a.u.l->gen && !b.u.l->gen) {
-        size_t m = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
-        for (size_t i = 0; i < m; i++) {
-            if (jv_equal(a.u.l->v[i], b.u.l->v[i])) continue;
-            return tev_order(e, n, a.u.l->v[i], b.u.l->v[i], res, opname);
-        }
-        *res = a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n;
-        return 0;
-    }
-    if (a.t == JV_UNDEF) return tev_fail_undef(e, n, a);
-    if (b.t == JV_UNDEF) return tev_fail_undef(e, n, b);
-    return tev_fail(e, n, "'%s' not supported between instances of '%s' and '%s'", opname, jv_type_name(a), jv_type_name(b));
-}
-
-/* Python hashability: lists and dicts (and tuples holding them) cannot be dict keys. */
-bool tev_unhashable(jv v)
-{
-    if (v.t == JV_DICT) return true;
-    if (v.t != JV_LIST || v.u.l->gen) return false;
-    if (!v.u.l->tuple) return true;
-    for (size_t i = 0; i < v.u.l->n; i++)
-        if (tev_unhashable(v.u.l->v[i])) return true;
-    return false;
-}
-
-int tev_contains(ev *e, const node *n, jv needle, jv hay, bool *res)
-{
-    switch (hay.t) {
-    case JV_STR:
-        if (needle.t != JV_STR)
-            return tev_fail(e, n, "'in <string>' requires string as left operand, not %s", jv_type_name(needle));
-        *res = needle.u.s->len == 0 || memmem(hay.u.s->s, hay.u.s->len, needle.u.s->s, needle.u.s->len) != NULL;
-        return tev_tick(e, n, hay.u.s->len / 64);
-    case JV_LIST:
-        *res = false;
-        for (size_t i = 0; i < hay.u.l->n && !*res; i++) *res = jv_equal(needle, hay.u.l->v[i]);
-        return tev_tick(e, n, hay.u.l->n);
-    case JV_DICT:
-        if (tev_unhashable(needle)) return tev_fail(e, n, "unhashable type: '%s'", jv_type_name(needle));
-        *res = jv_dict_get(hay, needle) != NULL;
-        return tev_tick(e, n, hay.u.d->n);
-    case JV_UNDEF: *res = false; return 0;
-    default: return tev_fail(e, n, "argument of type '%s' is not iterable", jv_type_name(hay));
-    }
-}
-
-int tev_compare(ev *e, const node *n, int op, jv a, jv b, bool *res)
-{
-    int c;
-    static const char *const names[] = {"==", "!=", "<", "<=", ">", ">="};
-    switch (op) {
-    case CMP_EQ: *res = jv_equal(a, b); return 0;
-    case CMP_NE: *res = !jv_equal(a, b); return 0;
-    case CMP_IN: return tev_contains(e, n, a, b, res);
-    case CMP_NOTIN:
-        if (tev_contains(e, n, a, b, res)) return -1;
-        *res = !*res;
-        return 0;
-    default:
-        if (tev_order(e, n, a, b, &c, names[op])) return -1;
-        if (c == 2) *res = false; /* NaN */
-        else *res = op == CMP_LT ? c < 0 : op == CMP_LE ? c <= 0 : op == CMP_GT ? c > 0 : c >= 0;
-        return 0;
-    }
-}
-
-static int repeat(ev *e, const node *n, jv seq, int64_t times, jv *out)
-{
-    if (times < 0) times = 0;
-    if (seq.t == JV_STR) {
-        uint64_t total;
-        if (!ck_mul_u64(seq.u.s->len, (uint64_t)times, &total) || total > e->lim->max_output)
-            return tev_fail(e, n, "string repetition exceeds the output limit of %zu bytes", e->lim->max_output);
-        char *buf = malloc(total + 1);
-        if (!buf) return tev_fail(e, n, "out of memory");
-        for (int64_t i = 0; i < times; i++) memcpy(buf + (size_t)i * seq.u.s->len, seq.u.s->s, seq.u.s->len);
-        *out = tev_str(e, buf, total);
-        free(buf);
-        if (tev_tick(e, n, total / 64)) return -1;
-        return tev_built(e, n, out);
-    }
-    uint64_t total;
-    if (!ck_mul_u64(seq.u.l->n, (uint64_t)times, &total) || total > e->lim->max_range * 10)
-        return tev_fail(e, n, "list repetition produces too many items");
-    if (tev_tick(e, n, total)) return -1;
-    *out = jv_list(&e->heap, total, seq.u.l->tuple);
-    for (int64_t i = 0; i < times && out->t == JV_LIST; i++)
-        for (size_t k = 0; k < seq.u.l->n; k++) jv_list_push(*out, jv_ref(seq.u.l->v[k]));
-    return tev_built(e, n, out);
-}
-
-static int arith_inner(ev *e, const node *n, int op, jv a, jv b, jv *out)
-{
-    static const char *const sym[] = {"+", "-", "*", "/", "//", "%", "**", "~"};
-    if (op == OP_CONCAT) {
-        jbuf s = {.max = e->lim->max_output};
-        jv_to_str(&s, a);
-        jv_to_str(&s, b);
-        if (s.over) {
-            jbuf_free(&s);
-            return tev_fail(e, n, "a string exceeds the output limit of %zu bytes", e->lim->max_output);
-        }
-        *out = tev_str(e, s.p ? s.p : "", s.n);
-        jbuf_free(&s);
-        if (tev_tick(e, n, s.n / 64)) return -1;
-        return tev_built(e, n, out);
-    }
-    if (a.t == JV_UNDEF) return tev_fail_undef(e, n, a);
-    if (b.t == JV_UNDEF) return tev_fail_undef(e, n, b);
-    if (is_int(a) && is_int(b)) {
-        int64_t x = as_int(a), y = as_int(b), r;
-        switch (op) {
-        case OP_ADD: if (__builtin_add_overflow(x, y, &r)) goto overflow; *out = jv_int(r); return 0;
-        case OP_SUB: if (__builtin_sub_overflow(x, y, &r)) goto overflow; *out = jv_int(r); return 0;
-        case OP_MUL: if (__builtin_mul_overflow(x, y, &r)) goto overflow; *out = jv_int(r); return 0;
-        case OP_DIV:
-            if (!y) return tev_fail(e, n, "division by zero");
-            *out = jv_float((double)x / (double)y);
-            return 0;
-        case OP_FLOORDIV:
-        case OP_MOD:
-            if (!y) return tev_fail(e, n, "integer division or modulo by zero");
-            if (x == INT64_MIN && y == -1) goto overflow;
-            {
-                int64_t q = x / y, m = x % y;
-                if (m && ((m < 0) != (y < 0))) q--, m += y;
-                *out = jv_int(op == OP_FLOORDIV ? q : m);
-            }
-            return 0;
-        case OP_POW:
-            if (y < 0) {
-                if (!x) return tev_fail(e, n, "0.0 cannot be raised to a negative power");
-                *out = jv_float(pow((double)x, (double)y));
-                return 0;
-            }
-            r = 1;
-            for (int64_t i = 0; i < y; i++) {
-                if (__builtin_mul_overflow(r, x, &r)) goto overflow;
-                if (r == 0 || r == 1) break;
-                if (r == -1) { r = (y - i - 1) % 2 ? -r : r; break; }
-            }
-            *out = jv_int(r);
-            return 0;
-        }
-    }
-    if (is_num(a) && is_num(b)) {
-        double x = as_num(a), y = as_num(b);
-        switch (op) {
-        case OP_ADD: *out = jv_float(x + y); return 0;
-        case OP_SUB: *out = jv_float(x - y); return 0;
-        case OP_MUL: *out = jv_float(x * y); return 0;
-        case OP_DIV:
-            if (y == 0) return tev_fail(e, n, "float division by zero");
-            *out = jv_float(x / y);
-            return 0;
-        case OP_FLOORDIV:
-        case OP_MOD: {
-            /* CPython float_divmod */
-            if (y == 0) return tev_fail(e, n, "float floor division by zero");
-            double m = fmod(x, y), d = (x - m) / y, fd;
-            if (m != 0 && ((y < 0) != (m < 0))) {
-                m += y;
-                d -= 1.0;
-            }
-            if (m == 0) m = copysign(0.0, y);
-            if (d != 0) {
-                fd = floor(d);
-                if (d - fd > 0.5) fd += 1.0;
-            } else {
-                fd = copysign(0.0, x / y);
-            }
-            *out = jv_float(op == OP_MOD ? m : fd);
-            return 0;
-        }
-        case OP_POW:
-            if (x == 0 && y < 0) return tev_fail(e, n, "0.0 cannot be raised to a negative power");
-            *out = jv_float(pow(x, y));
-            return 0;
-        }
-    }
-    if (op == OP_ADD && a.t == JV_STR && b.t == JV_STR) {
-        size_t total;
-        if (!ck_add_size(a.u.s->len, b.u.s->len, &total) || total > e->lim->max_output)
-            return tev_fail(e, n, "a string exceeds the output limit of %zu bytes", e->lim->max_output);
-        char *buf = malloc(total + 1);
-        if (!buf) return tev_fail(e, n, "out of memory");
-        memcpy(buf, a.u.s->s, a.u.s->len);
-        memcpy(buf + a.u.s->len, b.u.s->s, b.u.s->len);
-        *out = tev_str(e, buf, total);
-        free(buf);
-        if (tev_tick(e, n, total / 64)) return -1;
-        return tev_built(e, n, out);
-    }
-    if (op == OP_ADD && a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple && !a.u.l->gen && !b.u.l->gen) {
-        if (tev_tick(e, n, a.u.l->n + b.u.l->n)) return -1;
-        *out = jv_list(&e->heap, a.u.l->n + b.u.l->n, a.u.l->tuple);
-        for (size_t i = 0; i < a.u.l->n && out->t == JV_LIST; i++) jv_list_push(*out, jv_ref(a.u.l->v[i]));
-        for (size_t i = 0; i < b.u.l->n && out->t == JV_LIST; i++) jv_list_push(*out, jv_ref(b.u.l->v[i]));
-        return tev_built(e, n, out);
-    }
-    if (op == OP_MUL && (a.t == JV_STR || (a.t == JV_LIST && !a.u.l->gen)) && is_int(b)) return repeat(e, n, a, as_int(b), out);
-    if (op == OP_MUL && (b.t == JV_STR || (b.t == JV_LIST && !b.u.l->gen)) && is_int(a)) return repeat(e, n, b, as_int(a), out);
-    if (op == OP_ADD && a.t == JV_STR)
-        return tev_fail(e, n, "can only concatenate str (not \"%s\") to str", jv_type_name(b));
-    if (op == OP_ADD && a.t == JV_LIST)
-        return tev_fail(e, n, "can only concatenate %s (not \"%s\") to %s", jv_type_name(a), jv_type_name(b), jv_type_name(a));
-    return tev_fail(e, n, "unsupported operand type(s) for %s: '%s' and '%s'", sym[op], jv_type_name(a), jv_type_name(b));
-overflow:
-    return tev_fail(e, n, "integer overflow in '%s' (spill's templates use 64-bit integers)", sym[op]);
-}
-
-int tev_arith(ev *e, const node *n, int op, jv a, jv b, jv *out)
-{
-    *out = jv_undef();
-    int rc = arith_inner(e, n, op, a, b, out);
-    if (rc) jv_drop(out);
-    return rc;
-}
-
-/* ---------------------------------------------------------------- loop variable */
-
-static int loop_attr(ev *e, const node *n, jv loop, const char *name, jv *out)
-{
-    jloop *lp = loop.u.lp;
-    size_t i = lp->index0, len = lp->length;
-    if (!strcmp(name, "index")) *out = jv_int((int64_t)i + 1);
-    else if (!strcmp(name, "index0")) *out = jv_int((int64_t)i);
-    else if (!strcmp(name, "revindex")) *out = jv_int((int64_t)(len - i));
-    else if (!strcmp(name, "revindex0")) *out = jv_int((int64_t)(len - i - 1));
-    else if (!strcmp(name, "first")) *out = jv_bool(i == 0);
-    else if (!strcmp(name, "last")) *out = jv_bool(i + 1 == len);
-    else if (!strcmp(name, "length")) *out = jv_int((int64_t)len);
-    else if (!strcmp(name, "depth")) *out = jv_int(lp->depth0 + 1);
-    else if (!strcmp(name, "depth0")) *out = jv_int(lp->depth0);
-    else if (!strcmp(name, "previtem"))
-        *out = i > 0 ? jv_ref(lp->items->v[i - 1]) : jv_undef_hint(&e->heap, "there is no previous item");
-    else if (!strcmp(name, "nextitem"))
-        *out = i + 1 < len ? jv_ref(lp->items->v[i + 1]) : jv_undef_hint(&e->heap, "there is no next item");
-    else if (!strcmp(name, "cycle")) {
-        *out = jv_func(&e->heap, JF_CYCLE, "cycle", jv_ref(loop));
-        return tev_built(e, n, out);
-    } else *out = jv_undef_hint(&e->heap, "'LoopContext' object has no attribute '%s'", name);
-    return 0;
-}
-
 /* ---------------------------------------------------------------- calls */
 
-static int render_body_to_string(ev *e, const node *body, jv *out);
+/* Renders `body` into a string in a child frame of the current scope (macro bodies and
+ * `{% set x %}` blocks); owner carries the frame's undefined-at-start names. */
+static int render_body_to_string(ev *e, const node *owner, const node *body, jv *out);
 
 static int call_macro(ev *e, const node *n, jfunc *f, cargs *a, jv *out)
 {
@@ -694,27 +281,42 @@ static int call_macro(ev *e, const node *n, jfunc *f, cargs *a, jv *out)
         return tev_fail(e, n, "macro calls nest deeper than %u levels (runaway recursion?)", e->lim->max_depth);
     if (a->npos > m->ntargets)
         return tev_fail(e, n, "macro '%s' takes not more than %zu argument(s)", m->name, m->ntargets);
-    frame fr, *saved = e->scope;
-    if (!frame_init(e, &fr, e->root)) return tev_tick(e, n, 0);
+    /* jinja2 macros close over the frame they were defined in and read it at call time; that
+     * frame is usable only while it is alive, i.e. somewhere on the current scope chain */
+    frame fr, *saved = e->scope, *parent = e->root;
+    for (frame *q = e->scope; q; q = q->parent)
+        if ((const void *)q == f->env && q->id == f->env_id) {
+            parent = q;
+            break;
+        }
+    if (!frame_init(e, &fr, parent))
+        return tev_tick(e, n, 0);
     e->scope = &fr;
     int rc = 0;
     for (size_t i = 0; i < m->ntargets && !rc; i++) {
         jv v, *given = i < a->npos ? &a->pos[i] : NULL;
         for (size_t k = 0; !given && k < a->nkw; k++)
-            if (!strcmp(a->kwn[k], m->tnames[i])) given = &a->kw[k];
-        if (given) v = jv_ref(*given);
-        else if (m->pdefaults[i]) rc = eval(e, m->pdefaults[i], &v);
-        else v = jv_undef_hint(&e->heap, "parameter '%s' was not provided", m->tnames[i]);
-        if (!rc) rc = assign(e, n, &fr, m->tnames[i], v);
+            if (!strcmp(a->kwn[k], m->tnames[i]))
+                given = &a->kw[k];
+        if (given)
+            v = jv_ref(*given);
+        else if (m->pdefaults[i])
+            rc = eval(e, m->pdefaults[i], &v);
+        else
+            v = jv_undef_hint(&e->heap, "parameter '%s' was not provided", m->tnames[i]);
+        if (!rc)
+            rc = assign(e, n, &fr, m->tnames[i], v);
     }
     for (size_t k = 0; !rc && k < a->nkw; k++) {
         bool known = false;
-        for (size_t i = 0; i < m->ntargets; i++) known |= !strcmp(a->kwn[k], m->tnames[i]);
-        if (!known) rc = tev_fail(e, n, "macro '%s' has no parameter named '%s'", m->name, a->kwn[k]);
+        for (size_t i = 0; i < m->ntargets; i++)
+            known |= !strcmp(a->kwn[k], m->tnames[i]);
+        if (!known)
+            rc = tev_fail(e, n, "macro '%s' has no parameter named '%s'", m->name, a->kwn[k]);
     }
     if (!rc) {
         e->macro_depth++;
-        rc = render_body_to_string(e, m->a, out);
+        rc = render_body_to_string(e, m, m->a, out);
         e->macro_depth--;
     }
     e->scope = saved;
@@ -726,51 +328,71 @@ static int call_range(ev *e, const node *n, cargs *a, jv *out)
 {
     int64_t start = 0, stop, step = 1;
     for (size_t i = 0; i < a->npos; i++)
-        if (!is_int(a->pos[i])) return tev_fail(e, n, "range() arguments must be integers, not %s", jv_type_name(a->pos[i]));
-    if (a->npos == 1) stop = as_int(a->pos[0]);
+        if (!is_int(a->pos[i]))
+            return tev_fail(e, n, "range() arguments must be integers, not %s", jv_type_name(a->pos[i]));
+    if (a->npos == 1)
+        stop = as_int(a->pos[0]);
     else if (a->npos == 2 || a->npos == 3) {
         start = as_int(a->pos[0]);
         stop = as_int(a->pos[1]);
-        if (a->npos == 3) step = as_int(a->pos[2]);
-    } else return tev_fail(e, n, "range expected 1 to 3 arguments, got %zu", a->npos);
-    if (!step) return tev_fail(e, n, "range() arg 3 must not be zero");
+        if (a->npos == 3)
+            step = as_int(a->pos[2]);
+    } else
+        return tev_fail(e, n, "range expected 1 to 3 arguments, got %zu", a->npos);
+    if (!step)
+        return tev_fail(e, n, "range() arg 3 must not be zero");
     /* length without overflow: ceil((stop - start) / step) in 128-bit-free form */
     uint64_t count = 0;
-    if (step > 0 && start < stop) count = ((uint64_t)stop - (uint64_t)start - 1) / (uint64_t)step + 1;
-    if (step < 0 && start > stop) count = ((uint64_t)start - (uint64_t)stop - 1) / (uint64_t)(-(step + 1) + 1ULL) + 1;
+    if (step > 0 && start < stop)
+        count = ((uint64_t)stop - (uint64_t)start - 1) / (uint64_t)step + 1;
+    if (step < 0 && start > stop)
+        count = ((uint64_t)start - (uint64_t)stop - 1) / (uint64_t)(-(step + 1) + 1ULL) + 1;
     if (count > e->lim->max_range)
         return tev_fail(e, n, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%llu).",
-                    (unsigned long long)e->lim->max_range);
-    if (tev_tick(e, n, count)) return -1;
+                        (unsigned long long)e->lim->max_range);
+    if (tev_tick(e, n, count))
+        return -1;
     *out = jv_list(&e->heap, count, false);
-    for (uint64_t i = 0; i < count && out->t == JV_LIST; i++) jv_list_push(*out, jv_int(start + (int64_t)i * step));
+    for (uint64_t i = 0; i < count && out->t == JV_LIST; i++)
+        jv_list_push(*out, jv_int(start + (int64_t)i * step));
     return tev_built(e, n, out);
 }
 
 static int call_value_inner(ev *e, const node *n, jv fn, cargs *a, jv *out)
 {
-    if (fn.t == JV_UNDEF) return tev_fail_undef(e, n, fn);
-    if (fn.t != JV_FUNC) return tev_fail(e, n, "'%s' object is not callable", jv_type_name(fn));
+    if (fn.t == JV_UNDEF)
+        return tev_fail_undef(e, n, fn);
+    if (fn.t != JV_FUNC)
+        return tev_fail(e, n, "'%s' object is not callable", jv_type_name(fn));
     jfunc *f = fn.u.fn;
     switch (f->kind) {
-    case JF_RANGE: return call_range(e, n, a, out);
+    case JF_RANGE:
+        return call_range(e, n, a, out);
     case JF_NAMESPACE:
     case JF_DICT: {
         *out = jv_dict(&e->heap, f->kind == JF_NAMESPACE);
-        if (tev_oom_check(e, n)) return -1;
-        if (a->npos > 1) return tev_fail(e, n, "%s expected at most 1 positional argument", f->name);
+        if (tev_oom_check(e, n))
+            return -1;
+        if (a->npos > 1)
+            return tev_fail(e, n, "%s expected at most 1 positional argument", f->name);
         if (a->npos) {
-            if (a->pos[0].t != JV_DICT) return tev_fail(e, n, "%s() positional argument must be a mapping", f->name);
+            if (a->pos[0].t != JV_DICT)
+                return tev_fail(e, n, "%s() positional argument must be a mapping", f->name);
             for (size_t i = 0; i < a->pos[0].u.d->n; i++) {
                 jv k = a->pos[0].u.d->k[i];
                 if (f->kind == JF_NAMESPACE && k.t == JV_STR && k.u.s->s[0] == '_')
-                    return tev_fail(e, n, "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'.", k.u.s->s);
+                    return tev_fail(
+                        e, n,
+                        "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'.",
+                        k.u.s->s);
                 jv_dict_set(*out, jv_ref(k), jv_ref(a->pos[0].u.d->v[i]));
             }
         }
         for (size_t i = 0; i < a->nkw; i++) {
             if (f->kind == JF_NAMESPACE && a->kwn[i][0] == '_')
-                return tev_fail(e, n, "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'.", a->kwn[i]);
+                return tev_fail(
+                    e, n, "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'.",
+                    a->kwn[i]);
             jv_dict_set(*out, jv_cstr(&e->heap, a->kwn[i]), jv_ref(a->kw[i]));
         }
         return tev_built(e, n, out);
@@ -778,7 +400,8 @@ static int call_value_inner(ev *e, const node *n, jv fn, cargs *a, jv *out)
     case JF_RAISE: {
         jv *msg = tev_arg(a, 0, "message");
         jbuf b = {.max = 4096};
-        if (msg) jv_to_str(&b, *msg);
+        if (msg)
+            jv_to_str(&b, *msg);
         if (!e->failed) {
             e->failed = true;
             e->rc = TEMPLATE_ERR_RAISED;
@@ -789,19 +412,25 @@ static int call_value_inner(ev *e, const node *n, jv fn, cargs *a, jv *out)
     }
     case JF_STRFTIME: {
         jv *fmt = tev_arg(a, 0, "format");
-        if (!fmt || fmt->t != JV_STR) return tev_fail(e, n, "strftime_now() needs a format string");
+        if (!fmt || fmt->t != JV_STR)
+            return tev_fail(e, n, "strftime_now() needs a format string");
         struct tm tmv;
-        if (!localtime_r(&e->now, &tmv)) return tev_fail(e, n, "strftime_now(): the clock is out of range");
+        if (!localtime_r(&e->now, &tmv))
+            return tev_fail(e, n, "strftime_now(): the clock is out of range");
         char buf[1024];
         size_t k = fmt->u.s->len ? strftime(buf, sizeof buf, fmt->u.s->s, &tmv) : 0;
-        if (!k && fmt->u.s->len) return tev_fail(e, n, "strftime_now(): format produces more than 1 KiB or nothing");
+        if (!k && fmt->u.s->len)
+            return tev_fail(e, n, "strftime_now(): format produces more than 1 KiB or nothing");
         *out = tev_str(e, buf, k);
         return tev_built(e, n, out);
     }
-    case JF_MACRO: return call_macro(e, n, f, a, out);
-    case JF_METHOD: return tev_call_method(e, n, f, a, out);
+    case JF_MACRO:
+        return call_macro(e, n, f, a, out);
+    case JF_METHOD:
+        return tev_call_method(e, n, f, a, out);
     case JF_CYCLE: {
-        if (!a->npos) return tev_fail(e, n, "no items for cycling given");
+        if (!a->npos)
+            return tev_fail(e, n, "no items for cycling given");
         *out = jv_ref(a->pos[f->self.u.lp->index0 % a->npos]);
         return 0;
     }
@@ -813,17 +442,24 @@ static int call_value(ev *e, const node *n, jv fn, cargs *a, jv *out)
 {
     *out = jv_undef();
     int rc = call_value_inner(e, n, fn, a, out);
-    if (rc) jv_drop(out);
+    if (rc)
+        jv_drop(out);
     return rc;
 }
 
 static jv builtin(ev *e, const char *name)
 {
-    static const struct { const char *name; jfunc_kind k; } B[] = {
-        {"range", JF_RANGE}, {"namespace", JF_NAMESPACE}, {"dict", JF_DICT},
-        {"raise_exception", JF_RAISE}, {"strftime_now", JF_STRFTIME}};
+    static const struct {
+        const char *name;
+        jfunc_kind k;
+    } B[] = {{"range", JF_RANGE},
+             {"namespace", JF_NAMESPACE},
+             {"dict", JF_DICT},
+             {"raise_exception", JF_RAISE},
+             {"strftime_now", JF_STRFTIME}};
     for (size_t i = 0; i < sizeof B / sizeof *B; i++)
-        if (!strcmp(name, B[i].name)) return jv_func(&e->heap, B[i].k, B[i].name, jv_none());
+        if (!strcmp(name, B[i].name))
+            return jv_func(&e->heap, B[i].k, B[i].name, jv_none());
     return jv_undef_hint(&e->heap, "'%s' is undefined", name);
 }
 
@@ -835,73 +471,104 @@ static int eval_inner(ev *e, const node *n, jv *out)
     cargs args;
     int rc = 0;
     switch (n->kind) {
-    case E_CONST: *out = jv_ref(n->cval); return 0;
+    case E_CONST:
+        *out = jv_ref(n->cval);
+        return 0;
     case E_NAME: {
         jv *v = lookup(e, e->scope, n->name);
         *out = v ? jv_ref(*v) : builtin(e, n->name);
         return tev_built(e, n, out);
     }
     case E_ATTR:
-        if (eval(e, n->a, &a)) return -1;
+        if (eval(e, n->a, &a))
+            return -1;
         rc = tev_getattr(e, n, a, n->name, out);
         break;
     case E_ITEM:
-        if (eval(e, n->a, &a) || eval(e, n->b, &b)) rc = -1;
-        else rc = tev_getitem(e, n, a, b, out);
+        if (eval(e, n->a, &a) || eval(e, n->b, &b))
+            rc = -1;
+        else
+            rc = tev_getitem(e, n, a, b, out);
         break;
     case E_SLICE: {
         jv none = jv_none();
         jv parts[3] = {none, none, none};
         const node *pn[3] = {n->b, n->c, n->d};
-        if (eval(e, n->a, &a)) return -1;
+        if (eval(e, n->a, &a))
+            return -1;
         for (int i = 0; i < 3 && !rc; i++)
-            if (pn[i]) rc = eval(e, pn[i], &parts[i]);
-        if (!rc) rc = tev_slice(e, n, a, parts[0], parts[1], parts[2], out);
-        for (int i = 0; i < 3; i++) jv_unref(parts[i]);
+            if (pn[i])
+                rc = eval(e, pn[i], &parts[i]);
+        if (!rc)
+            rc = tev_slice(e, n, a, parts[0], parts[1], parts[2], out);
+        for (int i = 0; i < 3; i++)
+            jv_unref(parts[i]);
         break;
     }
     case E_CALL:
-        if (eval(e, n->a, &a)) return -1;
-        if (eval_args(e, n, &args)) break;
+        if (eval(e, n->a, &a))
+            return -1;
+        if (eval_args(e, n, &args))
+            break;
         rc = call_value(e, n, a, &args, out);
         cargs_free(&args);
         break;
     case E_FILTER:
-        if (eval(e, n->a, &a)) return -1;
-        if (eval_args(e, n, &args)) { rc = -1; break; }
+        if (eval(e, n->a, &a))
+            return -1;
+        if (eval_args(e, n, &args)) {
+            rc = -1;
+            break;
+        }
         rc = tev_filter(e, n, n->name, a, &args, out);
         cargs_free(&args);
         break;
     case E_TEST: {
         bool r;
-        if (eval(e, n->a, &a)) return -1;
-        if (eval_args(e, n, &args)) { rc = -1; break; }
+        if (eval(e, n->a, &a))
+            return -1;
+        if (eval_args(e, n, &args)) {
+            rc = -1;
+            break;
+        }
         rc = tev_test(e, n, n->name, a, tev_arg(&args, 0, NULL), &r);
         cargs_free(&args);
-        if (!rc) *out = jv_bool(n->neg ? !r : r);
+        if (!rc)
+            *out = jv_bool(n->neg ? !r : r);
         break;
     }
     case E_NOT:
-        if (eval(e, n->a, &a)) return -1;
+        if (eval(e, n->a, &a))
+            return -1;
         *out = jv_bool(!jv_truthy(a));
         break;
     case E_NEG:
     case E_POS:
-        if (eval(e, n->a, &a)) return -1;
-        if (a.t == JV_UNDEF) rc = tev_fail_undef(e, n, a);
-        else if (!is_num(a)) rc = tev_fail(e, n, "bad operand type for unary %c: '%s'", n->kind == E_NEG ? '-' : '+', jv_type_name(a));
-        else if (n->kind == E_POS) *out = a.t == JV_FLOAT ? a : jv_int(as_int(a));
-        else if (a.t == JV_FLOAT) *out = jv_float(-a.u.f);
-        else if (as_int(a) == INT64_MIN) rc = tev_fail(e, n, "integer overflow in unary minus");
-        else *out = jv_int(-as_int(a));
+        if (eval(e, n->a, &a))
+            return -1;
+        if (a.t == JV_UNDEF)
+            rc = tev_fail_undef(e, n, a);
+        else if (!is_num(a))
+            rc = tev_fail(e, n, "bad operand type for unary %c: '%s'", n->kind == E_NEG ? '-' : '+', jv_type_name(a));
+        else if (n->kind == E_POS)
+            *out = a.t == JV_FLOAT ? a : jv_int(as_int(a));
+        else if (a.t == JV_FLOAT)
+            *out = jv_float(-a.u.f);
+        else if (as_int(a) == INT64_MIN)
+            rc = tev_fail(e, n, "integer overflow in unary minus");
+        else
+            *out = jv_int(-as_int(a));
         break;
     case E_BINOP:
-        if (eval(e, n->a, &a) || eval(e, n->b, &b)) rc = -1;
-        else rc = tev_arith(e, n, n->op, a, b, out);
+        if (eval(e, n->a, &a) || eval(e, n->b, &b))
+            rc = -1;
+        else
+            rc = tev_arith(e, n, n->op, a, b, out);
         break;
     case E_AND:
     case E_OR:
-        if (eval(e, n->a, &a)) return -1;
+        if (eval(e, n->a, &a))
+            return -1;
         if (jv_truthy(a) == (n->kind == E_OR)) {
             *out = a;
             return 0;
@@ -910,44 +577,69 @@ static int eval_inner(ev *e, const node *n, jv *out)
         return eval(e, n->b, out);
     case E_COMPARE: {
         bool r = true;
-        if (eval(e, n->args[0], &a)) return -1;
+        if (eval(e, n->args[0], &a))
+            return -1;
         for (size_t i = 1; i < n->nargs && r; i++) {
-            if (eval(e, n->args[i], &b)) { rc = -1; break; }
-            if (tev_compare(e, n, n->ops[i - 1], a, b, &r)) { rc = -1; break; }
+            if (eval(e, n->args[i], &b)) {
+                rc = -1;
+                break;
+            }
+            if (tev_compare(e, n, n->ops[i - 1], a, b, &r)) {
+                rc = -1;
+                break;
+            }
             jv_unref(a);
             a = b;
             b = jv_undef();
         }
-        if (!rc) *out = jv_bool(r);
+        if (!rc)
+            *out = jv_bool(r);
         break;
     }
     case E_COND:
-        if (eval(e, n->a, &a)) return -1;
-        if (jv_truthy(a)) rc = eval(e, n->b, out);
-        else if (n->c) rc = eval(e, n->c, out);
-        else *out = jv_undef_hint(&e->heap, "the inline if-expression on line %d evaluated to false and no else section was defined", n->line);
+        if (eval(e, n->a, &a))
+            return -1;
+        if (jv_truthy(a))
+            rc = eval(e, n->b, out);
+        else if (n->c)
+            rc = eval(e, n->c, out);
+        else
+            *out = jv_undef_hint(
+                &e->heap, "the inline if-expression on line %d evaluated to false and no else section was defined",
+                n->line);
         break;
     case E_LIST:
     case E_TUPLE:
         *out = jv_list(&e->heap, n->nargs, n->kind == E_TUPLE);
-        if (tev_oom_check(e, n)) return -1;
+        if (tev_oom_check(e, n))
+            return -1;
         for (size_t i = 0; i < n->nargs && !rc; i++) {
-            if (eval(e, n->args[i], &c)) rc = -1;
-            else if (!jv_list_push(*out, c)) rc = tev_oom_check(e, n) ? -1 : tev_fail(e, n, "out of memory");
+            if (eval(e, n->args[i], &c))
+                rc = -1;
+            else if (!jv_list_push(*out, c))
+                rc = tev_oom_check(e, n) ? -1 : tev_fail(e, n, "out of memory");
         }
         break;
     case E_DICT:
         *out = jv_dict(&e->heap, false);
-        if (tev_oom_check(e, n)) return -1;
+        if (tev_oom_check(e, n))
+            return -1;
         for (size_t i = 0; i + 1 < n->nargs && !rc; i += 2) {
-            if (eval(e, n->args[i], &b) || eval(e, n->args[i + 1], &c)) rc = -1;
-            else if (tev_unhashable(b)) rc = tev_fail(e, n, "unhashable type: '%s'", jv_type_name(b));
-            else if (!jv_dict_set(*out, b, c)) rc = tev_oom_check(e, n) ? -1 : tev_fail(e, n, "out of memory");
-            if (rc) { jv_unref(b); jv_unref(c); }
+            if (eval(e, n->args[i], &b) || eval(e, n->args[i + 1], &c))
+                rc = -1;
+            else if (tev_unhashable(b))
+                rc = tev_fail(e, n, "unhashable type: '%s'", jv_type_name(b));
+            else if (!jv_dict_set(*out, b, c))
+                rc = tev_oom_check(e, n) ? -1 : tev_fail(e, n, "out of memory");
+            if (rc) {
+                jv_unref(b);
+                jv_unref(c);
+            }
             b = c = jv_undef();
         }
         break;
-    default: return tev_fail(e, n, "internal error: statement node in expression");
+    default:
+        return tev_fail(e, n, "internal error: statement node in expression");
     }
     jv_unref(a);
     jv_unref(b);
@@ -961,7 +653,8 @@ static int eval_inner(ev *e, const node *n, jv *out)
 static int eval(ev *e, const node *n, jv *out)
 {
     *out = jv_undef();
-    if (e->failed) return -1;
+    if (e->failed)
+        return -1;
     if (++e->depth > e->lim->max_depth * 16) {
         e->depth--;
         return tev_fail(e, n, "template evaluation nests deeper than %u levels", e->lim->max_depth * 16);
@@ -980,13 +673,21 @@ static int emit(ev *e, const node *n, const char *s, size_t len)
     return 0;
 }
 
-static int render_body_to_string(ev *e, const node *body, jv *out)
+static int render_body_to_string(ev *e, const node *owner, const node *body, jv *out)
 {
     jbuf saved = e->out;
+    frame fr, *scope = e->scope;
+    if (!frame_init(e, &fr, e->scope))
+        return tev_tick(e, body, 0);
+    e->scope = &fr;
     e->out = (jbuf){.max = e->lim->max_output};
-    int rc = exec_node(e, body);
+    int rc = bind_undef(e, owner, &fr);
+    if (!rc)
+        rc = exec_node(e, body);
     jbuf mine = e->out;
     e->out = saved;
+    e->scope = scope;
+    frame_free(&fr);
     if (rc >= 0 && !e->failed) {
         *out = tev_str(e, mine.p ? mine.p : "", mine.n);
         rc = tev_oom_check(e, body);
@@ -1000,63 +701,104 @@ static int render_body_to_string(ev *e, const node *body, jv *out)
 /* Binds for/set targets: one name takes the value, several unpack it. */
 static int bind_targets(ev *e, const node *n, frame *f, jv v /* borrowed */)
 {
-    if (n->ntargets == 1) return assign(e, n, f, n->tnames[0], jv_ref(v));
+    if (n->ntargets == 1)
+        return assign(e, n, f, n->tnames[0], jv_ref(v));
     jv items;
-    if (tev_iterate(e, n, v, &items)) return -1;
+    if (tev_iterate(e, n, v, &items))
+        return -1;
     int rc = 0;
     if (items.u.l->n != n->ntargets)
-        rc = tev_fail(e, n, items.u.l->n < n->ntargets ? "not enough values to unpack (expected %zu, got %zu)"
-                                                   : "too many values to unpack (expected %zu, got %zu)",
-                  n->ntargets, items.u.l->n);
-    for (size_t i = 0; i < n->ntargets && !rc; i++) rc = assign(e, n, f, n->tnames[i], jv_ref(items.u.l->v[i]));
+        rc = tev_fail(e, n,
+                      items.u.l->n < n->ntargets ? "not enough values to unpack (expected %zu, got %zu)"
+                                                 : "too many values to unpack (expected %zu, got %zu)",
+                      n->ntargets, items.u.l->n);
+    for (size_t i = 0; i < n->ntargets && !rc; i++)
+        rc = assign(e, n, f, n->tnames[i], jv_ref(items.u.l->v[i]));
     jv_unref(items);
+    return rc;
+}
+
+/* Runs a body in a child frame of the current scope (for-else), binding its undefined-at-start
+ * names. */
+static int exec_scoped(ev *e, const node *body)
+{
+    frame fr, *saved = e->scope;
+    if (!frame_init(e, &fr, e->scope))
+        return tev_tick(e, body, 0);
+    e->scope = &fr;
+    int rc = bind_undef(e, body, &fr);
+    if (!rc)
+        rc = exec_node(e, body);
+    e->scope = saved;
+    frame_free(&fr);
     return rc;
 }
 
 static int exec_for(ev *e, const node *n)
 {
     jv it, items, sel;
-    if (eval(e, n->a, &it)) return -1;
+    if (eval(e, n->a, &it))
+        return -1;
     int rc = tev_iterate(e, n->a, it, &items);
     jv_unref(it);
-    if (rc) return -1;
+    if (rc)
+        return -1;
     if (n->b) { /* for x in y if cond: filter first, so loop.length/last see the kept items */
         sel = jv_list(&e->heap, 0, false);
         for (size_t i = 0; i < items.u.l->n && !rc; i++) {
             frame fr;
             jv keep;
-            if (!frame_init(e, &fr, e->scope)) { rc = tev_tick(e, n, 0) ? -1 : tev_fail(e, n, "out of memory"); break; }
+            if (!frame_init(e, &fr, e->scope)) {
+                rc = tev_tick(e, n, 0) ? -1 : tev_fail(e, n, "out of memory");
+                break;
+            }
             frame *saved = e->scope;
             e->scope = &fr;
             rc = bind_targets(e, n, &fr, items.u.l->v[i]);
-            if (!rc) rc = eval(e, n->b, &keep);
+            if (!rc)
+                rc = eval(e, n->b, &keep);
             e->scope = saved;
             frame_free(&fr);
-            if (!rc && jv_truthy(keep)) jv_list_push(sel, jv_ref(items.u.l->v[i]));
-            if (!rc) jv_unref(keep);
+            if (!rc && jv_truthy(keep))
+                jv_list_push(sel, jv_ref(items.u.l->v[i]));
+            if (!rc)
+                jv_unref(keep);
         }
         jv_unref(items);
-        if (rc || tev_oom_check(e, n)) return jv_unref(sel), -1;
+        if (rc || tev_oom_check(e, n))
+            return jv_unref(sel), -1;
         items = sel;
     }
     jloop *lp = jheap_alloc(&e->heap, JV_LOOP, sizeof *lp);
-    if (!lp) return jv_unref(items), tev_oom_check(e, n);
+    if (!lp)
+        return jv_unref(items), tev_oom_check(e, n);
     lp->items = items.u.l;
     lp->length = items.u.l->n;
     jv loop = {.t = JV_LOOP};
     loop.u.lp = lp;
     for (size_t i = 0; i < lp->length && !rc; i++) {
         frame fr, *saved = e->scope;
-        if (tev_tick(e, n, 1)) { rc = -1; break; }
-        if (!frame_init(e, &fr, e->scope)) { rc = tev_tick(e, n, 0) ? -1 : tev_fail(e, n, "out of memory"); break; }
+        if (tev_tick(e, n, 1)) {
+            rc = -1;
+            break;
+        }
+        if (!frame_init(e, &fr, e->scope)) {
+            rc = tev_tick(e, n, 0) ? -1 : tev_fail(e, n, "out of memory");
+            break;
+        }
         lp->index0 = i;
         e->scope = &fr;
-        rc = bind_targets(e, n, &fr, lp->items->v[i]);
-        if (!rc) rc = assign(e, n, &fr, "loop", jv_ref(loop));
-        if (!rc) rc = exec_node(e, n->c);
+        rc = bind_undef(e, n, &fr);
+        if (!rc)
+            rc = bind_targets(e, n, &fr, lp->items->v[i]);
+        if (!rc)
+            rc = assign(e, n, &fr, "loop", jv_ref(loop));
+        if (!rc)
+            rc = exec_node(e, n->c);
         e->scope = saved;
         frame_free(&fr);
-        if (rc == X_CONTINUE) rc = 0;
+        if (rc == X_CONTINUE)
+            rc = 0;
         if (rc == X_BREAK) {
             rc = 0;
             break;
@@ -1064,23 +806,31 @@ static int exec_for(ev *e, const node *n)
     }
     size_t len = lp->length;
     jv_unref(loop);
-    if (rc) return -1;
-    if (!len && n->d) return exec_node(e, n->d);
+    if (rc)
+        return -1;
+    if (!len && n->d)
+        return exec_scoped(e, n->d);
     return 0;
 }
 
 static int exec_set(ev *e, const node *n)
 {
     jv v;
-    if (eval(e, n->a, &v)) return -1;
+    if (eval(e, n->a, &v))
+        return -1;
     int rc;
     if (n->is_attr) {
         jv *ns = lookup(e, e->scope, n->name);
-        if (!ns || ns->t != JV_NS) rc = tev_fail(e, n, "cannot assign attribute on non-namespace object '%s'", n->name);
+        if (!ns || ns->t != JV_NS)
+            rc = tev_fail(e, n, "cannot assign attribute on non-namespace object '%s'", n->name);
         else if (n->tnames[0][0] == '_')
-            rc = tev_fail(e, n, "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'.", n->tnames[0]);
-        else if (!jv_dict_set(*ns, jv_cstr(&e->heap, n->tnames[0]), jv_ref(v))) rc = tev_oom_check(e, n) ? -1 : tev_fail(e, n, "out of memory");
-        else rc = 0;
+            rc = tev_fail(e, n,
+                          "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'.",
+                          n->tnames[0]);
+        else if (!jv_dict_set(*ns, jv_cstr(&e->heap, n->tnames[0]), jv_ref(v)))
+            rc = tev_oom_check(e, n) ? -1 : tev_fail(e, n, "out of memory");
+        else
+            rc = 0;
     } else {
         rc = bind_targets(e, n, e->scope, v);
     }
@@ -1092,71 +842,118 @@ static int exec_node(ev *e, const node *n)
 {
     jv v;
     int rc = 0;
-    if (e->failed) return -1;
-    if (tev_tick(e, n, 1)) return -1;
+    if (e->failed)
+        return -1;
+    if (tev_tick(e, n, 1))
+        return -1;
     if (++e->depth > e->lim->max_depth * 16) {
         e->depth--;
         return tev_fail(e, n, "template evaluation nests deeper than %u levels", e->lim->max_depth * 16);
     }
     switch (n->kind) {
     case S_BODY:
-        for (size_t i = 0; i < n->nargs && !rc; i++) rc = exec_node(e, n->args[i]);
+        for (size_t i = 0; i < n->nargs && !rc; i++)
+            rc = exec_node(e, n->args[i]);
         break;
-    case S_TEXT: rc = emit(e, n, n->text, n->textlen); break;
+    case S_TEXT:
+        rc = emit(e, n, n->text, n->textlen);
+        break;
     case S_OUTPUT:
-        if (eval(e, n->a, &v)) { rc = -1; break; }
-        if (v.t == JV_STR) rc = emit(e, n, v.u.s->s, v.u.s->len);
-        else if (!jv_to_str(&e->out, v)) rc = tev_fail(e, n, "rendered output exceeds the limit of %zu bytes", e->lim->max_output);
+        if (eval(e, n->a, &v)) {
+            rc = -1;
+            break;
+        }
+        if (v.t == JV_STR)
+            rc = emit(e, n, v.u.s->s, v.u.s->len);
+        else if (!jv_to_str(&e->out, v))
+            rc = tev_fail(e, n, "rendered output exceeds the limit of %zu bytes", e->lim->max_output);
         jv_unref(v);
         break;
     case S_IF:
-        if (eval(e, n->a, &v)) { rc = -1; break; }
-        if (jv_truthy(v)) rc = exec_node(e, n->b);
-        else if (n->c) rc = exec_node(e, n->c);
+        if (eval(e, n->a, &v)) {
+            rc = -1;
+            break;
+        }
+        if (jv_truthy(v))
+            rc = exec_node(e, n->b);
+        else if (n->c)
+            rc = exec_node(e, n->c);
         jv_unref(v);
         break;
-    case S_FOR: rc = exec_for(e, n); break;
-    case S_SET: rc = exec_set(e, n); break;
+    case S_FOR:
+        rc = exec_for(e, n);
+        break;
+    case S_SET:
+        rc = exec_set(e, n);
+        break;
     case S_SETBLOCK:
-        if (render_body_to_string(e, n->a, &v)) { rc = -1; break; }
+        if (render_body_to_string(e, n, n->a, &v)) {
+            rc = -1;
+            break;
+        }
         if (n->b) { /* {% set x | filter %}: the filter chain was parsed with a NULL input */
             const node *chain[64];
             size_t k = 0;
-            for (const node *f = n->b; f && k < 64; f = f->a) chain[k++] = f;
+            for (const node *f = n->b; f && k < 64; f = f->a)
+                chain[k++] = f;
             while (k-- > 0 && !rc) {
                 cargs args;
                 jv r;
-                if (eval_args(e, chain[k], &args)) { rc = -1; break; }
+                if (eval_args(e, chain[k], &args)) {
+                    rc = -1;
+                    break;
+                }
                 rc = tev_filter(e, chain[k], chain[k]->name, v, &args, &r);
                 cargs_free(&args);
-                if (!rc) { jv_unref(v); v = r; }
+                if (!rc) {
+                    jv_unref(v);
+                    v = r;
+                }
             }
         }
-        if (!rc) rc = assign(e, n, e->scope, n->tnames[0], v);
-        else jv_unref(v);
+        if (!rc)
+            rc = assign(e, n, e->scope, n->tnames[0], v);
+        else
+            jv_unref(v);
         break;
     case S_MACRO: {
         jv f = jv_func(&e->heap, JF_MACRO, n->name, jv_none());
-        if (tev_oom_check(e, n)) { rc = -1; break; }
+        if (tev_oom_check(e, n)) {
+            rc = -1;
+            break;
+        }
         f.u.fn->macro = n;
+        f.u.fn->env = e->scope;
+        f.u.fn->env_id = e->scope->id;
         rc = assign(e, n, e->scope, n->name, f);
         break;
     }
-    case S_BREAK: rc = X_BREAK; break;
-    case S_CONTINUE: rc = X_CONTINUE; break;
+    case S_BREAK:
+        rc = X_BREAK;
+        break;
+    case S_CONTINUE:
+        rc = X_CONTINUE;
+        break;
     case S_SCOPE: {
         frame fr, *saved = e->scope;
-        if (!frame_init(e, &fr, e->scope)) { rc = tev_tick(e, n, 0) ? -1 : tev_fail(e, n, "out of memory"); break; }
+        if (!frame_init(e, &fr, e->scope)) {
+            rc = tev_tick(e, n, 0) ? -1 : tev_fail(e, n, "out of memory");
+            break;
+        }
         e->scope = &fr;
-        rc = exec_node(e, n->a);
+        rc = bind_undef(e, n, &fr);
+        if (!rc)
+            rc = exec_node(e, n->a);
         e->scope = saved;
         frame_free(&fr);
         break;
     }
-    default: rc = tev_fail(e, n, "internal error: expression node in statement position");
+    default:
+        rc = tev_fail(e, n, "internal error: expression node in statement position");
     }
     e->depth--;
-    if (e->failed) return -1;
+    if (e->failed)
+        return -1;
     return rc;
 }
 
@@ -1174,16 +971,22 @@ int tmpl_eval_render(const tmpl_t *t, tmpl_ctx_fn build, void *arg, const tmpl_l
     e.out.max = lim->max_output;
     e.now = lim->now ? lim->now : time(NULL);
     e.ctx = jv_undef();
-    if (build(&e.heap, arg, &e.ctx, err, errlen)) goto out;
+    if (build(&e.heap, arg, &e.ctx, err, errlen))
+        goto out;
     if (!frame_init(&e, &root, NULL)) {
         util_errf(err, errlen, "%s: out of memory", t->name);
         goto out;
     }
     e.root = e.scope = &root;
+    if (bind_undef(&e, t->root, &root))
+        goto out;
     rc = exec_node(&e, t->root);
-    if (rc > 0) rc = 0; /* break/continue cannot escape a loop: the parser forbids it */
-    if (!rc && e.failed) rc = -1;
-    if (rc) rc = e.rc ? e.rc : -1;
+    if (rc > 0)
+        rc = 0; /* break/continue cannot escape a loop: the parser forbids it */
+    if (!rc && e.failed)
+        rc = -1;
+    if (rc)
+        rc = e.rc ? e.rc : -1;
 out:
     frame_free(&root);
     jv_unref(e.ctx);

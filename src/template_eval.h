@@ -1,7 +1,8 @@
 /*
  * template_eval.h — internal: the evaluator state and the helpers shared by
- * template_eval.c (scopes, operators, statements) and template_filters.c
- * (filters, tests, str/dict/list methods).  Not part of the public API.
+ * template_eval.c (budgets, scopes, statements), template_ops.c (attribute
+ * access, operators) and template_filters.c (filters, tests, methods).  Not
+ * part of the public API.
  *
  * Result convention for every `jv *out` below: on success *out holds a new
  * reference the caller releases; on failure *out is left undefined (nothing
@@ -25,6 +26,7 @@ typedef struct {
 
 typedef struct frame {
     struct frame *parent;
+    uint64_t id; /* unique per render: frames live on the C stack, addresses get reused */
     binding inl[4];
     binding *b; /* (cap) inl or heap */
     size_t n, cap;
@@ -37,9 +39,10 @@ typedef struct {
     jbuf out;
     uint64_t steps;
     uint32_t depth, macro_depth;
-    frame *root;  /* the template body's frame */
-    frame *scope; /* innermost frame: where names resolve and `set` writes */
-    jv ctx;       /* the context dict, below every frame */
+    uint64_t frames; /* frame ids handed out */
+    frame *root;     /* the template body's frame */
+    frame *scope;    /* innermost frame: where names resolve and `set` writes */
+    jv ctx;          /* the context dict, below every frame */
     char *err;
     size_t errlen;
     int rc;
@@ -56,11 +59,22 @@ typedef struct {
     size_t nkw;
 } cargs;
 
-
-static inline bool is_int(jv v) { return v.t == JV_INT || v.t == JV_BOOL; } /* Python bools are ints */
-static inline int64_t as_int(jv v) { return v.t == JV_BOOL ? (int64_t)v.u.b : v.u.i; }
-static inline bool is_num(jv v) { return is_int(v) || v.t == JV_FLOAT; }
-static inline double as_num(jv v) { return v.t == JV_FLOAT ? v.u.f : (double)as_int(v); }
+static inline bool is_int(jv v)
+{
+    return v.t == JV_INT || v.t == JV_BOOL;
+} /* Python bools are ints */
+static inline int64_t as_int(jv v)
+{
+    return v.t == JV_BOOL ? (int64_t)v.u.b : v.u.i;
+}
+static inline bool is_num(jv v)
+{
+    return is_int(v) || v.t == JV_FLOAT;
+}
+static inline double as_num(jv v)
+{
+    return v.t == JV_FLOAT ? v.u.f : (double)as_int(v);
+}
 
 /* Releases a result slot and leaves it undefined; safe to call twice. */
 static inline void jv_drop(jv *out)
@@ -81,7 +95,7 @@ int tev_oom_check(ev *e, const node *n);
 /* Ends a function that just built *out: on a failed allocation drops it and fails. */
 int tev_built(ev *e, const node *n, jv *out);
 
-/* ---- values (template_eval.c) */
+/* ---- values (template_eval.c; getattr/getitem/slice in template_ops.c) */
 jv tev_str(ev *e, const char *s, size_t len);
 /* Python str(v). */
 int tev_to_str(ev *e, const node *n, jv v, jv *out);
@@ -96,7 +110,7 @@ int tev_getitem(ev *e, const node *n, jv obj, jv key, jv *out);
 /* Python obj[start:stop:step]; JV_NONE parts are omitted. */
 int tev_slice(ev *e, const node *n, jv obj, jv start, jv stop, jv step, jv *out);
 
-/* ---- operators (template_eval.c) */
+/* ---- operators (template_ops.c) */
 /* Python ordering: *res = -1/0/1 (2 for NaN); TypeError for unordered types. */
 int tev_order(ev *e, const node *n, jv a, jv b, int *res, const char *opname);
 bool tev_unhashable(jv v);

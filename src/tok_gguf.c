@@ -220,6 +220,11 @@ int tokenizer_from_gguf(const gguf_file *f, tokenizer **out, char *err, size_t e
     sbuf key = {0};
     const char *model, *pre = NULL, *arch = NULL;
     size_t model_len, pre_len = 0, arch_len = 0;
+    const char *tj;
+    size_t tjl;
+    /* spill pack embeds an HF checkpoint's tokenizer.json verbatim rather than re-deriving a GGUF vocabulary */
+    if (f && !gguf_get(f, "tokenizer.ggml.model") && gguf_get_str(f, "spill.tokenizer.json", &tj, &tjl))
+        return tokenizer_from_json(tj, tjl, fname, out, err, errlen);
     if (!f || !gguf_get_str(f, "tokenizer.ggml.model", &model, &model_len))
         return util_errf(err, errlen, "%s: key tokenizer.ggml.model is missing; this GGUF has no tokenizer.", fname);
     gguf_get_str(f, "tokenizer.ggml.pre", &pre, &pre_len);

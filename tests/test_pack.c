@@ -506,14 +506,13 @@ static void test_pack_synth(void)
     pack_report r1, r3;
     if (pack_model(&p1, &r1, err, sizeof err) == 0) {
         if (pack_model(&p3, &r3, err, sizeof err) == 0) {
-            char *x, *y;
-            size_t nx, ny;
+            char *x = NULL, *y = NULL;
+            size_t nx = 0, ny = 0;
             bool same = util_read_file(a, 64u << 20, &x, &nx, err, sizeof err) == 0 &&
                         util_read_file(b, 64u << 20, &y, &ny, err, sizeof err) == 0 && nx == ny && !memcmp(x, y, nx);
             CHECK(same && r1.rel_err == r3.rel_err, "1 and 3 threads give different output (%g vs %g)", r1.rel_err,
                   r3.rel_err);
-            if (same)
-                free(x), free(y);
+            free(x), free(y);
             pack_report_free(&r3);
         } else
             CHECK(0, "pack with 3 threads: %s", err);
@@ -616,8 +615,8 @@ static void test_pack_hf_tokenizer(void)
     if (opens(out, &mp)) {
         const char *s;
         size_t len;
-        char *want;
-        size_t wl;
+        char *want = NULL;
+        size_t wl = 0;
         CHECK(gguf_get_str(mp->gguf, "spill.tokenizer.json", &s, &len) &&
                   util_read_file(mh->tokenizer_path, 64u << 20, &want, &wl, err, sizeof err) == 0 && wl == len &&
                   !memcmp(s, want, len),
@@ -668,8 +667,8 @@ static void test_pack_smollm(enum pack_quant q)
             tokenizer *ta, *tb;
             if (tokenizer_from_gguf(ms->gguf, &ta, err, sizeof err) == 0) {
                 if (tokenizer_from_gguf(mp->gguf, &tb, err, sizeof err) == 0) {
-                    int32_t *ia, *ib;
-                    size_t na, nb;
+                    int32_t *ia = NULL, *ib = NULL;
+                    size_t na = 0, nb = 0;
                     const char *text = "The capital of France is";
                     CHECK(tokenizer_encode(ta, text, strlen(text), false, &ia, &na, err, sizeof err) == 0 &&
                               tokenizer_encode(tb, text, strlen(text), false, &ib, &nb, err, sizeof err) == 0 &&

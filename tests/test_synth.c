@@ -174,11 +174,12 @@ static void check_one(const char *q, uint32_t wtype)
     rc = tokenizer_from_gguf(m->gguf, &tok, err, sizeof err);
     CHECK(rc == 0, "%s: tokenizer_from_gguf: %s", q, err);
     if (rc == 0) {
-        int32_t *ids;
-        size_t n;
+        int32_t *ids = NULL;
+        size_t n = 0;
         CHECK(tokenizer_encode(tok, " the", 4, false, &ids, &n, err, sizeof err) == 0 && n == 1 && ids[0] == 262,
               "%s: ' the' -> %zu ids, first %d", q, n, n ? ids[0] : -1);
         free(ids);
+        ids = NULL, n = 0;
         CHECK(tokenizer_encode(tok, "hi", 2, false, &ids, &n, err, sizeof err) == 0 && n == 2 && ids[0] == 'h' &&
                   ids[1] == 'i',
               "%s: 'hi' -> %zu ids", q, n);

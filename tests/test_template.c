@@ -37,7 +37,8 @@ static json_t *load(const char *path)
 static size_t first_diff(const char *a, size_t alen, const char *b, size_t blen)
 {
     size_t i = 0;
-    while (i < alen && i < blen && a[i] == b[i]) i++;
+    while (i < alen && i < blen && a[i] == b[i])
+        i++;
     return i;
 }
 
@@ -51,8 +52,9 @@ static void check_outcome(const char *what, int rc, const char *out, size_t outl
         CHECK(rc == 0, "%s: expected output, got rc %d: %s", what, rc, err);
         if (rc == 0) {
             size_t d = first_diff(out, outlen, e, elen);
-            CHECK(outlen == elen && d == elen, "%s: output differs at byte %zu (got %zu bytes, want %zu)\n got: %.80s\nwant: %.80s",
-                  what, d, outlen, elen, out + (d > 20 ? d - 20 : 0), e + (d > 20 ? d - 20 : 0));
+            CHECK(outlen == elen && d == elen,
+                  "%s: output differs at byte %zu (got %zu bytes, want %zu)\n got: %.80s\nwant: %.80s", what, d, outlen,
+                  elen, out + (d > 20 ? d - 20 : 0), e + (d > 20 ? d - 20 : 0));
         }
     } else if (raise) {
         CHECK(rc == TEMPLATE_ERR_RAISED && !strcmp(err, json_string_value(raise)),
@@ -72,7 +74,8 @@ static json_t *case_extra(json_t *t, json_t *c)
     json_t *v;
     /* deep copies: the fixture is shared by the threads of test_threads, and json_object_set
      * would bump reference counts of shared values */
-    json_object_foreach(json_object_get(t, "extra"), k, v) if (!json_is_null(v)) json_object_set_new(extra, k, json_deep_copy(v));
+    json_object_foreach(json_object_get(t, "extra"), k, v) if (!json_is_null(v))
+        json_object_set_new(extra, k, json_deep_copy(v));
     json_object_foreach(json_object_get(c, "extra"), k, v) json_object_set_new(extra, k, json_deep_copy(v));
     return extra;
 }
@@ -96,10 +99,13 @@ static void test_chat(json_t *root)
         char err[SPILL_ERRLEN] = "";
         tmpl_t *tm = NULL;
         CHECK(json_array_size(results) == json_array_size(convs) && json_array_size(convs) >= 40,
-              "%s: %zu results for %zu conversations (want >= 40)", name, json_array_size(results), json_array_size(convs));
-        CHECK(template_compile(json_string_value(src), json_string_length(src), "chat template", &tm, err, sizeof err) == 0,
+              "%s: %zu results for %zu conversations (want >= 40)", name, json_array_size(results),
+              json_array_size(convs));
+        CHECK(template_compile(json_string_value(src), json_string_length(src), "chat template", &tm, err,
+                               sizeof err) == 0,
               "%s: compile: %s", name, err);
-        if (!tm) continue;
+        if (!tm)
+            continue;
         json_array_foreach(convs, ci, c)
         {
             json_t *extra = case_extra(t, c);
@@ -143,7 +149,8 @@ static void *render_all(void *arg)
     {
         json_array_foreach(convs, ci, c)
         {
-            json_t *extra = case_extra(t, c), *want = json_object_get(json_array_get(json_object_get(t, "results"), ci), "expect");
+            json_t *extra = case_extra(t, c),
+                   *want = json_object_get(json_array_get(json_object_get(t, "results"), ci), "expect");
             char *out = NULL, err[SPILL_ERRLEN];
             size_t outlen = 0;
             int rc = chat_template_apply(j->tm[ti], json_object_get(c, "messages"), case_tools(c), extra,
@@ -167,7 +174,8 @@ static void test_threads(json_t *root)
     json_array_foreach(templates, i, t)
     {
         json_t *src = json_object_get(t, "template");
-        CHECK(template_compile(json_string_value(src), json_string_length(src), "chat template", &tm[i], err, sizeof err) == 0,
+        CHECK(template_compile(json_string_value(src), json_string_length(src), "chat template", &tm[i], err,
+                               sizeof err) == 0,
               "compile: %s", err);
     }
     /* jansson objects are only read here (json_object_get/iteration), which is thread-safe */
@@ -182,14 +190,16 @@ static void test_threads(json_t *root)
         pthread_join(th[k], NULL);
         CHECK(jobs[k].mismatches == 0, "thread %d: %d renders differ from the fixture", k, jobs[k].mismatches);
     }
-    for (i = 0; i < n; i++) template_free(tm[i]);
+    for (i = 0; i < n; i++)
+        template_free(tm[i]);
     free(tm);
 }
 
 static void test_features(void)
 {
     json_t *root = load("tests/data/tmpl/features.json");
-    if (!root) return;
+    if (!root)
+        return;
     tmpl_limits lim;
     template_limits_default(&lim);
     lim.now = (time_t)json_integer_value(json_object_get(root, "now"));
@@ -203,7 +213,8 @@ static void test_features(void)
         char *out = NULL, err[SPILL_ERRLEN] = "", what[160];
         size_t outlen = 0;
         int rc = template_compile(json_string_value(src), json_string_length(src), "feature", &t, err, sizeof err);
-        if (rc == 0) rc = template_render(t, ctx, &lim, &out, &outlen, err, sizeof err);
+        if (rc == 0)
+            rc = template_render(t, ctx, &lim, &out, &outlen, err, sizeof err);
         snprintf(what, sizeof what, "feature %s", name);
         int before = test_failures;
         check_outcome(what, rc, out, outlen, err, c, "feature");
@@ -218,7 +229,8 @@ static void test_features(void)
 static void test_dos(void)
 {
     json_t *root = load("tests/data/tmpl/dos.json");
-    if (!root) return;
+    if (!root)
+        return;
     json_t *cases = json_object_get(root, "cases"), *c, *ctx = json_object();
     size_t i;
     json_array_foreach(cases, i, c)
@@ -228,7 +240,8 @@ static void test_dos(void)
         char *out = NULL, err[SPILL_ERRLEN] = "";
         size_t outlen = 0;
         int rc = template_compile(json_string_value(src), json_string_length(src), "dos", &t, err, sizeof err);
-        if (rc == 0) rc = template_render(t, ctx, NULL, &out, &outlen, err, sizeof err);
+        if (rc == 0)
+            rc = template_render(t, ctx, NULL, &out, &outlen, err, sizeof err);
         CHECK(rc != 0 && err[0], "dos %s: expected a clean error, got rc %d (%zu bytes)",
               json_string_value(json_object_get(c, "name")), rc, outlen);
         fprintf(stderr, "  dos %-24s -> %.110s\n", json_string_value(json_object_get(c, "name")), err);
@@ -240,14 +253,16 @@ static void test_dos(void)
 }
 
 /* Renders src against a context given as JSON text; returns rc, fills out/err. */
-static int render_str(const char *src, const char *ctx_json, const tmpl_limits *lim, char **out, char *err, size_t errlen)
+static int render_str(const char *src, const char *ctx_json, const tmpl_limits *lim, char **out, char *err,
+                      size_t errlen)
 {
     tmpl_t *t = NULL;
     size_t outlen;
     json_t *ctx = json_loads(ctx_json, 0, NULL);
     *out = NULL;
     int rc = template_compile(src, strlen(src), "chat template", &t, err, errlen);
-    if (rc == 0) rc = template_render(t, ctx, lim, out, &outlen, err, errlen);
+    if (rc == 0)
+        rc = template_render(t, ctx, lim, out, &outlen, err, errlen);
     template_free(t);
     json_decref(ctx);
     return rc;
@@ -261,25 +276,29 @@ static void test_api(void)
     /* errors name the template, line and column, and the construct */
     CHECK(render_str("a\nb {{ x|nofilter }}", "{}", NULL, &out, err, sizeof err) == -1, "unknown filter must fail");
     CHECK(strstr(err, "chat template line 2, column 8") && strstr(err, "'nofilter'"), "error sentence: %s", err);
-    CHECK(render_str("{% foo %}", "{}", NULL, &out, err, sizeof err) == -1 && strstr(err, "'foo'"), "tag error: %s", err);
-    CHECK(render_str("x\n  {{ y.z }}", "{}", NULL, &out, err, sizeof err) == -1 &&
-              strstr(err, "line 2, column") && strstr(err, "'y' is undefined"),
+    CHECK(render_str("{% foo %}", "{}", NULL, &out, err, sizeof err) == -1 && strstr(err, "'foo'"), "tag error: %s",
+          err);
+    CHECK(render_str("x\n  {{ y.z }}", "{}", NULL, &out, err, sizeof err) == -1 && strstr(err, "line 2, column") &&
+              strstr(err, "'y' is undefined"),
           "undefined error: %s", err);
 
     /* raise_exception carries the template's own message verbatim */
     CHECK(render_str("{{ raise_exception('Roles must alternate!') }}", "{}", NULL, &out, err, sizeof err) ==
-                  TEMPLATE_ERR_RAISED && !strcmp(err, "Roles must alternate!"),
+                  TEMPLATE_ERR_RAISED &&
+              !strcmp(err, "Roles must alternate!"),
           "raise: %s", err);
 
     /* limits: each has its own clear error */
     template_limits_default(&lim);
     lim.max_output = 10;
     CHECK(render_str("{% for i in range(20) %}x{% endfor %}", "{}", &lim, &out, err, sizeof err) == -1 &&
-              strstr(err, "output"), "output limit: %s", err);
+              strstr(err, "output"),
+          "output limit: %s", err);
     template_limits_default(&lim);
     lim.max_steps = 1000;
     CHECK(render_str("{% for i in range(5000) %}{% endfor %}", "{}", &lim, &out, err, sizeof err) == -1 &&
-              strstr(err, "steps"), "step limit: %s", err);
+              strstr(err, "steps"),
+          "step limit: %s", err);
     template_limits_default(&lim);
     lim.max_range = 10;
     CHECK(render_str("{{ range(11)|length }}", "{}", &lim, &out, err, sizeof err) == -1 && strstr(err, "Range too big"),
@@ -287,18 +306,26 @@ static void test_api(void)
     template_limits_default(&lim);
     lim.max_memory = 1 << 16;
     CHECK(render_str("{% set ns = namespace(s='x') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-                     "{}", &lim, &out, err, sizeof err) != 0, "memory limit must stop doubling");
+                     "{}", &lim, &out, err, sizeof err) != 0,
+          "memory limit must stop doubling");
     template_limits_default(&lim);
     lim.max_depth = 8;
-    CHECK(render_str("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "{}", &lim, &out, err, sizeof err) == -1 &&
-              strstr(err, "macro"), "depth limit: %s", err);
+    CHECK(render_str("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "{}", &lim, &out, err, sizeof err) ==
+                  -1 &&
+              strstr(err, "macro"),
+          "depth limit: %s", err);
 
     /* namespaces may contain themselves or chain deeply: printing stays bounded, nothing leaks */
-    CHECK(render_str("{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns }}", "{}", NULL, &out, err, sizeof err) == 0 &&
-              strstr(out, "<Namespace {'me': [<Namespace"), "self-containing namespace: %s", err);
+    CHECK(render_str("{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns }}", "{}", NULL, &out, err, sizeof err) ==
+                  0 &&
+              strstr(out, "<Namespace {'me': [<Namespace"),
+          "self-containing namespace: %s", err);
     free(out);
-    CHECK(render_str("{% set ns = namespace(x=1) %}{% for i in range(20000) %}{% set ns.x = namespace(y=ns.x) %}{% endfor %}"
-                     "{{ ns.x|string|length > 0 }}", "{}", NULL, &out, err, sizeof err) == 0 && !strcmp(out, "True"),
+    CHECK(render_str(
+              "{% set ns = namespace(x=1) %}{% for i in range(20000) %}{% set ns.x = namespace(y=ns.x) %}{% endfor %}"
+              "{{ ns.x|string|length > 0 }}",
+              "{}", NULL, &out, err, sizeof err) == 0 &&
+              !strcmp(out, "True"),
           "namespace chain: %s", err);
     free(out);
 
@@ -311,7 +338,8 @@ static void test_api(void)
         size_t n;
         snprintf(ctx, sizeof ctx, "{\"messages\": [{\"content\": \"m%d\"}]}", k);
         json_t *j = json_loads(ctx, 0, NULL);
-        CHECK(template_render(t, j, NULL, &out, &n, err, sizeof err) == 0 && n == 2 && out[1] == '0' + k, "rerender %d", k);
+        CHECK(template_render(t, j, NULL, &out, &n, err, sizeof err) == 0 && n == 2 && out[1] == '0' + k, "rerender %d",
+              k);
         free(out);
         json_decref(j);
     }
@@ -320,14 +348,16 @@ static void test_api(void)
 
     /* context must be an object; source must be UTF-8 */
     CHECK(render_str("x", "[1]", NULL, &out, err, sizeof err) == -1, "array context must fail");
-    CHECK(template_compile("\xff", 1, "chat template", &t, err, sizeof err) == -1 && strstr(err, "UTF-8"), "utf8: %s", err);
+    CHECK(template_compile("\xff", 1, "chat template", &t, err, sizeof err) == -1 && strstr(err, "UTF-8"), "utf8: %s",
+          err);
 
     /* chat_template_render with now = 0 uses the real clock and still renders */
     json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"hi\"}]", 0, NULL);
     size_t n;
     const char *ts = "{{ strftime_now('%Y')|length }}{{ messages[0].content }}{{ add_generation_prompt }}";
     CHECK(chat_template_render(ts, strlen(ts), msgs, NULL, NULL, true, 0, &out, &n, err, sizeof err) == 0 &&
-              !strcmp(out, "4hiTrue"), "now=0 render: %s", err);
+              !strcmp(out, "4hiTrue"),
+          "now=0 render: %s", err);
     free(out);
     json_t *bad = json_loads("{\"messages\": 1}", 0, NULL);
     CHECK(chat_template_render(ts, strlen(ts), msgs, NULL, bad, true, 0, &out, &n, err, sizeof err) == -1,
