@@ -69,7 +69,7 @@ typedef struct run_opts {
     int device;          /* 0 auto (GPU when built in), 1 --cpu, 2 --gpu */
     int resident_layers; /* GPU: layers kept in HBM when streaming (-1 = planner) */
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
-    bool quiet, exact;
+    bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
 } run_opts;
 
 enum row_state { ROW_PENDING, ROW_ACTIVE, ROW_DONE };
@@ -1085,6 +1085,8 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
             o->resident_layers = atoi(argv[++i]);
         else if (!strcmp(a, "--exact"))
             o->exact = true;
+        else if (!strcmp(a, "--q8-activations"))
+            o->q8 = true;
         else if (!strcmp(a, "--pass-log") && has)
             o->pass_log = argv[++i];
         else if (!strcmp(a, "--quiet") || !strcmp(a, "-q"))
@@ -1105,10 +1107,10 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
 
 static json_t *opts_json(const run_opts *o)
 {
-    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:i,s:i,s:b,s:b}", "threads", o->threads, "batch", o->batch,
+    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:i,s:i,s:b,s:b,s:b}", "threads", o->threads, "batch", o->batch,
                      "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
                      (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "mode", o->mode,
-                     "stream_slots", o->stream_slots, "quiet", o->quiet, "exact", o->exact);
+                     "stream_slots", o->stream_slots, "quiet", o->quiet, "exact", o->exact, "q8_activations", o->q8);
 }
 
 static void defaults(run_opts *o)
@@ -1233,7 +1235,7 @@ static int run_job(runner *r, bool resuming)
             max_n = r->rows[i].n_choices;
     r->max_seqs = r->o.batch + max_n;
     engine_opts eo = {r->o.threads, r->max_seqs + r->o.prefill_chunk, r->max_seqs, r->o.page_tokens, pages, stream,
-                      r->o.stream_slots, true, !r->o.exact};
+                      r->o.stream_slots, true, r->o.q8 && !r->o.exact};
     /* Backend: the GPU when this binary has one (unless --cpu), else the CPU. */
     int brc = -1;
     if (r->o.device != 1 && spill_gpu_open) {
@@ -1398,7 +1400,7 @@ int run_main(int argc, char **argv)
     if (parse_opts(argc, argv, &r.o, false)) {
         fprintf(stderr, "usage: spill run MODEL INPUT.jsonl [-o DIR] [--batch N] [--threads N] [--kv-mem BYTES] "
                         "[--mem-budget BYTES] [--stream|--resident] [--stream-slots N] [--prefill-chunk N] "
-                        "[--page-tokens N] [--exact] [--quiet]\n");
+                        "[--page-tokens N] [--q8-activations] [--pass-log FILE] [--quiet]\n");
         return EX_USAGE_;
     }
     char dir[4096], id[JOB_ID_MAX], err[SPILL_ERRLEN];
@@ -1466,6 +1468,7 @@ int resume_main(int argc, char **argv)
     if (!r.o.stream_slots)
         r.o.stream_slots = (int)json_integer_value(json_object_get(opt, "stream_slots"));
     r.o.exact |= json_is_true(json_object_get(opt, "exact"));
+    r.o.q8 |= json_is_true(json_object_get(opt, "q8_activations"));
     json_decref(man);
     return run_job(&r, true);
 }
