@@ -8,7 +8,7 @@
  * Every variant must produce the same answers as a reference run, row by row
  * (ids and timestamps aside):
  *   - streamed from disk instead of resident (bit-identical forward);
- *   - batch 1 instead of 32 (a row's tokens do not depend on its batch-mates,
+ *   - batch 1 instead of 64 (a row's tokens do not depend on its batch-mates,
  *     seeded sampling included);
  *   - a KV cache three times too small for the rows in flight (admission
  *     waits, rows are preempted and recomputed; nothing fails);
@@ -202,14 +202,19 @@ int main(void)
     write_input(input);
     const char *b = bin();
 
-    /* reference: resident, batch 32 */
+    /* reference: resident, batch 64 */
     snprintf(ref, sizeof ref, "%s/ref", tmp);
-    char *a_ref[] = {(char *)b, "run", MODEL, input, "-o", ref, "--quiet", NULL};
+    char *a_ref[] = {(char *)b, "run", MODEL, input, "-o", ref, "--quiet", "--batch", "64", NULL};
     CHECK(spawn(a_ref, 0, 0, NULL) == 0, "reference run failed");
     int n, ne, dups, bad;
     json_t *refm = answers(ref, &n, &ne, &dups, &bad);
     CHECK(n == ROWS && dups == 0 && bad == 0, "reference: %d lines, %d dups, %d bad", n, dups, bad);
     CHECK(ne == 2, "reference: %d error rows, want the 2 bad rows", ne);
+    /* every line validates against the official openai package's types (installed in .venv by tools/setup.sh) */
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, ".venv/bin/python tools/check_output_schema.py %s/results.jsonl %s/errors.jsonl", ref,
+             ref);
+    CHECK(system(cmd) == 0, "output lines do not validate against the openai types (%s); run tools/setup.sh", cmd);
 
     snprintf(d, sizeof d, "%s/stream", tmp);
     char *a_st[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--stream", "--stream-slots", "2", NULL};
@@ -248,7 +253,7 @@ int main(void)
 
     /* SIGKILL at random moments, then resume until done. */
     snprintf(d, sizeof d, "%s/kill", tmp);
-    char *a_k[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--batch", "2", NULL};
+    char *a_k[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--batch", "1", NULL};
     char *a_r[] = {(char *)b, "resume", d, "--quiet", NULL};
     unsigned seed = 99;
     char man[700];
@@ -258,7 +263,7 @@ int main(void)
     kills += rc == -SIGKILL;
     for (int i = 0; i < 40 && rc != 0; i++) {
         seed = seed * 1103515245u + 12345u;
-        int ms = (int)(20 + (seed >> 16) % 300);
+        int ms = (int)(5 + (seed >> 16) % 80);
         rc = spawn(a_r, i < 14 ? ms : 0, SIGKILL, NULL);
         resumes++;
         kills += rc == -SIGKILL;

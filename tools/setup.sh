@@ -23,6 +23,8 @@ fi
 if [ ! -x .venv/bin/pip ]; then
     python3 -m venv .venv
 fi
+# the official OpenAI client's types validate every output line the tests write (tools/check_output_schema.py)
+.venv/bin/python -c "import openai" 2>/dev/null || .venv/bin/pip install -q openai
 if [ "${1:-}" = "--refs" ]; then
     .venv/bin/pip install -q tokenizers transformers gguf numpy jinja2 sentencepiece protobuf
 fi
