@@ -249,14 +249,17 @@ static void check_against(tokenizer *tok, const char *name, const char *label)
     check_against_in(tok, "tests/data/tok", name, label);
 }
 
-/* Optional: vocabularies too big to commit (tools/gen_tokenizer_fixtures.py
- * --qwen-tiktoken writes them), checked when SPILL_TOK_EXTRA names their dir. */
+/* Vocabularies too big to commit: the real Qwen2.5 vocabulary that tools/setup.sh
+ * builds into $SPILL_HOME/tok/qwen2 (or the dir SPILL_TOK_EXTRA names). */
 static void check_extra(void)
 {
+    char def[512];
     const char *dir = getenv("SPILL_TOK_EXTRA");
     static const char *names[] = {"qwen25"};
-    if (!dir || !*dir)
-        return;
+    if (!dir || !*dir) {
+        snprintf(def, sizeof def, "%s/tok/qwen2", util_spill_home());
+        dir = def;
+    }
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char path[1024], err[SPILL_ERRLEN];
         snprintf(path, sizeof path, "%s/%s.tokenizer.json", dir, names[i]);

