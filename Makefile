@@ -41,10 +41,16 @@ test-build: build/asan/spill $(addprefix build/asan/tests/,$(TESTS))
 test: test-build
 	@bash tests/run.sh $(TESTS)
 
-# libFuzzer targets (clang): each fuzz/fuzz_X.c defines LLVMFuzzerTestOneInput.
-build/fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard src/*.h)
+# libFuzzer targets (clang): each fuzz/fuzz_X.c defines LLVMFuzzerTestOneInput.  The library is compiled
+# once with coverage instrumentation and linked into every target.
+FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(LIB_SRC))
+build/fuzz/obj/%.o: src/%.c $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
-	clang $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -Isrc -o $@ $< $(LIB_SRC) $(LIBS)
+	clang $(WARN) -O1 -g -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+
+build/fuzz/%: fuzz/%.c $(FUZZ_OBJ)
+	@mkdir -p $(dir $@)
+	clang $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -Isrc -o $@ $< $(FUZZ_OBJ) $(LIBS)
 
 fuzz-build: $(addprefix build/fuzz/,$(FUZZERS))
 
