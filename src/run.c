@@ -8,9 +8,13 @@
  * (pre-run line, progress line, live tail, plain log lines when stdout is not
  * a terminal).
  *
- * Does not own: the forward pass (forward.c), kernels, sampling maths
- * (sample.c), stop-string matching (stop.c), line formats (output.c), the
- * on-disk job protocol (job.c).
+ * It drives whichever backend the binary has (engine.h spill_backend: the CPU
+ * engine, or the GPU engine that build/cuda/spill-cuda registers), and prices
+ * passes for the ETA from the calibration store (calib.c).
+ *
+ * Does not own: the forward pass (forward.c, src/cuda/), kernels, sampling
+ * maths (sample.c), stop-string matching (stop.c), line formats (output.c),
+ * the on-disk job protocol (job.c).
  *
  * Scheduling, in one paragraph: rows wait in a queue ordered longest-first
  * (prompt + max new tokens), so the expensive rows start early and the end
