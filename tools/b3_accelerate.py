@@ -98,6 +98,11 @@ def spill_run(n, tag, extra):
 
 r1 = spill_run(batch, "same", [])
 res["spill_same_batch"] = r1
+# the same split as accelerate under the cap: 6 of 32 layers kept on the GPU, 26 streamed each pass
+r1b = spill_run(batch, "same_res6", ["--resident-layers", "6"])
+res["spill_same_batch_6_resident"] = r1b
+if r1b.get("tok_s"):
+    res["ratio_same_batch_6_resident"] = r1b["tok_s"] / res["accelerate_tok_s"]
 r2 = spill_run(big, "big", [])
 res["spill_big_batch"] = r2
 if r1.get("tok_s"):
