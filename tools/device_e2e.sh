@@ -53,7 +53,7 @@ fi
 if [[ " $steps " == *" b5 "* ]]; then
     [ -f /tmp/b3model/config.json ] || { echo "b5 needs the b3 model"; exit 1; }
     PYTHONUNBUFFERED=1 timeout 300 python3 tools/b5_refill.py /tmp/b3model "$OUT/b5" "$B" --rows 384 --batch 192 \
-        --chunk 4096 > "$OUT/b5.log" 2>&1
+        --chunk 2048 > "$OUT/b5.log" 2>&1
     echo "b5 exit $?" >> "$OUT/b5.log"
 fi
 ls -la "$OUT" "$OUT/b3" "$OUT/b5" 2>/dev/null
