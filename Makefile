@@ -44,6 +44,7 @@ test: test-build
 # libFuzzer targets (clang): each fuzz/fuzz_X.c defines LLVMFuzzerTestOneInput.  The library is compiled
 # once with coverage instrumentation and linked into every target.
 FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(LIB_SRC))
+.SECONDARY: $(FUZZ_OBJ)
 build/fuzz/obj/%.o: src/%.c $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
 	clang $(WARN) -O1 -g -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
