@@ -729,6 +729,56 @@ int cpu_matmul(cpu_pool *p, const void *W, uint32_t wtype, int64_t N, int64_t K,
     return 0;
 }
 
+/* ---------------------------------------------------------------- attention helpers */
+
+static SIMD void scores_avx2(const float *q, const float *k, int64_t n, int64_t S, float *s)
+{
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        kern_4x1(k + j * S, S, q, s + j);
+    for (; j < n; j++)
+        s[j] = kern_1x1(k + j * S, S, q);
+}
+
+void cpu_attn_scores(const float *q, const float *k, int64_t n, int64_t S, float *s)
+{
+    if (quant_simd_active()) {
+        scores_avx2(q, k, n, S, s);
+        return;
+    }
+    for (int64_t j = 0; j < n; j++)
+        s[j] = dot_scalar(k + j * S, q, S);
+}
+
+static SIMD void accum_avx2(float *o, const float *w, const float *v, int64_t n, int64_t S)
+{
+    int64_t d = 0;
+    for (; d + 16 <= S; d += 16) {
+        __m256 a0 = _mm256_loadu_ps(o + d), a1 = _mm256_loadu_ps(o + d + 8);
+        for (int64_t j = 0; j < n; j++) {
+            __m256 wj = _mm256_set1_ps(w[j]);
+            a0 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + j * S + d), a0);
+            a1 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + j * S + d + 8), a1);
+        }
+        _mm256_storeu_ps(o + d, a0);
+        _mm256_storeu_ps(o + d + 8, a1);
+    }
+    for (; d < S; d++)
+        for (int64_t j = 0; j < n; j++)
+            o[d] = fmaf(w[j], v[j * S + d], o[d]);
+}
+
+void cpu_attn_accum(float *o, const float *w, const float *v, int64_t n, int64_t S)
+{
+    if (quant_simd_active()) {
+        accum_avx2(o, w, v, n, S);
+        return;
+    }
+    for (int64_t d = 0; d < S; d++)
+        for (int64_t j = 0; j < n; j++)
+            o[d] = fmaf(w[j], v[j * S + d], o[d]);
+}
+
 /* ---------------------------------------------------------------- elementwise */
 
 void cpu_rmsnorm(float *y, const float *x, const float *w, int64_t T, int64_t D, float eps, bool w_plus_one)

@@ -95,6 +95,16 @@ size_t cpu_matmul_scratch_bytes(int64_t K);
 int cpu_matmul(cpu_pool *p, const void *W, uint32_t wtype, int64_t N, int64_t K, const float *X, int64_t T, float *Y,
                char *err, size_t errlen);
 
+/* ---------------------------------------------------------------- attention (one head, one KV page run) */
+
+/* s[j] = q . k_j for n keys stored one after another (stride S floats), in the
+ * matmul's fixed summation order (bit-identical with and without AVX2). */
+void cpu_attn_scores(const float *q, const float *k, int64_t n, int64_t S, float *s);
+
+/* o(S) += sum_j w[j] * v_j for n values (stride S), j in order, one fused
+ * multiply-add per element per value (bit-identical with and without AVX2). */
+void cpu_attn_accum(float *o, const float *w, const float *v, int64_t n, int64_t S);
+
 /* ---------------------------------------------------------------- elementwise (fp32, single-threaded) */
 
 /* y(T, D) = x / sqrt(mean(x^2) + eps) * w, or * (1 + w) when w_plus_one (Gemma).

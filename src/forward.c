@@ -427,32 +427,36 @@ static void attend(void *vctx, int64_t task, int tid)
     int32_t lo = c->window > 0 && p - c->window + 1 > 0 ? p - c->window + 1 : 0;
     const float *q = e->q + (size_t)t * (size_t)(H * S) + (size_t)h * (size_t)S;
     float *sc = cpu_pool_scratch(e->pool, tid);
+    int32_t P = e->kv.page_tokens;
+    /* Positions [lo, p] in runs that share one KV page (contiguous keys / values). */
+    for (int32_t j = lo; j <= p;) {
+        int32_t n = P - j % P < p - j + 1 ? P - j % P : p - j + 1;
+        cpu_attn_scores(q, kv_key(&e->kv, sq->kv, c->layer, kh, j), n, S, sc + (j - lo));
+        j += n;
+    }
     float mx = -INFINITY;
-    for (int32_t j = lo; j <= p; j++) {
-        const float *kk = kv_key(&e->kv, sq->kv, c->layer, kh, j);
-        float s = 0;
-        for (int d = 0; d < S; d++)
-            s += q[d] * kk[d];
-        s *= c->scale;
+    for (int32_t j = 0; j <= p - lo; j++) {
+        float s = sc[j] * c->scale;
         if (m->attn_softcap > 0)
             s = (float)(m->attn_softcap * tanh(s / m->attn_softcap));
-        sc[j - lo] = s;
+        sc[j] = s;
         if (s > mx)
             mx = s;
     }
     float sum = 0;
-    for (int32_t j = lo; j <= p; j++) {
-        sc[j - lo] = expf(sc[j - lo] - mx);
-        sum += sc[j - lo];
+    for (int32_t j = 0; j <= p - lo; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
     }
     float inv = 1.0f / sum;
+    for (int32_t j = 0; j <= p - lo; j++)
+        sc[j] *= inv;
     float *o = e->att + (size_t)t * (size_t)(H * S) + (size_t)h * (size_t)S;
     memset(o, 0, (size_t)S * sizeof *o);
-    for (int32_t j = lo; j <= p; j++) {
-        const float *vv = kv_value(&e->kv, sq->kv, c->layer, kh, j);
-        float w = sc[j - lo] * inv;
-        for (int d = 0; d < S; d++)
-            o[d] += w * vv[d];
+    for (int32_t j = lo; j <= p;) {
+        int32_t n = P - j % P < p - j + 1 ? P - j % P : p - j + 1;
+        cpu_attn_accum(o, sc + (j - lo), kv_value(&e->kv, sq->kv, c->layer, kh, j), n, S);
+        j += n;
     }
 }
 
