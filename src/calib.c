@@ -154,22 +154,6 @@ void calib_merge(calib *into, const calib *from)
 
 int calib_save(const char *path, const calib *c, char *err, size_t errlen)
 {
-    char dir[4096], tmp[4200];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        return util_errf(err, errlen, "%s: calibration path has no directory.", path);
-    *slash = 0;
-    /* create $SPILL_HOME/calibration (and its parent) */
-    char parent[4096];
-    snprintf(parent, sizeof parent, "%s", dir);
-    char *ps = strrchr(parent, '/');
-    if (ps) {
-        *ps = 0;
-        mkdir(parent, 0755);
-    }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return util_errf(err, errlen, "%s: cannot create: %s.", dir, strerror(errno));
     json_t *sxx = json_array(), *sxy = json_array();
     for (int i = 0; i < 3; i++) {
         json_array_append_new(sxy, json_real(c->sxy[i]));
@@ -183,23 +167,7 @@ int calib_save(const char *path, const calib *c, char *err, size_t errlen)
     json_decref(j);
     if (!text)
         return util_errf(err, errlen, "%s: out of memory.", path);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    size_t len = strlen(text);
-    int rc = 0;
-    if (fd < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0)
-        rc = util_errf(err, errlen, "%s: cannot write: %s.", tmp, strerror(errno));
-    if (fd >= 0)
-        close(fd);
+    int rc = util_write_atomic(path, text, strlen(text), err, errlen);
     free(text);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = util_errf(err, errlen, "%s: cannot rename: %s.", path, strerror(errno));
-    if (rc == 0) {
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-    }
     return rc;
 }

@@ -347,6 +347,53 @@ fail:
     return -1;
 }
 
+void engine_mem_estimate(const model_desc *m, const engine_opts *o, int threads, uint64_t *weights, uint64_t *ring,
+                         uint64_t *pass)
+{
+    /* load_files: resident = each file's tensor span; streamed = globals and 1-D tensors, one by one */
+    uint64_t global = 0, all = 0, slot = 0, layer_bytes = 0;
+    for (size_t f = 0; f < m->n_files; f++) {
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (size_t i = 0; i < m->n_tensors; i++)
+            if (m->tensors[i].file == f) {
+                const model_tensor *t = &m->tensors[i];
+                lo = t->offset < lo ? t->offset : lo;
+                hi = t->offset + t->size > hi ? t->offset + t->size : hi;
+                if (t->layer < 0 || t->n_dims == 1)
+                    global += (t->size + 63) / 64 * 64 + 64;
+            }
+        all += hi > lo ? hi - lo : 0;
+    }
+    int cur = -2;
+    for (size_t i = 0; i < m->n_ranges; i++) {
+        const layer_range *r = &m->ranges[i];
+        if (r->layer < 0)
+            continue;
+        if (r->layer != cur) {
+            cur = r->layer;
+            layer_bytes = 0;
+        }
+        /* stream.c's segment: 4 KiB-aligned start and end */
+        layer_bytes += (r->end + 4095) / 4096 * 4096 - r->begin / 4096 * 4096;
+        if (layer_bytes > slot)
+            slot = layer_bytes;
+    }
+    int slots = o->stream_slots >= 2 ? o->stream_slots : 3;
+    *weights = o->stream ? global : all;
+    *ring = o->stream ? slot * (uint64_t)slots : 0;
+    int64_t D = m->d_model, HS = (int64_t)m->n_heads * m->head_dim, KS = (int64_t)m->n_kv_heads * m->head_dim;
+    int64_t F = m->ffn_dim, T = o->max_pass_tokens > 0 ? o->max_pass_tokens : 512;
+    int64_t maxK = D > HS ? D : HS;
+    if (F > maxK)
+        maxK = F;
+    uint64_t act = (uint64_t)T * (uint64_t)(3 * D + 2 * HS + 2 * KS + 2 * F) * 4 + (uint64_t)T * 8;
+    uint64_t scratch = cpu_matmul_scratch_bytes(maxK), att = (uint64_t)(m->ctx_len + 64) * 4;
+    if (att > scratch)
+        scratch = att;
+    uint64_t q8 = o->q8_activations ? (uint64_t)T * (uint64_t)(maxK + maxK / 8 + 64) : 0;
+    *pass = act + scratch * (uint64_t)threads + q8;
+}
+
 void engine_close(spill_engine *e)
 {
     if (!e)

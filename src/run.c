@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "calib.h"
+#include "plan.h"
 #include "cpu.h"
 #include "engine.h"
 #include "job.h"
@@ -151,6 +152,15 @@ typedef struct runner {
     calib cal_stored, cal_run;
     char cal_path[4096];
     double eta_prerun;   /* seconds, < 0 when uncalibrated */
+
+    /* memory: the plan, this run's observations of it, the stored fit of the excess */
+    mem_plan plan;
+    uint64_t page_bytes, kv_fixed_model; /* KV page, and what the plan priced besides KV and slack */
+    int32_t kv_peak_used;                /* pages ever touched (the free list is a stack) */
+    mem_fit mem_run, mem_stored;
+    char mem_path[4096];
+    uint64_t guard_pauses;
+    uint64_t plan_ring;                  /* stream ring bytes (+ global tensors) when streamed */
 
     /* progress */
     uint64_t rows_total, rows_done, rows_failed, tokens_generated, prompt_tokens, preemptions;
@@ -573,6 +583,11 @@ static int reserve(runner *r, size_t row_idx, choice *c, int32_t need)
 static void admit(runner *r, char *err, size_t errlen, int *rc)
 {
     kv_cache *kv = r->be.kv(r->be.impl);
+    /* the live guard: the plan is the primary control; near the budget, no newcomers this pass */
+    if (r->q_len && r->n_active > 0 && r->plan.guard && plan_rss_now() > r->plan.guard) {
+        r->guard_pauses++;
+        return;
+    }
     while (r->q_len && (int)r->n_active < r->o.batch) {
         row *w = &r->rows[r->queue[r->q_head]];
         /* the prompt of every choice, plus one page of growth for every choice already running */
@@ -817,14 +832,10 @@ static void show_progress(runner *r, int pass, double pass_s, bool final)
     fmt_count(r->rows_total, total, sizeof total);
     fmt_count((uint64_t)(el > 0 ? (double)r->tokens_generated / el : 0), tps, sizeof tps);
     fmt_eta(final ? 0 : eta, etas, sizeof etas);
-    kv_cache *kv = r->be.kv(r->be.impl);
-    double mem = ((double)r->be.weight_bytes +
-                  (double)(kv->n_pages - kv->n_free) *
-                      (double)kv_page_bytes(kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->page_tokens)) /
-                 1e9;
+    double mem = (double)plan_rss_now() / 1e9, budget = (double)r->o.mem_budget / 1e9;
     char line[512];
-    snprintf(line, sizeof line, "rows %s/%s · pass %d (%.2f s) · %s tok/s · ETA %s · batch %zu · mem %.2f GB",
-             rows, total, pass, pass_s, tps, etas, r->n_active, mem);
+    snprintf(line, sizeof line, "rows %s/%s · pass %d (%.2f s) · %s tok/s · ETA %s · batch %zu · mem %.2f/%.2f GB",
+             rows, total, pass, pass_s, tps, etas, r->n_active, mem, budget);
     if (r->preemptions)
         snprintf(line + strlen(line), sizeof line - strlen(line), " · %llu preempted",
                  (unsigned long long)r->preemptions);
@@ -861,6 +872,119 @@ static void show_progress(runner *r, int pass, double pass_s, bool final)
     }
     r->drawn_lines = final ? 0 : lines;
     fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static int cmp_desc_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The memory plan for this job (plan.h): the pending rows' KV needs, the
+ * engine's computed costs both ways, the process as measured now, and the
+ * stored fit of what the computed model missed on earlier runs. */
+static int make_plan(runner *r, const engine_opts *eo0, char *err, size_t errlen)
+{
+    int threads = r->o.threads > 0 ? r->o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1)
+        threads = 1;
+    int32_t P = r->o.page_tokens, min_pages = 1;
+    int32_t *need = malloc((r->n_rows + 1) * sizeof *need);
+    if (!need)
+        return util_errf(err, errlen, "out of memory for %zu rows.", r->n_rows);
+    size_t nn = 0;
+    for (size_t i = 0; i < r->n_rows; i++)
+        if (r->rows[i].state == ROW_PENDING) {
+            int64_t toks = (int64_t)r->rows[i].n_prompt + r->rows[i].max_new;
+            int64_t pg = (toks + P - 1) / P * r->rows[i].n_choices;
+            need[nn] = pg > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)pg;
+            if (need[nn] > min_pages)
+                min_pages = need[nn];
+            nn++;
+        }
+    qsort(need, nn, sizeof *need, cmp_desc_i32);
+    int64_t want = 0;
+    for (size_t i = 0; i < nn && i < (size_t)r->o.batch; i++)
+        want += need[i];
+    free(need);
+    if (want < min_pages)
+        want = min_pages;
+    if (want > INT32_MAX / 4)
+        want = INT32_MAX / 4;
+    engine_opts eo = *eo0;
+    uint64_t w_res, ring_res, pass_res, w_str, ring_str, pass_str;
+    eo.stream = false;
+    engine_mem_estimate(r->m, &eo, threads, &w_res, &ring_res, &pass_res);
+    eo.stream = true;
+    engine_mem_estimate(r->m, &eo, threads, &w_str, &ring_str, &pass_str);
+    /* the runner's share of a pass: logits of every sequence, sampling scratch per thread */
+    uint64_t V = (uint64_t)r->m->vocab, runner_pass = (uint64_t)r->max_seqs * V * 4 + (uint64_t)(threads + 1) * V * 16;
+    mem_need n = {r->o.mem_budget, plan_rss_now(), w_res, w_str + ring_str, pass_res + runner_pass, 0,
+                  r->page_bytes, (int32_t)want, min_pages, r->o.mode, r->o.kv_bytes};
+    char host[128] = "host", key[300];
+    gethostname(host, sizeof host - 1);
+    snprintf(key, sizeof key, "%.16s-%s-mem", r->fingerprint, host);
+    for (char *k = key; *k; k++)
+        if (!((*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') || (*k >= '0' && *k <= '9') || *k == '-'))
+            *k = '_';
+    if (calib_path(key, r->mem_path, sizeof r->mem_path) != 0 || mem_fit_load(r->mem_path, &r->mem_stored) != 0)
+        memset(&r->mem_stored, 0, sizeof r->mem_stored);
+    if (r->mem_stored.valid) {
+        double x = r->mem_stored.base + r->mem_stored.slope * (double)want * P;
+        if (x > 0)
+            n.extra = x < (double)n.budget / 4 ? (uint64_t)x : n.budget / 4;
+    }
+    if (plan_solve(&n, &r->plan, err, errlen))
+        return -1;
+    r->plan_ring = ring_str;
+    r->kv_fixed_model = n.base + n.pass + (r->plan.stream ? n.ring : n.weights);
+    return 0;
+}
+
+/* Records how far the measured RSS sits above the computed model now. */
+static void observe_memory(runner *r)
+{
+    kv_cache *kv = r->be.kv(r->be.impl);
+    int32_t used = kv->n_pages - kv->n_free;
+    if (used > r->kv_peak_used)
+        r->kv_peak_used = used;
+    uint64_t rss = plan_rss_now();
+    if (!rss)
+        return;
+    double seq_tokens = 0;
+    for (size_t i = 0; i < r->n_active; i++) {
+        const row *w = &r->rows[r->active[i]];
+        for (int c = 0; w->ch && c < w->n_choices; c++)
+            seq_tokens += w->ch[c].fed;
+    }
+    double modelled = (double)r->kv_fixed_model + (double)r->kv_peak_used * (double)r->page_bytes;
+    mem_fit_observe(&r->mem_run, seq_tokens, (double)rss - modelled);
+}
+
+static void save_memory_fit(runner *r)
+{
+    if (!r->mem_path[0] || r->mem_run.n < 2)
+        return;
+    mem_fit f = r->mem_stored;
+    f.n += r->mem_run.n;
+    f.sx += r->mem_run.sx;
+    f.sy += r->mem_run.sy;
+    f.sxx += r->mem_run.sxx;
+    f.sxy += r->mem_run.sxy;
+    mem_fit_solve(&f);
+    char e2[SPILL_ERRLEN];
+    if (mem_fit_save(r->mem_path, &f, e2, sizeof e2))
+        fprintf(stderr, "spill: memory calibration not saved: %s\n", e2);
+}
+
+static void fmt_bytes(uint64_t b, char *out, size_t cap)
+{
+    if (b >= 1000000000ull)
+        snprintf(out, cap, "%.2f GB", (double)b / 1e9);
+    else
+        snprintf(out, cap, "%.0f MB", (double)b / 1e6);
 }
 
 /* ---------------------------------------------------------------- the loop */
@@ -1017,12 +1141,13 @@ static int run_passes(runner *r, char *err, size_t errlen)
         /* the whole pass — build, forward, sampling, output, group commit — is what the ETA must price */
         double pass_s = now_s() - t0;
         calib_observe(&r->cal_run, pass_tokens, pass_att, pass_s);
+        observe_memory(r);
         if (r->pass_log) {
             int dec = 0;
             for (int s2 = 0; s2 < ns; s2++)
                 dec += r->seqs[s2].n == 1 && r->seqs[s2].pos0 >= r->rows[r->seq_row[s2]].n_prompt;
-            fprintf(r->pass_log, "%d,%d,%d,%d,%.6f,%.6f\n", pass + 1, ns, dec, (int)pass_tokens - dec, pass_s,
-                    now_s() - r->t_start);
+            fprintf(r->pass_log, "%d,%d,%d,%d,%.6f,%.6f,%llu,%d\n", pass + 1, ns, dec, (int)pass_tokens - dec, pass_s,
+                    now_s() - r->t_start, (unsigned long long)plan_rss_now(), kv->n_pages - kv->n_free);
         }
         pass++;
         show_progress(r, pass, now_s() - t0, false);
@@ -1125,8 +1250,6 @@ static void defaults(run_opts *o)
         o->prefill_chunk = 256;
     if (!o->page_tokens)
         o->page_tokens = 16;
-    if (!o->kv_bytes)
-        o->kv_bytes = 2ull << 30;
     if (!o->mem_budget) /* three quarters of physical RAM: the prototype's knee was 75-85% */
         o->mem_budget = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 4 * 3;
     if (!o->stream_slots)
@@ -1190,14 +1313,7 @@ static int run_job(runner *r, bool resuming)
     model_fingerprint(r->m, r->fingerprint);
     snprintf(r->sys_fp, sizeof r->sys_fp, "fp_%.10s", r->fingerprint);
     defaults(&r->o);
-    size_t page = kv_page_bytes(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens);
-    int32_t pages = (int32_t)(r->o.kv_bytes / page);
-    if (pages < 2) {
-        util_errf(err, sizeof err, "--kv-mem %llu bytes holds fewer than two KV pages of %zu bytes; raise it.",
-                  (unsigned long long)r->o.kv_bytes, page);
-        code = EX_USAGE_;
-        goto fail;
-    }
+    r->page_bytes = kv_page_bytes(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens);
     if (getrandom(&r->job_seed, sizeof r->job_seed, 0) != sizeof r->job_seed)
         r->job_seed = (uint64_t)time(NULL);
 
@@ -1230,16 +1346,21 @@ static int run_job(runner *r, bool resuming)
     r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->m->quant_summary, NULL};
     if (load_rows(r, err, sizeof err))
         goto fail_job;
-    /* Resident when weights + KV fit the budget (or --resident); else layers stream from storage. */
-    bool stream = r->o.mode == 1 || (r->o.mode == 0 && r->m->total_bytes + r->o.kv_bytes > r->o.mem_budget);
     /* sequences per pass: every active choice (admission keeps them under batch + the largest n) */
     int max_n = 1;
     for (size_t i = 0; i < r->n_rows; i++)
         if (r->rows[i].state == ROW_PENDING && r->rows[i].n_choices > max_n)
             max_n = r->rows[i].n_choices;
     r->max_seqs = r->o.batch + max_n;
-    engine_opts eo = {r->o.threads, r->max_seqs + r->o.prefill_chunk, r->max_seqs, r->o.page_tokens, pages, stream,
+    engine_opts eo = {r->o.threads, r->max_seqs + r->o.prefill_chunk, r->max_seqs, r->o.page_tokens, 0, false,
                       r->o.stream_slots, true, r->o.q8 && !r->o.exact};
+    /* One budget for everything: the plan picks resident or streamed and sizes the KV cache. */
+    if (make_plan(r, &eo, err, sizeof err)) {
+        code = EX_USAGE_;
+        goto fail_job;
+    }
+    eo.kv_pages = r->plan.kv_pages;
+    eo.stream = r->plan.stream;
     /* Backend: the GPU when this binary has one (unless --cpu), else the CPU. */
     int brc = -1;
     if (r->o.device != 1 && spill_gpu_open) {
@@ -1323,23 +1444,34 @@ static int run_job(runner *r, bool resuming)
     r->rows_done = job_rows_completed(r->j);
     r->rows_failed = job_rows_failed(r->j);
     if (r->o.pass_log && (r->pass_log = fopen(r->o.pass_log, "w")))
-        fprintf(r->pass_log, "pass,seqs,decode_tokens,prefill_tokens,seconds,elapsed\n");
+        fprintf(r->pass_log, "pass,seqs,decode_tokens,prefill_tokens,seconds,elapsed,rss_bytes,kv_pages_used\n");
     r->t_start = now_s(); /* the job's clock: rows read, engine loaded; passes start now */
     r->eta_prerun = estimate_left(r, &r->cal_stored);
     char pt[32], wb[32], eta0[32];
     fmt_eta(r->eta_prerun, eta0, sizeof eta0);
     fmt_count(r->prompt_tokens, pt, sizeof pt);
     snprintf(wb, sizeof wb, "%.0f MB", (double)r->m->total_bytes / 1e6);
+    char mb[32], bb[32], kb[32], tier[160];
+    fmt_bytes(r->plan.total, mb, sizeof mb);
+    fmt_bytes(r->o.mem_budget, bb, sizeof bb);
+    fmt_bytes((uint64_t)r->be.kv(r->be.impl)->n_pages * r->page_bytes, kb, sizeof kb);
+    if (r->plan.stream) {
+        char rb[32];
+        fmt_bytes(r->plan_ring, rb, sizeof rb);
+        snprintf(tier, sizeof tier, "weights %s streamed through a %s ring", wb, rb);
+    } else
+        snprintf(tier, sizeof tier, "weights %s resident", wb);
     printf("spill %s: %s (%s, %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill · batch %d · engine "
-           "%s · KV %d pages of %d tokens · ETA %s · job %s · ready in %.1f s\n",
+           "%s · memory plan %s of %s budget: %s, KV %s (%d pages of %d tokens) · ETA %s · job %s · ready in %.1f s\n",
            resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->m->quant_summary, wb,
-           (unsigned long long)r->rows_total, (unsigned long long)already, pt, r->o.batch, r->be.name,
-           r->be.kv(r->be.impl)->n_pages, r->o.page_tokens, eta0, job_dir(r->j), now_s() - t_open);
+           (unsigned long long)r->rows_total, (unsigned long long)already, pt, r->o.batch, r->be.name, mb, bb, tier,
+           kb, r->be.kv(r->be.impl)->n_pages, r->o.page_tokens, eta0, job_dir(r->j), now_s() - t_open);
     fflush(stdout);
 
     if (run_passes(r, err, sizeof err))
         goto fail_job;
     show_progress(r, 0, 0, true);
+    save_memory_fit(r);
     if (g_stop) {
         calib merged = current_fit(r);
         char e2[SPILL_ERRLEN];
@@ -1370,6 +1502,13 @@ static int run_job(runner *r, bool resuming)
         if (r->eta_prerun > 0)
             printf("pre-run ETA %.1f s vs actual %.1f s (%+.0f%%)\n", r->eta_prerun, el,
                    (r->eta_prerun - el) / el * 100);
+    }
+    {
+        char pk[32], bb2[32];
+        fmt_bytes(plan_rss_peak(), pk, sizeof pk);
+        fmt_bytes(r->o.mem_budget, bb2, sizeof bb2);
+        printf("peak memory %s of the %s budget (planned %.0f MB; %llu admission pauses by the live guard)\n", pk, bb2,
+               (double)r->plan.total / 1e6, (unsigned long long)r->guard_pauses);
     }
     printf("done: %llu rows answered, %llu failed, %llu tokens generated in %.1f s (%.1f tok/s), %llu preemptions · "
            "%s/results.jsonl%s\n",

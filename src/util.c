@@ -146,3 +146,40 @@ bool util_utf8_valid(const char *str, size_t len)
     }
     return true;
 }
+
+int util_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen)
+{
+    char dir[4096], tmp[4200];
+    if (util_pathf(dir, sizeof dir, "%s", path) != 0)
+        return util_errf(err, errlen, "%.200s...: path too long.", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        return util_errf(err, errlen, "%s: path has no directory.", path);
+    *slash = 0;
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *ps = strrchr(parent, '/');
+    if (ps && ps != parent) {
+        *ps = 0;
+        mkdir(parent, 0755);
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return util_errf(err, errlen, "%s: cannot create: %s.", dir, strerror(errno));
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int rc = 0;
+    if (fd < 0 || write(fd, data, len) != (ssize_t)len || fsync(fd) != 0)
+        rc = util_errf(err, errlen, "%s: cannot write: %s.", tmp, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = util_errf(err, errlen, "%s: cannot rename: %s.", path, strerror(errno));
+    if (rc == 0) {
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+    }
+    return rc;
+}

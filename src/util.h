@@ -46,6 +46,10 @@ bool util_is_dir(const char *path);
 /* snprintf that reports truncation as failure (returns -1). */
 int util_pathf(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Writes path atomically and durably: path.tmp, fsync, rename, fsync of the
+ * directory; creates the directory and its parent when missing. */
+int util_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
+
 /* The spill home directory: $SPILL_HOME, else $HOME/.streamweights. */
 const char *util_spill_home(void);
 
