@@ -36,7 +36,7 @@ build/asan/tests/%: tests/%.c tests/test.h $(patsubst src/%.c,build/asan/%.o,$(L
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O1 -g $(SAN) -Isrc -o $@ $< $(patsubst src/%.c,build/asan/%.o,$(LIB_SRC)) $(LIBS)
 
-test-build: build/asan/spill $(addprefix build/asan/tests/,$(TESTS))
+test-build: spill build/asan/spill $(addprefix build/asan/tests/,$(TESTS))
 
 test: test-build
 	@bash tests/run.sh $(TESTS)

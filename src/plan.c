@@ -74,6 +74,7 @@ int plan_solve(const mem_need *n, mem_plan *p, char *err, size_t errlen)
         pages = INT32_MAX / 2;
     p->stream = stream;
     p->kv_pages = (int32_t)pages;
+    p->want_pages = n->want_pages;
     p->fixed = fixed;
     p->total = fixed + pages * n->page_bytes;
     p->guard = n->budget - slack / 2;

@@ -46,6 +46,7 @@ typedef struct mem_need {
 typedef struct mem_plan {
     bool stream;
     int32_t kv_pages;
+    int32_t want_pages;       /* what the batch's largest rows would use */
     uint64_t fixed;           /* everything but KV */
     uint64_t total;           /* fixed + kv_pages * page_bytes */
     uint64_t guard;           /* RSS above which admission pauses */

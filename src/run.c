@@ -983,8 +983,10 @@ static void fmt_bytes(uint64_t b, char *out, size_t cap)
 {
     if (b >= 1000000000ull)
         snprintf(out, cap, "%.2f GB", (double)b / 1e9);
-    else
+    else if (b >= 100000000ull)
         snprintf(out, cap, "%.0f MB", (double)b / 1e6);
+    else
+        snprintf(out, cap, "%.1f MB", (double)b / 1e6);
 }
 
 /* ---------------------------------------------------------------- the loop */
@@ -1462,10 +1464,10 @@ static int run_job(runner *r, bool resuming)
     } else
         snprintf(tier, sizeof tier, "weights %s resident", wb);
     printf("spill %s: %s (%s, %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill · batch %d · engine "
-           "%s · memory plan %s of %s budget: %s, KV %s (%d pages of %d tokens) · ETA %s · job %s · ready in %.1f s\n",
+           "%s · memory plan %s of %s budget: %s, KV %s (%d pages of %d tokens; the batch wants %d) · ETA %s · job %s · ready in %.1f s\n",
            resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->m->quant_summary, wb,
            (unsigned long long)r->rows_total, (unsigned long long)already, pt, r->o.batch, r->be.name, mb, bb, tier,
-           kb, r->be.kv(r->be.impl)->n_pages, r->o.page_tokens, eta0, job_dir(r->j), now_s() - t_open);
+           kb, r->be.kv(r->be.impl)->n_pages, r->o.page_tokens, r->plan.want_pages, eta0, job_dir(r->j), now_s() - t_open);
     fflush(stdout);
 
     if (run_passes(r, err, sizeof err))

@@ -21,10 +21,12 @@
 #include <jansson.h>
 #include <signal.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "plan.h"
 #include "test.h"
 
 #define MODEL "tests/data/tiny/tiny-smollm2.gguf"
@@ -75,6 +77,7 @@ static void write_input(const char *path)
 /* Runs spill with args; returns the exit status (or -1), killing it after kill_ms with sig if kill_ms > 0. */
 /* Signals are sent kill_ms after `wait_for` exists (the job's manifest: before it, there is no job to resume). */
 static const char *wait_for;
+static long last_maxrss_kb; /* peak RSS of the last child (wait4) */
 
 static int spawn_out(char *const argv[], int kill_ms, int sig, double *elapsed_after_signal, const char *out)
 {
@@ -98,8 +101,10 @@ static int spawn_out(char *const argv[], int kill_ms, int sig, double *elapsed_a
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+    struct rusage ru;
+    while (wait4(pid, &st, 0, &ru) < 0 && errno == EINTR)
         ;
+    last_maxrss_kb = ru.ru_maxrss;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (elapsed_after_signal)
         *elapsed_after_signal = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
@@ -160,11 +165,11 @@ static json_t *answers(const char *dir, int *n_lines, int *n_errors, int *dups, 
     return map;
 }
 
-static void compare(const char *what, json_t *ref, const char *dir)
+static void compare_n(const char *what, json_t *ref, const char *dir, int rows)
 {
     int n, ne, dups, bad;
     json_t *got = answers(dir, &n, &ne, &dups, &bad);
-    CHECK(n == ROWS, "%s: %d lines, want %d", what, n, ROWS);
+    CHECK(n == rows, "%s: %d lines, want %d", what, n, rows);
     CHECK(dups == 0 && bad == 0, "%s: %d duplicate custom_ids, %d invalid lines", what, dups, bad);
     int diff = 0;
     const char *k;
@@ -186,11 +191,108 @@ static void compare(const char *what, json_t *ref, const char *dir)
     json_decref(got);
 }
 
+static void compare(const char *what, json_t *ref, const char *dir)
+{
+    compare_n(what, ref, dir, ROWS);
+}
+
 static void rmrf(const char *dir)
 {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0, "rm");
+}
+
+/* ---------------------------------------------------------------- the memory budget */
+
+#define LONG_ROWS 96
+
+/* Rows of ~330-token prompts (the tiny model's context is 512): the KV cache, not the process, is what a
+ * budget squeezes. */
+static void write_long_input(const char *path)
+{
+    static const char *words[] = {"river", "stone", "cloud", "amber", "violet", "engine", "garden", "silver",
+                                  "window", "harbor", "lantern", "meadow", "orbit", "pepper", "quartz", "saddle"};
+    FILE *f = fopen(path, "w");
+    unsigned x = 777;
+    for (int i = 0; i < LONG_ROWS; i++) {
+        fprintf(f, "{\"custom_id\":\"m%d\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
+                   "\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"",
+                i);
+        int nw = 250 + i % 70;
+        for (int w = 0; w < nw; w++) {
+            x = x * 1103515245u + 12345u;
+            fprintf(f, "%s%s", w ? " " : "", words[(x >> 16) % 16]);
+        }
+        fprintf(f, "\"}],\"max_tokens\":%d,\"temperature\":0}}\n", 8 + i % 24);
+    }
+    fclose(f);
+}
+
+/* "...KV 2.1 MB (N pages of 16 tokens; the batch wants W)" and "memory plan X MB of" from a pre-run line. */
+static int parse_plan(const char *log, double *plan_mb, long *pages, long *want)
+{
+    FILE *f = fopen(log, "r");
+    char buf[8192] = "";
+    size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    buf[got] = 0;
+    if (f)
+        fclose(f);
+    const char *p = strstr(buf, "memory plan "), *k = strstr(buf, " pages of 16 tokens; the batch wants ");
+    if (!p || !k)
+        return -1;
+    *plan_mb = strtod(p + 12, NULL);
+    if (!strncmp(strchr(p + 12, ' '), " GB", 3))
+        *plan_mb *= 1000;
+    const char *q = k;
+    while (q > buf && q[-1] >= '0' && q[-1] <= '9')
+        q--;
+    *pages = strtol(q, NULL, 10);
+    *want = strtol(k + strlen(" pages of 16 tokens; the batch wants "), NULL, 10);
+    return 0;
+}
+
+/* A job whose rows need 3x the KV memory the budget leaves finishes with every row answered as in a roomy
+ * run, and the process's peak RSS (wait4) stays under the budget.  Runs the release binary: ASan's shadow
+ * memory is not the engine's. */
+static void test_memory_budget(const char *tmp)
+{
+    const char *b = getenv("SPILL_REL_BIN") && *getenv("SPILL_REL_BIN") ? getenv("SPILL_REL_BIN") : "./spill";
+    char input[600], ref[600], d[600], log[700];
+    snprintf(input, sizeof input, "%s/long.jsonl", tmp);
+    write_long_input(input);
+    snprintf(ref, sizeof ref, "%s/mref", tmp);
+    snprintf(log, sizeof log, "%s/mref.log", tmp);
+    char *a_ref[] = {(char *)b, "run", MODEL, input, "-o", ref, "--quiet", "--batch", "64", "--mem-budget", "64M", NULL};
+    CHECK(spawn_out(a_ref, 0, 0, NULL, log) == 0, "roomy memory-budget reference run failed (%s)", b);
+    double plan_mb;
+    long pages, want;
+    CHECK(parse_plan(log, &plan_mb, &pages, &want) == 0, "no memory plan in the pre-run line (%s)", log);
+    CHECK(pages == want && want > 300, "roomy run: %ld KV pages for the %ld wanted", pages, want);
+    int n, ne, dups, bad;
+    json_t *refm = answers(ref, &n, &ne, &dups, &bad);
+    CHECK(n == LONG_ROWS && ne == 0, "roomy run: %d lines, %d errors", n, ne);
+    /* fixed costs without slack, then the budget whose KV share is a third of what the batch wants
+     * (0.3 MB under it: the plan printed to 0.1 MB) */
+    double page = 16.0 * 256; /* 16 tokens x 2 layers x 1 KV head x 32 dims x K and V x 4 bytes */
+    double fixed = plan_mb * 1e6 - (double)want * page - (double)plan_slack(64ull << 20);
+    double target = (double)want / 3 * page - 0.3e6;
+    double budget = (fixed + 4.0 * 1048576 + target) * 50.0 / 49.0;
+    char bs[32];
+    snprintf(bs, sizeof bs, "%.0f", budget);
+    snprintf(d, sizeof d, "%s/mtight", tmp);
+    snprintf(log, sizeof log, "%s/mtight.log", tmp);
+    char *a_t[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--batch", "64", "--mem-budget", bs, NULL};
+    CHECK(spawn_out(a_t, 0, 0, NULL, log) == 0, "run under a %s-byte budget failed (see %s)", bs, log);
+    long tpages, twant;
+    CHECK(parse_plan(log, &plan_mb, &tpages, &twant) == 0, "no memory plan in %s", log);
+    CHECK(tpages * 3 <= twant && tpages > 0, "budget %s left %ld KV pages; the batch wants %ld (want >= 3x)", bs,
+          tpages, twant);
+    fprintf(stderr, "memory budget %s bytes: KV %ld of %ld wanted pages, peak RSS %ld kB\n", bs, tpages, twant,
+            last_maxrss_kb);
+    CHECK((double)last_maxrss_kb * 1024 <= budget, "peak RSS %ld kB is over the %s-byte budget", last_maxrss_kb, bs);
+    compare_n("KV 3x over the memory budget", refm, d, LONG_ROWS);
+    json_decref(refm);
 }
 
 int main(void)
@@ -287,6 +389,7 @@ int main(void)
     compare("interrupted and resumed", refm, d);
 
     json_decref(refm);
+    test_memory_budget(tmp);
     rmrf(tmp);
     return test_finish("test_run");
 }
