@@ -152,6 +152,7 @@ typedef struct runner {
     calib cal_stored, cal_run;
     char cal_path[4096];
     double eta_prerun;   /* seconds, < 0 when uncalibrated */
+    double eta_val, eta_at; /* the live estimate and when (job clock) it was made */
 
     /* memory: the plan, this run's observations of it, the stored fit of the excess */
     mem_plan plan;
@@ -160,6 +161,7 @@ typedef struct runner {
     mem_fit mem_run, mem_stored;
     char mem_path[4096];
     uint64_t guard_pauses;
+    uint64_t stall_preemptions;          /* preemptions that broke a prefill deadlock */
     uint64_t plan_ring;                  /* stream ring bytes (+ global tensors) when streamed */
 
     /* progress */
@@ -176,8 +178,13 @@ typedef struct runner {
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = sig; }
 
+/* Tests drive the scheduler on a fake clock (tests/test_sched.c). */
+static double (*g_fake_clock)(void);
+
 static double now_s(void)
 {
+    if (g_fake_clock)
+        return g_fake_clock();
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -564,16 +571,14 @@ static int reserve(runner *r, size_t row_idx, choice *c, int32_t need)
             return 0;
         if (rc == -2)
             return -1;
-        /* newest admitted row other than this one */
-        size_t victim = SIZE_MAX;
-        for (size_t i = 0; i < r->n_active; i++)
-            if (r->active[i] != row_idx &&
-                (victim == SIZE_MAX || r->rows[r->active[i]].admitted > r->rows[r->active[victim]].admitted))
+        /* the newest admitted row goes, even when that is the one asking: the oldest row always
+         * advances, so two rows can never take turns preempting each other forever */
+        size_t victim = 0;
+        for (size_t i = 1; i < r->n_active; i++)
+            if (r->rows[r->active[i]].admitted > r->rows[r->active[victim]].admitted)
                 victim = i;
-        if (victim == SIZE_MAX) {
-            for (size_t i = 0; i < r->n_active; i++)
-                if (r->active[i] == row_idx)
-                    preempt(r, i);
+        if (r->active[victim] == row_idx) {
+            preempt(r, victim);
             return 1;
         }
         preempt(r, victim);
@@ -745,43 +750,99 @@ static int accept_token(runner *r, row *w, choice *c, const sample_result *sr, c
 
 /* ---------------------------------------------------------------- estimates */
 
-/* Seconds left for the pending and active rows under fit c: expected tokens
- * (prompt + completion fraction × max_tokens per choice), attention pairs,
- * and passes = decode tokens / batch + the end tail (the last rows' own
- * length, run at a dwindling batch).  < 0 when c is not calibrated. */
+/* One row's remaining work in the estimate's simulation. */
+typedef struct sim_row {
+    double prompt_left, fed, gen_left, gen, pages;
+    int choices;
+} sim_row;
+
+/* Seconds left for the active and pending rows under fit c, by replaying the
+ * runner's own policy on expected lengths: admission in queue order up to
+ * the batch and the KV pages (each row priced at prompt + completion
+ * fraction × max_tokens), a token cap per pass, decode steps first, then
+ * prompt chunks in admission order, the first token drawn in the pass that
+ * ends the prompt.  Counting passes this way prices the end tail (the batch
+ * draining) and prefill-carrying passes, which a tokens / batch formula
+ * misses (the prototype's live ETA was 1.5x optimistic for exactly those).
+ * Not modelled: recompute after preemption.  < 0 when c is not calibrated. */
 static double estimate_left(const runner *r, const calib *c)
 {
     if (!c->valid)
         return -1;
-    double f = calib_completion(c), tokens = 0, att = 0, decode = 0, prefill = 0, tail = 0;
-    size_t rows_left = 0;
-    for (size_t i = 0; i < r->n_rows; i++) {
-        const row *w = &r->rows[i];
-        if (w->state == ROW_DONE)
-            continue;
-        rows_left++;
-        double P = w->n_prompt, G = f * (double)w->max_new;
-        double fed = 0, gen = 0;
+    double f = calib_completion(c);
+    size_t n = 0;
+    sim_row *q = malloc((r->n_active + r->q_len + 1) * sizeof *q);
+    if (!q)
+        return -1;
+    kv_cache *kv = r->be.impl ? r->be.kv(r->be.impl) : NULL;
+    double P = kv ? kv->page_tokens : 16, cap_pages = kv ? kv->n_pages : 1e18;
+    /* active rows first (admission order), then the queue from its head */
+    for (size_t i = 0; i < r->n_active + r->q_len; i++) {
+        const row *w = &r->rows[i < r->n_active ? r->active[i] : r->queue[r->q_head + (i - r->n_active)]];
+        double G = f * (double)w->max_new, fed = 0, gen = 0;
+        if (G < 1)
+            G = 1;
         if (w->state == ROW_ACTIVE && w->ch) {
-            fed = w->ch[0].fed < w->n_prompt ? w->ch[0].fed : P;
-            for (int c2 = 0; c2 < w->n_choices; c2++)
-                gen += w->ch[c2].n_gen;
+            fed = w->ch[0].fed < w->n_prompt ? w->ch[0].fed : w->n_prompt;
+            for (int k = 0; k < w->n_choices; k++)
+                gen += w->ch[k].n_gen;
             gen /= w->n_choices;
         }
-        double g_left = G - gen > 1 ? G - gen : 1;
-        prefill += P - fed;
-        decode += w->n_choices * g_left;
-        tokens += (P - fed) + w->n_choices * g_left;
-        att += (P * P - fed * fed) / 2 + w->n_choices * g_left * (P + gen + g_left / 2);
-        tail = g_left; /* rows are visited in file order; the queue's last rows are the short ones */
+        q[n++] = (sim_row){w->n_prompt - fed, fed, G - gen > 1 ? G - gen : 1, gen,
+                           ceil((w->n_prompt + G) / P) * w->n_choices, w->n_choices};
     }
-    if (!rows_left)
-        return 0;
-    double B = (double)(rows_left < (size_t)r->o.batch ? rows_left : (size_t)r->o.batch);
-    double passes = decode / B + tail;
-    double prefill_passes = prefill / (double)(r->o.batch + r->o.prefill_chunk);
-    if (prefill_passes > passes)
-        passes = prefill_passes;
+    double passes = 0, tokens = 0, att = 0, pages = 0;
+    size_t head = 0, n_act = 0;
+    size_t *act = malloc((n + 1) * sizeof *act);
+    if (!act) {
+        free(q);
+        return -1;
+    }
+    /* rows already active hold their pages */
+    for (; head < r->n_active && head < n; head++) {
+        act[n_act++] = head;
+        pages += q[head].pages;
+    }
+    while (head < n || n_act) {
+        while (head < n && (int)n_act < r->o.batch && (n_act == 0 || pages + q[head].pages <= cap_pages)) {
+            pages += q[head].pages;
+            act[n_act++] = head++;
+        }
+        double budget = r->max_seqs + r->o.prefill_chunk;
+        for (size_t i = 0; i < n_act; i++) {
+            sim_row *s = &q[act[i]];
+            if (s->prompt_left > 0)
+                continue;
+            tokens += s->choices;
+            att += s->choices * (s->fed + 1);
+            s->fed += 1;
+            s->gen_left -= 1;
+            budget -= s->choices;
+        }
+        for (size_t i = 0; i < n_act && budget > 0; i++) {
+            sim_row *s = &q[act[i]];
+            if (s->prompt_left <= 0)
+                continue;
+            double k = s->prompt_left < budget ? s->prompt_left : budget;
+            tokens += k;
+            att += k * s->fed + k * (k + 1) / 2;
+            s->fed += k;
+            s->prompt_left -= k;
+            budget -= k;
+            if (s->prompt_left <= 0)
+                s->gen_left -= 1; /* the pass that ends the prompt draws the first token */
+        }
+        passes++;
+        size_t keep = 0;
+        for (size_t i = 0; i < n_act; i++)
+            if (q[act[i]].gen_left > 0 || q[act[i]].prompt_left > 0)
+                act[keep++] = act[i];
+            else
+                pages -= q[act[i]].pages;
+        n_act = keep;
+    }
+    free(act);
+    free(q);
     return calib_predict(c, passes, tokens, att);
 }
 
@@ -825,8 +886,14 @@ static void show_progress(runner *r, int pass, double pass_s, bool final)
         return;
     double el = now_s() - r->t_start;
     uint64_t finished = r->rows_done + r->rows_failed;
-    calib fit = current_fit(r);
-    double eta = estimate_left(r, &fit);
+    /* the estimate replays the rest of the job: at most once a second, counted down in between */
+    double eta;
+    if (final || r->eta_at == 0 || el - r->eta_at >= 1.0) {
+        calib fit = current_fit(r);
+        r->eta_val = estimate_left(r, &fit);
+        r->eta_at = el;
+    }
+    eta = r->eta_val < 0 ? r->eta_val : fmax(0, r->eta_val - (el - r->eta_at));
     char rows[32], total[32], tps[32], etas[32];
     fmt_count(finished, rows, sizeof rows);
     fmt_count(r->rows_total, total, sizeof total);
@@ -1076,6 +1143,19 @@ static int run_passes(runner *r, char *err, size_t errlen)
                                  "row %s needs more KV memory than the whole cache holds; raise --kv-mem.",
                                  w->custom_id);
             }
+            /* Every admitted row is mid-prompt and none can get a page for its next chunk: their partial
+             * prompts hold the cache between them.  Preempt the newest so the oldest can go on (without
+             * this the job would spin forever; test_sched found it). */
+            size_t victim = 0;
+            for (size_t i = 1; i < r->n_active; i++)
+                if (r->rows[r->active[i]].admitted > r->rows[r->active[victim]].admitted)
+                    victim = i;
+            if (r->n_active < 2)
+                return util_errf(err, errlen, "row %s cannot get KV pages for its prompt although it runs alone; "
+                                              "raise --mem-budget.",
+                                 r->rows[r->active[0]].custom_id);
+            preempt(r, victim);
+            r->stall_preemptions++;
             continue;
         }
         double pass_tokens = 0, pass_att = 0;
@@ -1289,6 +1369,57 @@ static void runner_free(runner *r)
     model_close(r->m);
 }
 
+/* Pass state and the queue of pending rows (longest first; rows that cannot
+ * fit the whole cache go to errors.jsonl).  Needs r->m, r->tok, r->be, r->j. */
+static int setup_passes(runner *r, char *err, size_t errlen)
+{
+    /* queue: pending rows, longest first */
+    r->queue = malloc((r->n_rows + 1) * sizeof *r->queue);
+    r->active = malloc((r->n_rows + 1) * sizeof *r->active);
+    int max_seqs = r->max_seqs;
+    r->logits = malloc((size_t)max_seqs * (size_t)r->m->vocab * sizeof(float));
+    r->seqs = malloc((size_t)max_seqs * sizeof *r->seqs);
+    r->seq_row = malloc((size_t)max_seqs * sizeof(int));
+    r->seq_choice = malloc((size_t)max_seqs * sizeof(int));
+    r->sres = malloc((size_t)max_seqs * sizeof *r->sres);
+    r->sidx = malloc((size_t)max_seqs * sizeof *r->sidx);
+    r->src = calloc((size_t)max_seqs, sizeof *r->src);
+    if (sample_scratch_init(&r->sc, r->m->vocab, err, errlen) || cpu_pool_create(r->o.threads, 0, &r->spool, err, errlen))
+        return -1;
+    r->scs = calloc((size_t)cpu_pool_threads(r->spool), sizeof *r->scs);
+    for (int t = 0; r->scs && t < cpu_pool_threads(r->spool); t++)
+        if (sample_scratch_init(&r->scs[t], r->m->vocab, err, errlen))
+            return -1;
+    if (!r->queue || !r->active || !r->logits || !r->seqs || !r->seq_row || !r->seq_choice || !r->sres || !r->sidx ||
+        !r->src || !r->scs) {
+        util_errf(err, errlen, "out of memory for %zu rows.", r->n_rows);
+        return -1;
+    }
+    for (size_t i = 0; i < r->n_rows; i++)
+        if (r->rows[i].state == ROW_PENDING) {
+            /* a row must be able to finish alone: prompt plus every token it may generate */
+            int32_t need = kv_pages_for(r->be.kv(r->be.impl), (int32_t)(r->rows[i].n_prompt + r->rows[i].max_new)) *
+                           r->rows[i].n_choices;
+            if (need > r->be.kv(r->be.impl)->n_pages) {
+                char msg[SPILL_ERRLEN];
+                snprintf(msg, sizeof msg,
+                         "This row needs %d KV pages to finish but the cache holds %d; raise --kv-mem or lower max_tokens.", need,
+                         r->be.kv(r->be.impl)->n_pages);
+                r->rows[i].state = ROW_DONE;
+                if (append_error_line(r, r->rows[i].custom_id, msg, NULL, "insufficient_memory", err, errlen))
+                    return -1;
+                continue;
+            }
+            r->queue[r->q_len++] = i;
+        }
+    g_sort_runner = r;
+    qsort(r->queue, r->q_len, sizeof *r->queue, cmp_longest);
+    /* leave room at the head for preempted rows to return to */
+    memmove(r->queue + (r->n_rows + 1 - r->q_len), r->queue, r->q_len * sizeof *r->queue);
+    r->q_head = r->n_rows + 1 - r->q_len;
+    return 0;
+}
+
 /* Shared by run and resume once the options are known; `resuming` reopens o.out_dir. */
 static int run_job(runner *r, bool resuming)
 {
@@ -1382,8 +1513,6 @@ static int run_job(runner *r, bool resuming)
         code = EX_SOFTWARE_;
         goto fail_job;
     }
-    if (sample_scratch_init(&r->sc, r->m->vocab, err, sizeof err))
-        goto fail_job;
     {
         char host[128] = "host", key[512];
         gethostname(host, sizeof host - 1);
@@ -1395,50 +1524,8 @@ static int run_job(runner *r, bool resuming)
         if (calib_path(key, r->cal_path, sizeof r->cal_path) != 0 || calib_load(r->cal_path, &r->cal_stored) != 0)
             memset(&r->cal_stored, 0, sizeof r->cal_stored);
     }
-    /* queue: pending rows, longest first */
-    r->queue = malloc((r->n_rows + 1) * sizeof *r->queue);
-    r->active = malloc((r->n_rows + 1) * sizeof *r->active);
-    int max_seqs = r->max_seqs;
-    r->logits = malloc((size_t)max_seqs * (size_t)r->m->vocab * sizeof(float));
-    r->seqs = malloc((size_t)max_seqs * sizeof *r->seqs);
-    r->seq_row = malloc((size_t)max_seqs * sizeof(int));
-    r->seq_choice = malloc((size_t)max_seqs * sizeof(int));
-    r->sres = malloc((size_t)max_seqs * sizeof *r->sres);
-    r->sidx = malloc((size_t)max_seqs * sizeof *r->sidx);
-    r->src = calloc((size_t)max_seqs, sizeof *r->src);
-    if (cpu_pool_create(r->o.threads, 0, &r->spool, err, sizeof err))
+    if (setup_passes(r, err, sizeof err))
         goto fail_job;
-    r->scs = calloc((size_t)cpu_pool_threads(r->spool), sizeof *r->scs);
-    for (int t = 0; r->scs && t < cpu_pool_threads(r->spool); t++)
-        if (sample_scratch_init(&r->scs[t], r->m->vocab, err, sizeof err))
-            goto fail_job;
-    if (!r->queue || !r->active || !r->logits || !r->seqs || !r->seq_row || !r->seq_choice || !r->sres || !r->sidx ||
-        !r->src || !r->scs) {
-        util_errf(err, sizeof err, "out of memory for %zu rows.", r->n_rows);
-        goto fail_job;
-    }
-    for (size_t i = 0; i < r->n_rows; i++)
-        if (r->rows[i].state == ROW_PENDING) {
-            /* a row must be able to finish alone: prompt plus every token it may generate */
-            int32_t need = kv_pages_for(r->be.kv(r->be.impl), (int32_t)(r->rows[i].n_prompt + r->rows[i].max_new)) *
-                           r->rows[i].n_choices;
-            if (need > r->be.kv(r->be.impl)->n_pages) {
-                char msg[SPILL_ERRLEN];
-                snprintf(msg, sizeof msg,
-                         "This row needs %d KV pages to finish but the cache holds %d; raise --kv-mem or lower max_tokens.", need,
-                         r->be.kv(r->be.impl)->n_pages);
-                r->rows[i].state = ROW_DONE;
-                if (append_error_line(r, r->rows[i].custom_id, msg, NULL, "insufficient_memory", err, sizeof err))
-                    goto fail_job;
-                continue;
-            }
-            r->queue[r->q_len++] = i;
-        }
-    g_sort_runner = r;
-    qsort(r->queue, r->q_len, sizeof *r->queue, cmp_longest);
-    /* leave room at the head for preempted rows to return to */
-    memmove(r->queue + (r->n_rows + 1 - r->q_len), r->queue, r->q_len * sizeof *r->queue);
-    r->q_head = r->n_rows + 1 - r->q_len;
     if (job_commit(r->j, err, sizeof err))
         goto fail_job;
 
