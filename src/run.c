@@ -1494,6 +1494,10 @@ static int run_job(runner *r, bool resuming)
     }
     eo.kv_pages = r->plan.kv_pages;
     eo.stream = r->plan.stream;
+    /* On the GPU the KV cache lives in HBM and streamed layers sit pinned in host RAM: the GPU backend
+     * clamps the pages to its memory and streams only when forced or when the weights do not fit. */
+    if (r->o.device != 1 && spill_gpu_open)
+        eo.stream = r->o.mode == 1;
     /* Backend: the GPU when this binary has one (unless --cpu), else the CPU. */
     int brc = -1;
     if (r->o.device != 1 && spill_gpu_open) {

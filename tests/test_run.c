@@ -7,7 +7,8 @@
  * stop strings with log-probs, and /v1/completions rows, plus two bad rows.
  * Every variant must produce the same answers as a reference run, row by row
  * (ids and timestamps aside):
- *   - streamed from disk instead of resident (bit-identical forward);
+ *   - streamed from disk instead of resident (bit-identical forward), and the
+ *     same model repacked into spill's layer-contiguous layout, streamed;
  *   - batch 1 instead of 64 (a row's tokens do not depend on its batch-mates,
  *     seeded sampling included);
  *   - a KV cache three times too small for the rows in flight (admission
@@ -322,6 +323,16 @@ int main(void)
     char *a_st[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--stream", "--stream-slots", "2", NULL};
     CHECK(spawn(a_st, 0, 0, NULL) == 0, "streamed run failed");
     compare("streamed", refm, d);
+
+    /* spill's packed layout (--quant none: the same weight bytes, each layer one 4 KiB-aligned block), streamed */
+    char packed[700];
+    snprintf(packed, sizeof packed, "%s/packed.gguf", tmp);
+    char *a_pk[] = {(char *)b, "pack", MODEL, "--quant", "none", "-o", packed, NULL};
+    CHECK(spawn(a_pk, 0, 0, NULL) == 0, "spill pack --quant none failed");
+    snprintf(d, sizeof d, "%s/packed", tmp);
+    char *a_ps[] = {(char *)b, "run", packed, input, "-o", d, "--quiet", "--stream", "--stream-slots", "2", NULL};
+    CHECK(spawn(a_ps, 0, 0, NULL) == 0, "streamed run of the packed model failed");
+    compare("packed layout, streamed", refm, d);
 
     snprintf(d, sizeof d, "%s/b1", tmp);
     char *a_b1[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--batch", "1", NULL};

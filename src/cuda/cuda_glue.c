@@ -32,15 +32,25 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     int rc = cuda_device_info(0, name, sizeof name, &total, &freeb, err, errlen);
     if (rc)
         return rc == CUDA_ENGINE_EDEVICE ? -75 : -1;
-    uint64_t kv = kv_page_bytes(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens) * (uint64_t)o->kv_pages;
+    uint64_t page = kv_page_bytes(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens);
     uint64_t margin = 4ull << 30; /* activations, dequant scratch, cuBLAS workspace */
+    /* The KV pages the host plan asked for (what the batch can use): weights stay resident when they fit
+     * beside them, else layers stream (the ring: a few layers, bounded here by four average layers) and
+     * the pages are clamped to the HBM left. */
+    int32_t pages = o->kv_pages > 0 ? o->kv_pages : 256;
+    uint64_t kv = page * (uint64_t)pages;
     bool fits = m->total_bytes + kv + margin < freeb;
+    uint64_t weights_hbm = fits && !o->stream ? m->total_bytes : (m->total_bytes / (m->n_layers ? m->n_layers : 1)) * 4;
+    if (weights_hbm + margin < freeb && page * (uint64_t)pages > freeb - weights_hbm - margin)
+        pages = (int32_t)((freeb - weights_hbm - margin) / page);
+    if (pages < 2)
+        pages = 2;
     cuda_engine_opts co = {0};
     co.device = 0;
     co.max_pass_tokens = o->max_pass_tokens;
     co.max_pass_seqs = o->max_pass_seqs;
     co.page_tokens = o->page_tokens;
-    co.kv_pages = o->kv_pages;
+    co.kv_pages = pages;
     co.streamed = o->stream || !fits;
     co.resident_layers = resident_layers > 0 ? resident_layers : 0;
     co.ring_slots = o->stream_slots;
