@@ -30,10 +30,55 @@ void calib_observe(calib *c, double tokens, double att, double secs)
     c->passes++;
 }
 
+int calib_bin(double generated, double limit)
+{
+    if (limit <= 0 || generated >= limit)
+        return CALIB_BINS - 1;
+    int b = (int)(generated / limit * (CALIB_BINS - 1));
+    return b < 0 ? 0 : b > CALIB_BINS - 2 ? CALIB_BINS - 2 : b;
+}
+
 void calib_finish(calib *c, double generated, double limit)
 {
     c->gen_tokens += generated;
     c->gen_limit += limit;
+    int b = calib_bin(generated, limit);
+    c->frac[b] += 1;
+    c->frac_sum[b] += limit > 0 && generated < limit ? generated / limit : 1.0;
+}
+
+double calib_expect_frac(const calib *c, const double running[CALIB_BINS], double g)
+{
+    double events = 0;
+    for (int k = 0; k < CALIB_BINS; k++)
+        events += c->frac[k];
+    if (events <= 0) {
+        double f = calib_completion(c);
+        return f > g ? f : g;
+    }
+    /* survival S[k] = P(X reaches bin k); a running choice in bin k is at risk up to and including bin k */
+    double S[CALIB_BINS + 1], at_risk = 0;
+    for (int k = 0; k < CALIB_BINS; k++)
+        at_risk += c->frac[k] + (running ? running[k] : 0);
+    S[0] = 1;
+    for (int k = 0; k < CALIB_BINS; k++) {
+        double d = c->frac[k];
+        S[k + 1] = at_risk > 0 ? S[k] * (1 - d / at_risk) : S[k];
+        at_risk -= c->frac[k] + (running ? running[k] : 0);
+    }
+    /* E[X | X in bin >= kg]: bin k's mass S[k] - S[k+1] at its middle; the last bin at 1 */
+    int kg = g > 0 ? (int)(g * (CALIB_BINS - 1)) : 0;
+    if (kg > CALIB_BINS - 1)
+        kg = CALIB_BINS - 1;
+    double mass = 0, sum = 0;
+    for (int k = kg; k < CALIB_BINS; k++) {
+        double p = k == CALIB_BINS - 1 ? S[k] : S[k] - S[k + 1];
+        double mid = c->frac[k] > 0 ? c->frac_sum[k] / c->frac[k] : k == CALIB_BINS - 1 ? 1.0 : (k + 0.5) / (CALIB_BINS - 1);
+        mass += p;
+        sum += p * mid;
+    }
+    double e = mass > 1e-12 ? sum / mass : 1.0;
+    return e > g ? e : g;
 }
 
 double calib_completion(const calib *c) { return c->gen_limit > 0 ? c->gen_tokens / c->gen_limit : 1.0; }
@@ -134,6 +179,11 @@ int calib_load(const char *path, calib *c)
     c->passes = (uint64_t)json_integer_value(json_object_get(j, "passes"));
     c->gen_tokens = json_number_value(json_object_get(j, "gen_tokens"));
     c->gen_limit = json_number_value(json_object_get(j, "gen_limit"));
+    json_t *fr = json_object_get(j, "completion_hist"), *fs = json_object_get(j, "completion_hist_sum");
+    for (int k = 0; k < CALIB_BINS; k++) {
+        c->frac[k] = json_number_value(json_array_get(fr, (size_t)k));
+        c->frac_sum[k] = json_number_value(json_array_get(fs, (size_t)k));
+    }
     json_decref(j);
     calib_solve(c);
     return 0;
@@ -149,6 +199,10 @@ void calib_merge(calib *into, const calib *from)
     into->passes += from->passes;
     into->gen_tokens += from->gen_tokens;
     into->gen_limit += from->gen_limit;
+    for (int k = 0; k < CALIB_BINS; k++) {
+        into->frac[k] += from->frac[k];
+        into->frac_sum[k] += from->frac_sum[k];
+    }
     calib_solve(into);
 }
 
@@ -163,6 +217,18 @@ int calib_save(const char *path, const calib *c, char *err, size_t errlen)
     json_t *j = json_pack("{s:o,s:o,s:I,s:f,s:f,s:[f,f,f],s:b}", "sxx", sxx, "sxy", sxy, "passes",
                           (json_int_t)c->passes, "gen_tokens", c->gen_tokens, "gen_limit", c->gen_limit, "fit",
                           c->c[0], c->c[1], c->c[2], "valid", c->valid);
+    json_t *fr = json_array(), *fs = json_array();
+    for (int k = 0; k < CALIB_BINS; k++) {
+        json_array_append_new(fr, json_real(c->frac[k]));
+        json_array_append_new(fs, json_real(c->frac_sum[k]));
+    }
+    if (j) {
+        json_object_set_new(j, "completion_hist", fr);
+        json_object_set_new(j, "completion_hist_sum", fs);
+    } else {
+        json_decref(fr);
+        json_decref(fs);
+    }
     char *text = j ? json_dumps(j, JSON_INDENT(1)) : NULL;
     json_decref(j);
     if (!text)

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define CALIB_BINS 33 /* completion-fraction histogram: 32 bins over [0, 1) and one for "hit max_tokens" */
+
 typedef struct calib {
     /* least-squares sums over observed passes: x = (1, tokens, att), y = seconds */
     double sxx[3][3], sxy[3];
@@ -25,6 +27,8 @@ typedef struct calib {
     double c[3];               /* c0, c_tok, c_att after calib_solve */
     bool valid;
     double gen_tokens, gen_limit; /* sums over finished choices: generated tokens and their max_tokens */
+    double frac[CALIB_BINS];      /* finished choices by generated / max_tokens */
+    double frac_sum[CALIB_BINS];  /* sum of those fractions per bin (a bin's mean, not its middle) */
 } calib;
 
 /* Adds one pass: tokens fed, attention (token, position) pairs, wall seconds. */
@@ -35,6 +39,14 @@ void calib_finish(calib *c, double generated, double limit);
 bool calib_solve(calib *c);
 /* Mean generated/limit over finished choices (1 when none yet: the upper bound). */
 double calib_completion(const calib *c);
+/* Bin of a completion fraction (generated / limit). */
+int calib_bin(double generated, double limit);
+/* Expected final completion fraction of a choice that has reached fraction g (0 for one not started):
+ * a Kaplan-Meier estimate over the finished choices in c and the choices still running, whose current
+ * fractions are counted per bin in running[] (censored: they will end at or after that point).  Early in
+ * a job the finished choices are the short ones; counting the running ones as censored removes that
+ * bias.  Falls back to calib_completion() when c has no histogram. */
+double calib_expect_frac(const calib *c, const double running[CALIB_BINS], double g);
 /* Predicted seconds for a workload. */
 double calib_predict(const calib *c, double passes, double tokens, double att);
 

@@ -33,6 +33,7 @@ typedef struct engine_opts {
     bool direct_io;       /* O_DIRECT for streamed reads */
     bool q8_activations;  /* quantized weights multiply 8-bit-quantized activations (llama.cpp's scheme; faster,
                              bounded rounding); false = exact fp32 activations, the oracle for tests and scoring */
+    uint64_t gpu_mem;     /* GPU backends: HBM the engine may plan with (0 = what the device has free) */
 } engine_opts;
 
 typedef struct fwd_seq {

@@ -44,6 +44,7 @@ typedef struct mem_need {
 } mem_need;
 
 typedef struct mem_plan {
+    bool gpu;                 /* planned for a GPU backend: KV and pass buffers in HBM (host figures unset) */
     bool stream;
     int32_t kv_pages;
     int32_t want_pages;       /* what the batch's largest rows would use */

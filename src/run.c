@@ -73,6 +73,7 @@ typedef struct run_opts {
     uint64_t kv_bytes, mem_budget;
     int device;          /* 0 auto (GPU when built in), 1 --cpu, 2 --gpu */
     int resident_layers; /* GPU: layers kept in HBM when streaming (-1 = planner) */
+    uint64_t gpu_mem;    /* GPU: HBM to plan with (0 = all free) */
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
     bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
 } run_opts;
@@ -769,6 +770,16 @@ static double estimate_left(const runner *r, const calib *c)
 {
     if (!c->valid)
         return -1;
+    /* running choices, by how far into max_tokens they are: censored observations for the estimate */
+    double running[CALIB_BINS] = {0};
+    for (size_t i = 0; i < r->n_active; i++) {
+        const row *w = &r->rows[r->active[i]];
+        for (int k = 0; w->ch && k < w->n_choices; k++)
+            if (!w->ch[k].done)
+                running[calib_bin(w->ch[k].n_gen, (double)w->max_new)] += 1;
+    }
+    /* rows not started: the limit-weighted mean completion (generated / max_tokens summed over finished
+     * choices predicts token totals better than a mean of fractions); rows under way: Kaplan-Meier below */
     double f = calib_completion(c);
     size_t n = 0;
     sim_row *q = malloc((r->n_active + r->q_len + 1) * sizeof *q);
@@ -787,6 +798,8 @@ static double estimate_left(const runner *r, const calib *c)
             for (int k = 0; k < w->n_choices; k++)
                 gen += w->ch[k].n_gen;
             gen /= w->n_choices;
+            if (gen > 0 && w->max_new > 0) /* a row that has run this far is expected to run further */
+                G = calib_expect_frac(c, running, gen / (double)w->max_new) * (double)w->max_new;
         }
         q[n++] = (sim_row){w->n_prompt - fed, fed, G - gen > 1 ? G - gen : 1, gen,
                            ceil((w->n_prompt + G) / P) * w->n_choices, w->n_choices};
@@ -952,7 +965,7 @@ static int cmp_desc_i32(const void *a, const void *b)
 /* The memory plan for this job (plan.h): the pending rows' KV needs, the
  * engine's computed costs both ways, the process as measured now, and the
  * stored fit of what the computed model missed on earlier runs. */
-static int make_plan(runner *r, const engine_opts *eo0, char *err, size_t errlen)
+static int make_plan(runner *r, const engine_opts *eo0, bool gpu, char *err, size_t errlen)
 {
     int threads = r->o.threads > 0 ? r->o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1)
@@ -980,6 +993,21 @@ static int make_plan(runner *r, const engine_opts *eo0, char *err, size_t errlen
         want = min_pages;
     if (want > INT32_MAX / 4)
         want = INT32_MAX / 4;
+    if (gpu) {
+        /* On the GPU the KV cache and the pass buffers live in HBM, and streamed layers sit pinned in host
+         * RAM: ask for the pages the batch can use, and let the GPU backend's HBM plan clamp them and
+         * choose what streams (--stream still forces it).  No host guard. */
+        memset(&r->plan, 0, sizeof r->plan);
+        r->plan.gpu = true;
+        r->plan.stream = r->o.mode == 1;
+        uint64_t cap = r->o.kv_bytes ? r->o.kv_bytes / r->page_bytes : (uint64_t)want;
+        r->plan.kv_pages = (int32_t)(cap < (uint64_t)want ? cap : (uint64_t)want);
+        if (r->plan.kv_pages < min_pages)
+            r->plan.kv_pages = min_pages;
+        r->plan.want_pages = (int32_t)want;
+        r->mem_path[0] = 0;
+        return 0;
+    }
     engine_opts eo = *eo0;
     uint64_t w_res, ring_res, pass_res, w_str, ring_str, pass_str;
     eo.stream = false;
@@ -1292,7 +1320,10 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
             o->device = 1;
         else if (!strcmp(a, "--gpu"))
             o->device = 2;
-        else if (!strcmp(a, "--resident-layers") && has)
+        else if (!strcmp(a, "--gpu-mem") && has) {
+            if (parse_bytes(argv[++i], &o->gpu_mem))
+                return -1;
+        } else if (!strcmp(a, "--resident-layers") && has)
             o->resident_layers = atoi(argv[++i]);
         else if (!strcmp(a, "--exact"))
             o->exact = true;
@@ -1318,10 +1349,11 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
 
 static json_t *opts_json(const run_opts *o)
 {
-    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:i,s:i,s:b,s:b,s:b}", "threads", o->threads, "batch", o->batch,
+    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b}", "threads", o->threads, "batch", o->batch,
                      "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
-                     (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "mode", o->mode,
-                     "stream_slots", o->stream_slots, "quiet", o->quiet, "exact", o->exact, "q8_activations", o->q8);
+                     (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "gpu_mem",
+                     (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
+                     "exact", o->exact, "q8_activations", o->q8);
 }
 
 static void defaults(run_opts *o)
@@ -1329,7 +1361,10 @@ static void defaults(run_opts *o)
     if (!o->batch)
         o->batch = 32;
     if (!o->prefill_chunk)
-        o->prefill_chunk = 256;
+        /* prompt tokens per pass: a CPU pass costs its FLOPs, so chunks stay small; a GPU pass costs the
+         * weights' trip over PCIe whatever it carries, so it takes big ones (device_plan.sh: 256-token
+         * chunks spent 100 of 125 passes prefilling 52k prompt tokens) */
+        o->prefill_chunk = o->device != 1 && spill_gpu_open ? 8192 : 256;
     if (!o->page_tokens)
         o->page_tokens = 16;
     if (!o->mem_budget) /* three quarters of physical RAM: the prototype's knee was 75-85% */
@@ -1486,18 +1521,15 @@ static int run_job(runner *r, bool resuming)
             max_n = r->rows[i].n_choices;
     r->max_seqs = r->o.batch + max_n;
     engine_opts eo = {r->o.threads, r->max_seqs + r->o.prefill_chunk, r->max_seqs, r->o.page_tokens, 0, false,
-                      r->o.stream_slots, true, r->o.q8 && !r->o.exact};
+                      r->o.stream_slots, true, r->o.q8 && !r->o.exact, 0};
     /* One budget for everything: the plan picks resident or streamed and sizes the KV cache. */
-    if (make_plan(r, &eo, err, sizeof err)) {
+    if (make_plan(r, &eo, r->o.device != 1 && spill_gpu_open, err, sizeof err)) {
         code = EX_USAGE_;
         goto fail_job;
     }
     eo.kv_pages = r->plan.kv_pages;
     eo.stream = r->plan.stream;
-    /* On the GPU the KV cache lives in HBM and streamed layers sit pinned in host RAM: the GPU backend
-     * clamps the pages to its memory and streams only when forced or when the weights do not fit. */
-    if (r->o.device != 1 && spill_gpu_open)
-        eo.stream = r->o.mode == 1;
+    eo.gpu_mem = r->o.gpu_mem;
     /* Backend: the GPU when this binary has one (unless --cpu), else the CPU. */
     int brc = -1;
     if (r->o.device != 1 && spill_gpu_open) {
@@ -1513,6 +1545,14 @@ static int run_job(runner *r, bool resuming)
         code = EX_USAGE_;
         goto fail_job;
     }
+    if (brc && r->plan.gpu) { /* the GPU plan sized nothing for host RAM: plan again for the CPU */
+        if (make_plan(r, &eo, false, err, sizeof err)) {
+            code = EX_USAGE_;
+            goto fail_job;
+        }
+        eo.kv_pages = r->plan.kv_pages;
+        eo.stream = r->plan.stream;
+    }
     if (brc && engine_backend_cpu(r->m, &eo, &r->be, err, sizeof err)) {
         code = EX_SOFTWARE_;
         goto fail_job;
@@ -1521,7 +1561,13 @@ static int run_job(runner *r, bool resuming)
         char host[128] = "host", key[512];
         gethostname(host, sizeof host - 1);
         /* keyed by model | backend | machine: the same model on another backend or host costs differently */
-        snprintf(key, sizeof key, "%.16s-%s-%s-b%d", r->fingerprint, host, r->be.name, r->o.batch);
+        /* the backend's kind, without the sizes its plan printed (", KV 12.3 GB") */
+        char kind[sizeof r->be.name];
+        snprintf(kind, sizeof kind, "%s", r->be.name);
+        char *kvp = strstr(kind, ", KV ");
+        if (kvp)
+            *kvp = 0;
+        snprintf(key, sizeof key, "%.16s-%s-%s-b%d", r->fingerprint, host, kind, r->o.batch);
         for (char *k = key; *k; k++)
             if (!((*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') || (*k >= '0' && *k <= '9') || *k == '-'))
                 *k = '_';
@@ -1544,21 +1590,30 @@ static int run_job(runner *r, bool resuming)
     fmt_eta(r->eta_prerun, eta0, sizeof eta0);
     fmt_count(r->prompt_tokens, pt, sizeof pt);
     snprintf(wb, sizeof wb, "%.0f MB", (double)r->m->total_bytes / 1e6);
-    char mb[32], bb[32], kb[32], tier[160];
+    char mb[32], bb[32], kb[32], mem[400];
     fmt_bytes(r->plan.total, mb, sizeof mb);
     fmt_bytes(r->o.mem_budget, bb, sizeof bb);
     fmt_bytes((uint64_t)r->be.kv(r->be.impl)->n_pages * r->page_bytes, kb, sizeof kb);
-    if (r->plan.stream) {
+    int kv_pages = r->be.kv(r->be.impl)->n_pages;
+    if (r->plan.gpu)
+        snprintf(mem, sizeof mem, "KV %s in HBM (%d pages of %d tokens; the batch wants %d)", kb, kv_pages,
+                 r->o.page_tokens, r->plan.want_pages);
+    else if (r->plan.stream) {
         char rb[32];
         fmt_bytes(r->plan_ring, rb, sizeof rb);
-        snprintf(tier, sizeof tier, "weights %s streamed through a %s ring", wb, rb);
+        snprintf(mem, sizeof mem,
+                 "memory plan %s of %s budget: weights %s streamed through a %s ring, KV %s (%d pages of %d tokens; "
+                 "the batch wants %d)",
+                 mb, bb, wb, rb, kb, kv_pages, r->o.page_tokens, r->plan.want_pages);
     } else
-        snprintf(tier, sizeof tier, "weights %s resident", wb);
+        snprintf(mem, sizeof mem,
+                 "memory plan %s of %s budget: weights %s resident, KV %s (%d pages of %d tokens; the batch wants %d)",
+                 mb, bb, wb, kb, kv_pages, r->o.page_tokens, r->plan.want_pages);
     printf("spill %s: %s (%s, %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill · batch %d · engine "
-           "%s · memory plan %s of %s budget: %s, KV %s (%d pages of %d tokens; the batch wants %d) · ETA %s · job %s · ready in %.1f s\n",
+           "%s · %s · ETA %s · job %s · ready in %.1f s\n",
            resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->m->quant_summary, wb,
-           (unsigned long long)r->rows_total, (unsigned long long)already, pt, r->o.batch, r->be.name, mb, bb, tier,
-           kb, r->be.kv(r->be.impl)->n_pages, r->o.page_tokens, r->plan.want_pages, eta0, job_dir(r->j), now_s() - t_open);
+           (unsigned long long)r->rows_total, (unsigned long long)already, pt, r->o.batch, r->be.name, mem, eta0,
+           job_dir(r->j), now_s() - t_open);
     fflush(stdout);
 
     if (run_passes(r, err, sizeof err))
@@ -1600,8 +1655,11 @@ static int run_job(runner *r, bool resuming)
         char pk[32], bb2[32];
         fmt_bytes(plan_rss_peak(), pk, sizeof pk);
         fmt_bytes(r->o.mem_budget, bb2, sizeof bb2);
-        printf("peak memory %s of the %s budget (planned %.0f MB; %llu admission pauses by the live guard)\n", pk, bb2,
-               (double)r->plan.total / 1e6, (unsigned long long)r->guard_pauses);
+        if (r->plan.gpu)
+            printf("peak host memory %s (KV and pass buffers in HBM)\n", pk);
+        else
+            printf("peak memory %s of the %s budget (planned %.0f MB; %llu admission pauses by the live guard)\n", pk,
+                   bb2, (double)r->plan.total / 1e6, (unsigned long long)r->guard_pauses);
     }
     printf("done: %llu rows answered, %llu failed, %llu tokens generated in %.1f s (%.1f tok/s), %llu preemptions · "
            "%s/results.jsonl%s\n",
@@ -1636,7 +1694,8 @@ int run_main(int argc, char **argv)
     if (parse_opts(argc, argv, &r.o, false)) {
         fprintf(stderr, "usage: spill run MODEL INPUT.jsonl [-o DIR] [--batch N] [--threads N] [--kv-mem BYTES] "
                         "[--mem-budget BYTES] [--stream|--resident] [--stream-slots N] [--prefill-chunk N] "
-                        "[--page-tokens N] [--q8-activations] [--pass-log FILE] [--quiet]\n");
+                        "[--page-tokens N] [--q8-activations] [--cpu|--gpu] [--gpu-mem BYTES] [--resident-layers N] "
+                        "[--pass-log FILE] [--quiet]\n");
         return EX_USAGE_;
     }
     char dir[4096], id[JOB_ID_MAX], err[SPILL_ERRLEN];
@@ -1699,6 +1758,8 @@ int resume_main(int argc, char **argv)
         r.o.kv_bytes = (uint64_t)json_integer_value(json_object_get(opt, "kv_bytes"));
     if (!r.o.mem_budget)
         r.o.mem_budget = (uint64_t)json_integer_value(json_object_get(opt, "mem_budget"));
+    if (!r.o.gpu_mem)
+        r.o.gpu_mem = (uint64_t)json_integer_value(json_object_get(opt, "gpu_mem"));
     if (!r.o.mode)
         r.o.mode = (int)json_integer_value(json_object_get(opt, "mode"));
     if (!r.o.stream_slots)

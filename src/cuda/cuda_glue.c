@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../engine.h"
+#include "../util.h"
 #include "cuda_backend.h"
 
 static int g_forward(void *impl, fwd_seq *seqs, int n, float *logits, char *err, size_t errlen)
@@ -32,17 +33,57 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     int rc = cuda_device_info(0, name, sizeof name, &total, &freeb, err, errlen);
     if (rc)
         return rc == CUDA_ENGINE_EDEVICE ? -75 : -1;
+    /* The HBM plan.  KV first, up to what the host plan says the batch can use (more pages would sit
+     * idle); the weights stay resident when they fit beside it; otherwise layers stream from pinned RAM
+     * through a ring and whatever HBM is left holds a resident prefix of layers (each one cuts the bytes
+     * every pass must copy).  With KV worth more than layers the prefix is empty — ZeRO-Inference's
+     * finding.  --gpu-mem caps the HBM planned with (and so emulates a smaller GPU). */
+    uint64_t hbm = o->gpu_mem && o->gpu_mem < freeb ? o->gpu_mem : freeb;
     uint64_t page = kv_page_bytes(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens);
-    uint64_t margin = 4ull << 30; /* activations, dequant scratch, cuBLAS workspace */
-    /* The KV pages the host plan asked for (what the batch can use): weights stay resident when they fit
-     * beside them, else layers stream (the ring: a few layers, bounded here by four average layers) and
-     * the pages are clamped to the HBM left. */
+    uint64_t margin = hbm / 4 < (4ull << 30) ? hbm / 4 : 4ull << 30; /* activations, dequant scratch, cuBLAS */
+    int L = m->n_layers > 0 ? m->n_layers : 1, slots = o->stream_slots >= 2 ? o->stream_slots : 3;
+    uint64_t layers_total = 0, layer_max = 0, cur = 0;
+    int cur_l = -2;
+    for (size_t i = 0; i < m->n_ranges; i++) {
+        const layer_range *r = &m->ranges[i];
+        if (r->layer < 0)
+            continue;
+        if (r->layer != cur_l)
+            cur = 0, cur_l = r->layer;
+        cur += r->bytes;
+        layers_total += r->bytes;
+        layer_max = cur > layer_max ? cur : layer_max;
+    }
+    uint64_t globals = m->total_bytes > layers_total ? m->total_bytes - layers_total : 0;
+    uint64_t layer_avg = layers_total / (uint64_t)L, ring = layer_max * (uint64_t)(slots < L ? slots : L);
     int32_t pages = o->kv_pages > 0 ? o->kv_pages : 256;
-    uint64_t kv = page * (uint64_t)pages;
-    bool fits = m->total_bytes + kv + margin < freeb;
-    uint64_t weights_hbm = fits && !o->stream ? m->total_bytes : (m->total_bytes / (m->n_layers ? m->n_layers : 1)) * 4;
-    if (weights_hbm + margin < freeb && page * (uint64_t)pages > freeb - weights_hbm - margin)
-        pages = (int32_t)((freeb - weights_hbm - margin) / page);
+    uint64_t want_kv = page * (uint64_t)pages;
+    bool streamed = o->stream || m->total_bytes + want_kv + margin > hbm;
+    int lr = L;
+    if (streamed) {
+        if (globals + ring + margin + 2 * page > hbm)
+            return util_errf(err, errlen,
+                             "%.1f GB of GPU memory cannot hold this model's global tensors (%.1f GB) and a "
+                             "streaming ring of %d layers (%.1f GB); raise --gpu-mem or use a larger GPU.",
+                             (double)hbm / 1e9, (double)globals / 1e9, slots, (double)ring / 1e9);
+        uint64_t avail = hbm - margin - globals - ring;
+        uint64_t kv = want_kv < avail ? want_kv : avail;
+        pages = (int32_t)(kv / page);
+        if (resident_layers >= 0)
+            lr = resident_layers < L ? resident_layers : L;
+        else
+            lr = layer_avg ? (int)((avail - (uint64_t)pages * page) / layer_avg) : 0;
+        if (lr > L - 1)
+            lr = L - 1; /* streaming was chosen: at least one layer streams */
+        if (lr < 0)
+            lr = 0;
+        /* a resident prefix the user asked for must still leave room for two pages */
+        if ((uint64_t)lr * layer_avg + 2 * page > avail)
+            lr = (int)((avail - 2 * page) / (layer_avg ? layer_avg : 1));
+        uint64_t left = avail - (uint64_t)lr * layer_avg;
+        if ((uint64_t)pages * page > left)
+            pages = (int32_t)(left / page);
+    }
     if (pages < 2)
         pages = 2;
     cuda_engine_opts co = {0};
@@ -51,8 +92,8 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     co.max_pass_seqs = o->max_pass_seqs;
     co.page_tokens = o->page_tokens;
     co.kv_pages = pages;
-    co.streamed = o->stream || !fits;
-    co.resident_layers = resident_layers > 0 ? resident_layers : 0;
+    co.streamed = streamed;
+    co.resident_layers = streamed ? lr : 0;
     co.ring_slots = o->stream_slots;
     cuda_engine *e;
     rc = cuda_engine_open(m, &co, &e, err, errlen);
@@ -62,10 +103,13 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     cuda_engine_get_stats(e, &st);
     out->impl = e;
     if (co.streamed)
-        snprintf(out->name, sizeof out->name, "GPU %.40s, %d of %d layers streamed from pinned RAM", name, st.n_streamed,
-                 m->n_layers);
+        snprintf(out->name, sizeof out->name,
+                 "GPU %.40s, HBM plan %.1f GB: %d of %d layers streamed from pinned RAM, %d resident, KV %.1f GB",
+                 name, (double)hbm / 1e9, st.n_streamed, m->n_layers, m->n_layers - st.n_streamed,
+                 (double)pages * (double)page / 1e9);
     else
-        snprintf(out->name, sizeof out->name, "GPU %.40s, resident", name);
+        snprintf(out->name, sizeof out->name, "GPU %.40s, HBM plan %.1f GB: weights resident, KV %.1f GB", name,
+                 (double)hbm / 1e9, (double)pages * (double)page / 1e9);
     out->weight_bytes = st.resident_weight_bytes;
     out->forward = g_forward;
     out->kv = g_kv;
