@@ -24,11 +24,20 @@
  * free and the KV arena can hold its prompt while leaving one page of growth
  * per active choice; pages are reserved as positions are written.  If a
  * choice needs a page and none is free, the most recently admitted row is
- * preempted: its pages are freed and it goes back to the head of the queue
- * to be recomputed from scratch, which yields the same tokens because a row's
- * logits never depend on its batch-mates and its RNG restarts from its seed.
- * Rows that could not fit even alone fail with a sentence naming the memory
- * option, before anything runs.
+ * preempted — even when it is the row asking, so the oldest row always
+ * advances and no two rows can evict each other forever: its pages are freed
+ * and it goes back to the head of the queue to be recomputed from scratch,
+ * which yields the same tokens because a row's logits never depend on its
+ * batch-mates and its RNG restarts from its seed.  When every admitted row is
+ * mid-prompt and none can get a page, the newest is preempted the same way.
+ *
+ * Memory: the plan (plan.c, make_plan below) sizes the KV arena from the one
+ * budget and picks resident or streamed weights; a live RSS guard pauses
+ * admission near the budget; every pass records the measured excess over the
+ * plan, stored as a fit.  The ETA (estimate_left) replays this scheduling
+ * policy on the rows' expected lengths, priced by the pass-cost fit.
+ * tests/test_sched.c compiles this file to drive the scheduler on a fake
+ * engine and clock.
  */
 #include "run.h"
 
