@@ -230,15 +230,21 @@ static void write_long_input(const char *path)
     fclose(f);
 }
 
-/* "...KV 2.1 MB (N pages of 16 tokens; the batch wants W)" and "memory plan X MB of" from a pre-run line. */
-static int parse_plan(const char *log, double *plan_mb, long *pages, long *want)
+/* Reads up to cap-1 bytes of a file into buf (empty when it cannot be read). */
+static void read_head(const char *path, char *buf, size_t cap)
 {
-    FILE *f = fopen(log, "r");
-    char buf[8192] = "";
-    size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(buf, 1, cap - 1, f) : 0;
     buf[got] = 0;
     if (f)
         fclose(f);
+}
+
+/* "...KV 2.1 MB (N pages of 16 tokens; the batch wants W)" and "memory plan X MB of" from a pre-run line. */
+static int parse_plan(const char *log, double *plan_mb, long *pages, long *want)
+{
+    char buf[8192];
+    read_head(log, buf, sizeof buf);
     const char *p = strstr(buf, "memory plan "), *k = strstr(buf, " pages of 16 tokens; the batch wants ");
     if (!p || !k)
         return -1;
@@ -346,12 +352,8 @@ int main(void)
     char log[700];
     snprintf(log, sizeof log, "%s/kv.log", tmp);
     CHECK(spawn_out(a_kv, 0, 0, NULL, log) == 0, "KV-pressure run failed");
-    FILE *lf = fopen(log, "r");
-    char buf[4096] = "";
-    size_t got = lf ? fread(buf, 1, sizeof buf - 1, lf) : 0;
-    buf[got] = 0;
-    if (lf)
-        fclose(lf);
+    char buf[4096];
+    read_head(log, buf, sizeof buf);
     const char *pre = strstr(buf, "preemptions");
     long npre = 0;
     for (const char *p = pre; p && p > buf && p[-1] == ' ';) { /* "..., N preemptions" */
