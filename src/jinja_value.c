@@ -438,6 +438,8 @@ bool jv_equal(jv a, jv b)
     }
     if (a.t != b.t)
         return false;
+    if ((a.t == JV_LIST && a.u.l == b.u.l) || ((a.t == JV_DICT || a.t == JV_NS) && a.u.d == b.u.d))
+        return true; /* CPython compares container items with `is` first: shared values stay linear */
     switch (a.t) {
     case JV_UNDEF:
     case JV_NONE:
@@ -615,18 +617,58 @@ static bool repr_str(jbuf *b, const char *s, size_t len)
     return jbuf_putc(b, q);
 }
 
-static bool repr_at(jbuf *b, jv v, int depth);
+/* Containers being printed, outermost first: Python's Py_ReprEnter guard.  A container met again
+ * inside itself prints as "[...]" / "{...}" (a namespace's attribute dict is the guarded object,
+ * so a namespace inside itself prints "<Namespace {...}>"), exactly as CPython + Jinja do. */
+typedef struct {
+    const void *on[JV_MAX_NEST + 16];
+    int n;
+} repr_guard;
+
+static bool repr_at(jbuf *b, jv v, repr_guard *g);
 
 bool jv_repr(jbuf *b, jv v)
 {
-    return repr_at(b, v, 0);
+    repr_guard g = {.n = 0};
+    return repr_at(b, v, &g);
 }
 
-/* depth bounds the walk through namespaces, which may contain themselves (Python prints "...") */
-static bool repr_at(jbuf *b, jv v, int depth)
+static bool repr_entered(const repr_guard *g, const void *p)
 {
-    if (depth > JV_MAX_NEST + 8)
+    for (int i = 0; i < g->n; i++)
+        if (g->on[i] == p)
+            return true;
+    return false;
+}
+
+static bool repr_items(jbuf *b, const jv *k, const jv *v, size_t n, repr_guard *g)
+{
+    for (size_t i = 0; i < n && !b->over; i++) {
+        if (i)
+            jbuf_puts(b, ", ");
+        if (k) {
+            repr_at(b, k[i], g);
+            jbuf_puts(b, ": ");
+        }
+        repr_at(b, v[i], g);
+    }
+    return !b->over;
+}
+
+/* Stops as soon as the buffer is over its cap: a value shared many times over (a list holding
+ * itself twice, ten levels deep) would otherwise take 2^depth steps to print nothing more. */
+static bool repr_at(jbuf *b, jv v, repr_guard *g)
+{
+    if (b->over)
+        return false;
+    const void *self = v.t == JV_LIST ? (const void *)v.u.l : v.t == JV_DICT || v.t == JV_NS ? (const void *)v.u.d : NULL;
+    if (self && v.t == JV_LIST && v.u.l->gen)
+        self = NULL;
+    if (self && repr_entered(g, self))
+        return jbuf_puts(b, v.t == JV_LIST ? (v.u.l->tuple ? "(...)" : "[...]") : v.t == JV_DICT ? "{...}" : "<Namespace {...}>");
+    if (self && g->n >= (int)(sizeof g->on / sizeof g->on[0]))
         return jbuf_puts(b, "...");
+    bool ok;
     switch (v.t) {
     case JV_STR:
         return repr_str(b, v.u.s->s, v.u.s->len);
@@ -635,38 +677,21 @@ static bool repr_at(jbuf *b, jv v, int depth)
         if (l->gen)
             return jbuf_puts(b, "<generator object>"); /* CPython adds an address: never byte-equal */
         jbuf_putc(b, l->tuple ? '(' : '[');
-        for (size_t i = 0; i < l->n; i++) {
-            if (i)
-                jbuf_puts(b, ", ");
-            repr_at(b, l->v[i], depth + 1);
-        }
-        if (l->tuple && l->n == 1)
+        g->on[g->n++] = self;
+        ok = repr_items(b, NULL, l->v, l->n, g);
+        g->n--;
+        if (ok && l->tuple && l->n == 1)
             jbuf_putc(b, ',');
         return jbuf_putc(b, l->tuple ? ')' : ']');
     }
-    case JV_DICT: {
-        jdict *d = v.u.d;
-        jbuf_putc(b, '{');
-        for (size_t i = 0; i < d->n; i++) {
-            if (i)
-                jbuf_puts(b, ", ");
-            repr_at(b, d->k[i], depth + 1);
-            jbuf_puts(b, ": ");
-            repr_at(b, d->v[i], depth + 1);
-        }
-        return jbuf_putc(b, '}');
-    }
+    case JV_DICT:
     case JV_NS: {
         jdict *d = v.u.d;
-        jbuf_puts(b, "<Namespace {");
-        for (size_t i = 0; i < d->n; i++) {
-            if (i)
-                jbuf_puts(b, ", ");
-            repr_at(b, d->k[i], depth + 1);
-            jbuf_puts(b, ": ");
-            repr_at(b, d->v[i], depth + 1);
-        }
-        return jbuf_puts(b, "}>");
+        jbuf_puts(b, v.t == JV_NS ? "<Namespace {" : "{");
+        g->on[g->n++] = self;
+        repr_items(b, d->k, d->v, d->n, g);
+        g->n--;
+        return jbuf_puts(b, v.t == JV_NS ? "}>" : "}");
     }
     case JV_UNDEF:
         return jbuf_puts(b, "Undefined");
@@ -812,6 +837,8 @@ static int json_value(jbuf *b, jv v, const jjson_opts *o, int level, char *err, 
     const char *ksep = o->key_sep ? o->key_sep : ": ";
     if (level > 1000)
         return util_errf(err, errlen, "maximum recursion depth exceeded while encoding a JSON object");
+    if (b->over) /* over the cap already: the caller reports it; walking on could take 2^depth steps */
+        return 0;
     switch (v.t) {
     case JV_NONE:
         jbuf_puts(b, "null");
