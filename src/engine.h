@@ -34,6 +34,8 @@ typedef struct engine_opts {
     bool q8_activations;  /* quantized weights multiply 8-bit-quantized activations (llama.cpp's scheme; faster,
                              bounded rounding); false = exact fp32 activations, the oracle for tests and scoring */
     uint64_t gpu_mem;     /* GPU backends: HBM the engine may plan with (0 = what the device has free) */
+    uint64_t host_mem;    /* GPU backends: host RAM streamed layers may be cached in, pinned (0 = MemAvailable less 10%) */
+    bool from_disk;       /* GPU backends: streamed layers are read from storage every pass, never cached */
 } engine_opts;
 
 typedef struct fwd_seq {
@@ -90,6 +92,8 @@ typedef struct spill_backend {
     /* Copies the first n positions of src into the empty dst (kv_row_copy semantics); NULL = unsupported. */
     int (*kv_copy)(void *impl, kv_row *dst, const kv_row *src, int32_t n);
     void (*close)(void *impl);
+    /* One line on what the weights' tiers moved so far (bytes per pass, disk and copy rates); NULL = none. */
+    void (*io_line)(void *impl, char *buf, size_t cap);
 } spill_backend;
 
 /* The CPU engine as a backend. */

@@ -316,7 +316,7 @@ int engine_open(model_desc *m, const engine_opts *o, spill_engine **out, char *e
     if (att_scratch > scratch)
         scratch = att_scratch;
     e->embed_scale = !strncmp(m->arch, "gemma", 5) ? sqrtf((float)D) : 1.0f;
-    stream_opts so = {o->stream_slots > 0 ? o->stream_slots : 3, 0, 16u << 20, o->direct_io};
+    stream_opts so = {.slots = o->stream_slots > 0 ? o->stream_slots : 3, .chunk_bytes = 16u << 20, .direct = o->direct_io};
     if (load_files(e, o->stream, err, errlen) || bind_weights(e, err, errlen) || rope_setup(e, err, errlen) ||
         (o->stream && stream_open(m, &so, &e->st, err, errlen)) ||
         cpu_pool_create(o->threads, scratch, &e->pool, err, errlen) ||
@@ -656,6 +656,18 @@ static int be_kv_copy(void *impl, kv_row *dst, const kv_row *src, int32_t n)
 }
 static void be_close(void *impl) { engine_close(impl); }
 
+static void be_io_line(void *impl, char *buf, size_t cap)
+{
+    size_t ring;
+    uint64_t bytes;
+    double wait_s, read_s;
+    if (!engine_stream_stats(impl, &ring, &bytes, &wait_s, &read_s))
+        snprintf(buf, cap, "weights resident in RAM");
+    else
+        snprintf(buf, cap, "read %.2f GB from disk (%.2f GB/s per busy reader), passes waited %.1f s for reads",
+                 (double)bytes / 1e9, read_s > 0 ? (double)bytes / 1e9 / read_s : 0.0, wait_s);
+}
+
 int engine_backend_cpu(model_desc *m, const engine_opts *o, spill_backend *out, char *err, size_t errlen)
 {
     spill_engine *e;
@@ -670,5 +682,6 @@ int engine_backend_cpu(model_desc *m, const engine_opts *o, spill_backend *out, 
     out->kv = be_kv;
     out->kv_copy = be_kv_copy;
     out->close = be_close;
+    out->io_line = be_io_line;
     return 0;
 }

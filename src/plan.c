@@ -110,6 +110,20 @@ uint64_t plan_rss_now(void)
     return got == 2 ? (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
 }
 
+uint64_t plan_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    bool got = false;
+    while (!got && fgets(line, sizeof line, f))
+        got = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    fclose(f);
+    return got ? (uint64_t)kb * 1024 : 0;
+}
+
 uint64_t plan_rss_peak(void)
 {
     return status_kb("VmHWM");

@@ -62,6 +62,8 @@ int plan_solve(const mem_need *n, mem_plan *p, char *err, size_t errlen);
 
 /* Resident set size of this process now, and its peak (bytes; 0 when /proc is unreadable). */
 uint64_t plan_rss_now(void);
+/* MemAvailable of /proc/meminfo in bytes (0 when unreadable). */
+uint64_t plan_mem_available(void);
 uint64_t plan_rss_peak(void);
 
 /* The measured memory model: least squares of rss over (1, seq_tokens). */

@@ -83,6 +83,7 @@ typedef struct run_opts {
     int device;          /* 0 auto (GPU when built in), 1 --cpu, 2 --gpu */
     int resident_layers; /* GPU: layers kept in HBM when streaming (-1 = planner) */
     uint64_t gpu_mem;    /* GPU: HBM to plan with (0 = all free) */
+    bool from_disk;      /* GPU: streamed layers read from storage every pass (no pinned host cache) */
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
     bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
 } run_opts;
@@ -1332,7 +1333,9 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
         else if (!strcmp(a, "--gpu-mem") && has) {
             if (parse_bytes(argv[++i], &o->gpu_mem))
                 return -1;
-        } else if (!strcmp(a, "--resident-layers") && has)
+        } else if (!strcmp(a, "--from-disk"))
+            o->from_disk = true;
+        else if (!strcmp(a, "--resident-layers") && has)
             o->resident_layers = atoi(argv[++i]);
         else if (!strcmp(a, "--exact"))
             o->exact = true;
@@ -1358,11 +1361,11 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
 
 static json_t *opts_json(const run_opts *o)
 {
-    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b}", "threads", o->threads, "batch", o->batch,
+    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b,s:b}", "threads", o->threads, "batch", o->batch,
                      "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
                      (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "gpu_mem",
                      (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
-                     "exact", o->exact, "q8_activations", o->q8);
+                     "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk);
 }
 
 static void defaults(run_opts *o)
@@ -1530,7 +1533,7 @@ static int run_job(runner *r, bool resuming)
             max_n = r->rows[i].n_choices;
     r->max_seqs = r->o.batch + max_n;
     engine_opts eo = {r->o.threads, r->max_seqs + r->o.prefill_chunk, r->max_seqs, r->o.page_tokens, 0, false,
-                      r->o.stream_slots, true, r->o.q8 && !r->o.exact, 0};
+                      r->o.stream_slots, true, r->o.q8 && !r->o.exact, 0, 0, r->o.from_disk};
     /* One budget for everything: the plan picks resident or streamed and sizes the KV cache. */
     if (make_plan(r, &eo, r->o.device != 1 && spill_gpu_open, err, sizeof err)) {
         code = EX_USAGE_;
@@ -1539,6 +1542,10 @@ static int run_job(runner *r, bool resuming)
     eo.kv_pages = r->plan.kv_pages;
     eo.stream = r->plan.stream;
     eo.gpu_mem = r->o.gpu_mem;
+    if (r->o.mem_budget) { /* the GPU engine may pin streamed layers in what the budget leaves */
+        uint64_t used = plan_rss_now() + (1ull << 30);
+        eo.host_mem = r->o.mem_budget > used ? r->o.mem_budget - used : 1;
+    }
     /* Backend: the GPU when this binary has one (unless --cpu), else the CPU. */
     int brc = -1;
     if (r->o.device != 1 && spill_gpu_open) {
@@ -1670,6 +1677,11 @@ static int run_job(runner *r, bool resuming)
             printf("peak memory %s of the %s budget (planned %.0f MB; %llu admission pauses by the live guard)\n", pk,
                    bb2, (double)r->plan.total / 1e6, (unsigned long long)r->guard_pauses);
     }
+    if (r->be.io_line) {
+        char io[512];
+        r->be.io_line(r->be.impl, io, sizeof io);
+        printf("weights: %s\n", io);
+    }
     printf("done: %llu rows answered, %llu failed, %llu tokens generated in %.1f s (%.1f tok/s), %llu preemptions · "
            "%s/results.jsonl%s\n",
            (unsigned long long)r->rows_done, (unsigned long long)r->rows_failed,
@@ -1704,7 +1716,7 @@ int run_main(int argc, char **argv)
         fprintf(stderr, "usage: spill run MODEL INPUT.jsonl [-o DIR] [--batch N] [--threads N] [--kv-mem BYTES] "
                         "[--mem-budget BYTES] [--stream|--resident] [--stream-slots N] [--prefill-chunk N] "
                         "[--page-tokens N] [--q8-activations] [--cpu|--gpu] [--gpu-mem BYTES] [--resident-layers N] "
-                        "[--pass-log FILE] [--quiet]\n");
+                        "[--from-disk] [--pass-log FILE] [--quiet]\n");
         return EX_USAGE_;
     }
     char dir[4096], id[JOB_ID_MAX], err[SPILL_ERRLEN];
@@ -1775,6 +1787,7 @@ int resume_main(int argc, char **argv)
         r.o.stream_slots = (int)json_integer_value(json_object_get(opt, "stream_slots"));
     r.o.exact |= json_is_true(json_object_get(opt, "exact"));
     r.o.q8 |= json_is_true(json_object_get(opt, "q8_activations"));
+    r.o.from_disk |= json_is_true(json_object_get(opt, "from_disk"));
     json_decref(man);
     return run_job(&r, true);
 }

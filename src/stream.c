@@ -40,6 +40,7 @@ typedef struct seg {
 typedef struct layer_plan {
     size_t n_seg;
     seg *segs;
+    size_t len; /* sum of the segments' lengths */
 } layer_plan;
 
 enum { SLOT_FREE, SLOT_READING, SLOT_READY, SLOT_ERROR };
@@ -54,7 +55,10 @@ typedef struct slot {
 
 struct stream {
     const model_desc *m;
-    int n_layers;
+    int n_layers, first; /* streams layers [first, n_layers) */
+    int n_stream;        /* n_layers - first */
+    uint8_t *arena;      /* n_slots × slot_bytes */
+    stream_opts o;
     size_t n_files;
     int *fds;
     layer_plan *plan;
@@ -65,7 +69,7 @@ struct stream {
     int n_threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t next_read, next_consume;
+    uint64_t next_read, next_acquire, next_consume; /* read numbers: next to read, hand out, take back */
     bool stop;
     char err[SPILL_ERRLEN];
     uint64_t bytes;
@@ -119,7 +123,7 @@ static void *reader_main(void *arg)
         sl->k = k;
         pthread_mutex_unlock(&s->mu);
 
-        const layer_plan *lp = &s->plan[k % (uint64_t)s->n_layers];
+        const layer_plan *lp = &s->plan[s->first + (int)(k % (uint64_t)s->n_stream)];
         char err[SPILL_ERRLEN] = "";
         double t0 = mono();
         int rc = 0;
@@ -150,7 +154,14 @@ int stream_open(const model_desc *m, const stream_opts *o, stream **out, char *e
     if (!s)
         return util_errf(err, errlen, "out of memory.");
     s->m = m;
+    s->o = *o;
     s->n_layers = m->n_layers;
+    s->first = o->first_layer > 0 ? o->first_layer : 0;
+    s->n_stream = s->n_layers - s->first;
+    if (s->n_stream <= 0) {
+        free(s);
+        return util_errf(err, errlen, "stream: no layers from %d of %d to stream.", o->first_layer, m->n_layers);
+    }
     s->n_files = m->n_files;
     s->chunk = o->chunk_bytes ? (o->chunk_bytes + ALIGN - 1) / ALIGN * ALIGN : (16u << 20);
     s->n_slots = o->slots >= 2 ? o->slots : 2;
@@ -188,7 +199,7 @@ int stream_open(const model_desc *m, const stream_opts *o, stream **out, char *e
         g->need_end = r->end;
         g->len = (r->end + ALIGN - 1) / ALIGN * ALIGN - g->off;
     }
-    for (int l = 0; l < m->n_layers; l++) {
+    for (int l = s->first; l < m->n_layers; l++) {
         size_t at = 0;
         if (!s->plan[l].n_seg) {
             util_errf(err, errlen, "%s: layer %d has no tensors to stream.", m->source, l);
@@ -198,17 +209,22 @@ int stream_open(const model_desc *m, const stream_opts *o, stream **out, char *e
             s->plan[l].segs[i].slot_off = at;
             at += (size_t)s->plan[l].segs[i].len;
         }
+        s->plan[l].len = at;
         if (at > s->slot_bytes)
             s->slot_bytes = at;
     }
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
     if (!s->slots)
         goto oom;
+    size_t arena_bytes = s->slot_bytes * (size_t)s->n_slots; /* slot_bytes is a multiple of ALIGN */
+    s->arena = o->alloc ? o->alloc(arena_bytes, o->alloc_ctx) : aligned_alloc(ALIGN, arena_bytes);
+    if (!s->arena)
+        goto oom;
     for (int i = 0; i < s->n_slots; i++) {
-        s->slots[i].buf = aligned_alloc(ALIGN, s->slot_bytes);
+        s->slots[i].buf = s->arena + (size_t)i * s->slot_bytes;
         s->slots[i].base = calloc(m->n_files, sizeof *s->slots[i].base);
         s->slots[i].file_off = calloc(m->n_files, sizeof *s->slots[i].file_off);
-        if (!s->slots[i].buf || !s->slots[i].base || !s->slots[i].file_off)
+        if (!s->slots[i].base || !s->slots[i].file_off)
             goto oom;
     }
     s->n_threads = o->readers > 0 ? o->readers : s->n_slots - 1;
@@ -235,10 +251,13 @@ fail:
 
 int stream_acquire(stream *s, int layer, stream_layer *out, char *err, size_t errlen)
 {
-    uint64_t k = s->next_consume;
-    if ((int)(k % (uint64_t)s->n_layers) != layer)
-        return util_errf(err, errlen, "stream: layer %d requested out of order (expected %d).", layer,
-                         (int)(k % (uint64_t)s->n_layers));
+    uint64_t k = s->next_acquire;
+    int want = s->first + (int)(k % (uint64_t)s->n_stream);
+    if (want != layer)
+        return util_errf(err, errlen, "stream: layer %d requested out of order (expected %d).", layer, want);
+    if (k >= s->next_consume + (uint64_t)s->n_slots)
+        return util_errf(err, errlen, "stream: all %d slots are held; release one before acquiring layer %d.",
+                         s->n_slots, layer);
     slot *sl = &s->slots[k % (uint64_t)s->n_slots];
     double t0 = mono();
     pthread_mutex_lock(&s->mu);
@@ -252,6 +271,9 @@ int stream_acquire(stream *s, int layer, stream_layer *out, char *err, size_t er
     out->layer = layer;
     out->base = sl->base;
     out->file_off = sl->file_off;
+    out->slot = sl->buf;
+    out->slot_len = s->plan[layer].len;
+    s->next_acquire++;
     return 0;
 }
 
@@ -276,8 +298,13 @@ void stream_close(stream *s)
     for (int i = 0; i < s->n_threads; i++)
         pthread_join(s->threads[i], NULL);
     free(s->threads);
+    if (s->arena) {
+        if (s->o.release)
+            s->o.release(s->arena, s->o.alloc_ctx);
+        else
+            free(s->arena);
+    }
     for (int i = 0; s->slots && i < s->n_slots; i++) {
-        free(s->slots[i].buf);
         free(s->slots[i].base);
         free(s->slots[i].file_off);
     }
@@ -295,6 +322,26 @@ void stream_close(stream *s)
 }
 
 size_t stream_ring_bytes(const stream *s) { return s->slot_bytes * (size_t)s->n_slots; }
+
+size_t stream_slot_bytes(const stream *s) { return s->slot_bytes; }
+
+size_t stream_layer_len(const stream *s, int layer)
+{
+    return layer >= s->first && layer < s->n_layers ? s->plan[layer].len : 0;
+}
+
+int64_t stream_slot_offset(const stream *s, int layer, uint32_t file, uint64_t abs_off)
+{
+    if (layer < s->first || layer >= s->n_layers)
+        return -1;
+    const layer_plan *lp = &s->plan[layer];
+    for (size_t i = 0; i < lp->n_seg; i++) {
+        const seg *g = &lp->segs[i];
+        if (g->file == file && abs_off >= g->off && abs_off < g->need_end)
+            return (int64_t)(g->slot_off + (abs_off - g->off));
+    }
+    return -1;
+}
 
 void stream_stats(const stream *s, uint64_t *bytes, double *wait_s, double *read_s)
 {

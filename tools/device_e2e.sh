@@ -45,8 +45,8 @@ fi
 if [[ " $steps " == *" b3 "* ]]; then
     mkdir -p /tmp/b3model
     cp tests/data/tok/smollm2.tokenizer.json /tmp/b3model/tokenizer.json
-    PYTHONUNBUFFERED=1 timeout 420 python3 tools/b3_accelerate.py /tmp/b3model "$OUT/b3" "$B" --cap-gib 6 \
-        --batch 64 --big 1024 > "$OUT/b3.log" 2>&1
+    PYTHONUNBUFFERED=1 timeout ${B3_TIMEOUT:-420} python3 tools/b3_accelerate.py /tmp/b3model "$OUT/b3" "$B" --cap-gib 6 \
+        --batch 64 --big ${B3_BIG:-1024} > "$OUT/b3.log" 2>&1
     echo "b3 exit $?" >> "$OUT/b3.log"
 
 fi

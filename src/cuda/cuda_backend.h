@@ -17,8 +17,11 @@
  * Tiers: resident (every layer's matrices in HBM) or streamed (matrices of
  * layers >= resident_layers in one pinned host arena of exact size, copied
  * per layer on a separate copy stream into a ring of device buffers, several
- * layers ahead of compute).  Globals (embedding, output head, norms, biases)
- * always live in HBM.
+ * layers ahead of compute).  With from_disk the streamed layers are not
+ * cached in host RAM: reader threads read them from storage every pass
+ * (O_DIRECT, stream.h) into a small ring of pinned slots, and each slot is
+ * copied to the device ring as soon as it is read.  Globals (embedding,
+ * output head, norms, biases) always live in HBM.
  */
 #ifndef SPILL_CUDA_BACKEND_H
 #define SPILL_CUDA_BACKEND_H
@@ -56,6 +59,9 @@ typedef struct cuda_engine_opts {
     bool streamed;       /* false: every layer resident in HBM */
     int resident_layers; /* streamed: layers [0, resident_layers) stay in HBM */
     int ring_slots;      /* streamed: device layer buffers (0 = 3, at least 2; at most the streamed layer count) */
+    bool from_disk;      /* streamed: read the layers from storage every pass instead of caching them pinned */
+    int disk_slots;      /* from_disk: pinned host slots (0 = 5, at least 2); readers = slots - 1 (4 by default: the probe's parallel read) */
+    bool disk_direct;    /* from_disk: O_DIRECT reads (falls back to buffered where refused) */
     cuda_weight_reader reader; /* NULL: pread from the model's files */
     void *reader_ctx;
     int fail_alloc_at; /* test hook: the n-th device allocation (1-based) fails as out of memory; 0 = off */
@@ -74,6 +80,11 @@ typedef struct cuda_engine_stats {
     double last_h2d_busy_s;    /* sum of the last pass's layer copy times (device events) */
     double last_h2d_span_s;    /* first copy start to last copy end of the last pass's layers */
     uint64_t peak_device_used; /* max (total - free) device memory seen at open and after passes */
+    bool from_disk;            /* streamed layers come from storage every pass */
+    uint64_t disk_ring_bytes;  /* pinned host slots of the disk tier */
+    uint64_t disk_bytes;       /* bytes read from storage since open */
+    double disk_read_s;        /* seconds reader threads spent in reads (summed over readers) */
+    double disk_wait_s;        /* seconds the engine waited for a layer to finish reading */
 } cuda_engine_stats;
 
 /* Loads the model onto the GPU: globals and resident layers into HBM, the

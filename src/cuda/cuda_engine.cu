@@ -14,7 +14,9 @@
  *           streamed pack · KV arena (L, n_pages, 2, Kh, P, S) fp32 (kv.h) ·
  *           pass buffers for max_T tokens · bf16 dequant scratch (largest
  *           non-bf16 matrix) · cuBLAS workspace.
- *   pinned: one cudaHostAlloc arena holding the Ls packs at exact size.
+ *   pinned: one cudaHostAlloc arena holding the Ls packs at exact size, or
+ *           with from_disk the disk ring: disk_slots × the largest layer's
+ *           4 KiB-aligned file range (stream.h), one allocation.
  * A layer pack is its seven matrices (q, k, v, o, gate, up, down) in file
  * dtype, each at a 256-byte-aligned offset, so a streamed layer is one
  * contiguous H2D copy (what reaches the copy engine's rate).
@@ -29,6 +31,16 @@
  * kernels and GEMMs on the same bytes, so their logits are bit-identical.
  * Measured (bench/results/cuda-run2, H200, 8B-shaped bf16, 32 layers from
  * pinned RAM): pass = 1.00 × bytes / 55 GB/s from 1 to 1,024 decode rows.
+ *
+ * Disk tier (from_disk): the streamed layers are never cached.  stream.c's
+ * reader threads read layer after layer (wrapping into the next pass) into
+ * pinned slots with O_DIRECT; pump() takes the next slot in order (waiting
+ * for its read), copies the layer's whole file range to the device slot in
+ * one H2D copy (tensors are bound at their offsets inside that range, so no
+ * host repacking), and hands the pinned slot back to the readers once the
+ * copy's event has fired.  Slots are released opportunistically on every
+ * pump and, when all are held, by waiting for the oldest copy, so readers
+ * never wait on the GPU for longer than one copy (~10 ms for an 8B layer).
  *
  * Logits: the requested rows (last token, or every token of an all_logits
  * sequence) are gathered, normed and multiplied by the head on the GPU, then
@@ -56,6 +68,7 @@
 
 extern "C" {
 #include "../cpu.h"
+#include "../stream.h"
 #include "../gguf.h"
 #include "../quant.h"
 #include "../util.h"
@@ -114,6 +127,12 @@ struct cuda_engine {
     cudaEvent_t *ev_copied, *ev_free; /* (slots) */
     cudaEvent_t *ev_cs[2], *ev_ce[2]; /* (ns) per pass parity: copy start / end */
     uint64_t copies_issued, computes_freed;
+
+    /* disk tier */
+    stream *disk;
+    int hslots;             /* pinned host slots */
+    cudaEvent_t *ev_hdone;  /* (hslots) the copy out of host slot i finished */
+    uint64_t h_acquired, h_released; /* host slots taken from / given back to the stream, in copy order */
 
     /* pass buffers (device) */
     /* R = max_rows logit rows, B = max_seqs */
@@ -436,12 +455,74 @@ static int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen
     return 0;
 }
 
-/* Places layer packs: a resident prefix in one HBM arena, the rest in one pinned arena (exact size) plus the ring. */
+static void *pinned_alloc(size_t bytes, void *ctx)
+{
+    (void)ctx;
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError(); /* out of pinnable memory is not sticky: stream_open reports it */
+        return NULL;
+    }
+    return p;
+}
+
+static void pinned_release(void *p, void *ctx)
+{
+    (void)ctx;
+    cudaFreeHost(p);
+}
+
+/* Disk tier: opens the stream over layers [lr, L) and binds each streamed matrix at its offset inside
+ * the layer's slot (the layer's file range as read), so one copy moves the slot as it landed. */
+static int open_disk_tier(cuda_engine *e, int lr, char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    if (e->o.reader)
+        return util_errf(err, errlen, "the disk tier reads the model's files; it cannot use a weight reader.");
+    int hs = e->o.disk_slots > 0 ? e->o.disk_slots : 5;
+    hs = hs < 2 ? 2 : hs;
+    stream_opts so = {};
+    so.slots = hs;
+    so.readers = hs - 1;
+    so.chunk_bytes = 16u << 20;
+    so.direct = e->o.disk_direct;
+    so.first_layer = lr;
+    so.alloc = pinned_alloc;
+    so.release = pinned_release;
+    if (stream_open(m, &so, &e->disk, err, errlen))
+        return -1;
+    e->hslots = hs;
+    e->slot_bytes = stream_slot_bytes(e->disk);
+    for (int l = lr; l < m->n_layers; l++) {
+        dlayer *w = &e->layers[l];
+        for (int i = 0; i < M_COUNT; i++) {
+            int64_t at = stream_slot_offset(e->disk, l, w->m[i].t->file, w->m[i].t->offset);
+            if (at < 0)
+                return util_errf(err, errlen, "%s: tensor %s lies outside layer %d's byte range.", m->source,
+                                 w->m[i].t->name, l);
+            w->m[i].off = (size_t)at;
+        }
+        w->pack_bytes = stream_layer_len(e->disk, l);
+        e->st.streamed_bytes_per_pass += w->pack_bytes;
+    }
+    e->ev_hdone = (cudaEvent_t *)calloc((size_t)hs, sizeof(cudaEvent_t));
+    if (!e->ev_hdone)
+        return util_errf(err, errlen, "out of host memory for stream events.");
+    for (int i = 0; i < hs; i++)
+        CU(cudaEventCreateWithFlags(&e->ev_hdone[i], cudaEventDisableTiming));
+    e->st.from_disk = true;
+    e->st.disk_ring_bytes = stream_ring_bytes(e->disk);
+    return 0;
+}
+
+/* Places layer packs: a resident prefix in one HBM arena, the rest in one pinned arena (exact size) or,
+ * with from_disk, read every pass through the disk tier; plus the device ring. */
 static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
     int L = m->n_layers;
     int lr = !e->o.streamed ? L : (e->o.resident_layers < 0 ? 0 : e->o.resident_layers > L ? L : e->o.resident_layers);
+    bool disk = e->o.streamed && e->o.from_disk && lr < L;
     size_t res_bytes = 0, pin_bytes = 0;
     for (int l = 0; l < L; l++) {
         dlayer *w = &e->layers[l];
@@ -449,7 +530,7 @@ static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errle
         if (w->resident) {
             w->dev = (uint8_t *)(uintptr_t)res_bytes; /* offset until the arena exists */
             res_bytes += w->pack_bytes;
-        } else {
+        } else if (!disk) {
             w->host = (uint8_t *)(uintptr_t)pin_bytes;
             pin_bytes += w->pack_bytes;
             if (w->pack_bytes > e->slot_bytes)
@@ -458,6 +539,8 @@ static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errle
     }
     e->first_streamed = lr;
     e->ns = L - lr;
+    if (disk && open_disk_tier(e, lr, err, errlen))
+        return -1;
     if (res_bytes && dalloc(e, (void **)&e->d_res, res_bytes, "resident layers", err, errlen))
         return -1;
     if (pin_bytes) {
@@ -482,6 +565,8 @@ static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errle
         dlayer *w = &e->layers[l];
         if (w->resident)
             w->dev = e->d_res + (size_t)(uintptr_t)w->dev;
+        else if (disk)
+            continue;
         else
             w->host = e->h_pinned + (size_t)(uintptr_t)w->host;
         for (int i = 0; i < M_COUNT && rc == 0; i++)
@@ -492,7 +577,8 @@ static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errle
     if (rc)
         return rc;
     e->st.resident_weight_bytes += res_bytes;
-    e->st.streamed_bytes_per_pass = pin_bytes;
+    if (!disk)
+        e->st.streamed_bytes_per_pass = pin_bytes;
     e->st.n_streamed = e->ns;
     if (e->ns == 0)
         return 0;
@@ -732,6 +818,11 @@ void cuda_engine_close(cuda_engine *e)
     }
     free(e->ev_copied);
     free(e->ev_free);
+    stream_close(e->disk); /* after the copy stream drained: its slots are pinned memory the copies read */
+    for (int i = 0; e->ev_hdone && i < e->hslots; i++)
+        if (e->ev_hdone[i])
+            cudaEventDestroy(e->ev_hdone[i]);
+    free(e->ev_hdone);
     if (e->blas)
         cublasDestroy(e->blas);
     for (size_t i = 0; i < e->n_allocs; i++)
@@ -803,20 +894,51 @@ static int gemm(cuda_engine *e, const dmat *w, const uint8_t *base, const bf16 *
     return 0;
 }
 
-/* Issues layer copies while a slot is free (see the header comment). */
+/* Disk tier: gives pinned slots whose copies have finished back to the readers (oldest first); with
+ * `need` set, first waits for the oldest copy when every slot is held. */
+static int release_host_slots(cuda_engine *e, bool need, char *err, size_t errlen)
+{
+    if (need && e->h_acquired - e->h_released == (uint64_t)e->hslots)
+        CU(cudaEventSynchronize(e->ev_hdone[e->h_released % (uint64_t)e->hslots]));
+    while (e->h_released < e->h_acquired) {
+        cudaError_t c = cudaEventQuery(e->ev_hdone[e->h_released % (uint64_t)e->hslots]);
+        if (c == cudaErrorNotReady)
+            break;
+        CU(c);
+        stream_release(e->disk, e->first_streamed + (int)(e->h_released % (uint64_t)e->ns));
+        e->h_released++;
+    }
+    return 0;
+}
+
+/* Issues layer copies while a device slot is free (see the header comment); from the pinned arena, or
+ * from the disk tier's next slot once its read has finished. */
 static int pump(cuda_engine *e, char *err, size_t errlen)
 {
     while (e->copies_issued < e->computes_freed + (uint64_t)e->slots) {
         uint64_t k = e->copies_issued;
         int slot = (int)(k % (uint64_t)e->slots), i = (int)(k % (uint64_t)e->ns), par = (int)((k / e->ns) % 2);
         const dlayer *w = &e->layers[e->first_streamed + i];
+        const uint8_t *src = w->host;
+        size_t bytes = w->pack_bytes;
+        if (e->disk) {
+            stream_layer sl;
+            if (release_host_slots(e, true, err, errlen))
+                return -1;
+            if (stream_acquire(e->disk, e->first_streamed + i, &sl, err, errlen))
+                return -1;
+            e->h_acquired++;
+            src = sl.slot;
+            bytes = sl.slot_len;
+        }
         if (k >= (uint64_t)e->slots)
             CU(cudaStreamWaitEvent(e->xs, e->ev_free[slot], 0));
         CU(cudaEventRecord(e->ev_cs[par][i], e->xs));
-        CU(cudaMemcpyAsync(e->d_ring + (size_t)slot * e->slot_bytes, w->host, w->pack_bytes, cudaMemcpyHostToDevice,
-                           e->xs));
+        CU(cudaMemcpyAsync(e->d_ring + (size_t)slot * e->slot_bytes, src, bytes, cudaMemcpyHostToDevice, e->xs));
         CU(cudaEventRecord(e->ev_ce[par][i], e->xs));
         CU(cudaEventRecord(e->ev_copied[slot], e->xs));
+        if (e->disk)
+            CU(cudaEventRecord(e->ev_hdone[(e->h_acquired - 1) % (uint64_t)e->hslots], e->xs));
         e->copies_issued++;
     }
     return 0;
@@ -1009,6 +1131,11 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
         memcpy(logits, e->h_logits, (size_t)R * (size_t)V * 4);
     if (e->ns)
         harvest_copy_times(e, e->st.passes);
+    if (e->disk) {
+        if ((rc = release_host_slots(e, false, err, errlen)))
+            return rc;
+        stream_stats(e->disk, &e->st.disk_bytes, &e->st.disk_wait_s, &e->st.disk_read_s);
+    }
     e->broken = false;
     return 0;
 }

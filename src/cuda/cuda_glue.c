@@ -4,15 +4,16 @@
  * CPU-only `spill` never sees it.
  *
  * The tier plan lives here: everything resident in HBM when weights + KV +
- * a margin fit the free device memory; otherwise layers stream from pinned
- * host RAM over PCIe each pass with `resident_layers` kept in HBM (0 when not
- * given: KV capacity is worth more than resident weights once a pass has to
- * stream anyway — the ZeRO-Inference finding).
+ * a margin fit the free device memory; otherwise layers stream over PCIe each
+ * pass, from pinned host RAM when they fit there (read from disk once) and
+ * else from disk every pass (O_DIRECT into a few pinned slots), with a
+ * resident prefix of layers in whatever HBM the KV cache leaves.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "../engine.h"
+#include "../plan.h"
 #include "../util.h"
 #include "cuda_backend.h"
 
@@ -23,6 +24,24 @@ static int g_forward(void *impl, fwd_seq *seqs, int n, float *logits, char *err,
 }
 static kv_cache *g_kv(void *impl) { return cuda_engine_kv(impl); }
 static void g_close(void *impl) { cuda_engine_close(impl); }
+
+static void g_io_line(void *impl, char *buf, size_t cap)
+{
+    cuda_engine_stats st;
+    cuda_engine_get_stats(impl, &st);
+    if (!st.n_streamed) {
+        snprintf(buf, cap, "weights resident in HBM");
+        return;
+    }
+    int n = snprintf(buf, cap, "%.2f GB streamed per pass; last pass's copies busy %.3f s (%.1f GB/s)",
+                     (double)st.streamed_bytes_per_pass / 1e9, st.last_h2d_busy_s,
+                     st.last_h2d_busy_s > 0 ? (double)st.streamed_bytes_per_pass / 1e9 / st.last_h2d_busy_s : 0.0);
+    if (st.from_disk && n > 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n,
+                 "; read %.2f GB from disk (%.2f GB/s per busy reader), passes waited %.1f s for reads",
+                 (double)st.disk_bytes / 1e9, st.disk_read_s > 0 ? (double)st.disk_bytes / 1e9 / st.disk_read_s : 0.0,
+                 st.disk_wait_s);
+}
 
 static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, spill_backend *out, char *err,
                     size_t errlen)
@@ -86,6 +105,18 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     }
     if (pages < 2)
         pages = 2;
+    /* Host tier: the streamed layers are cached pinned when they fit the host RAM allowed (read from
+     * disk once), else read from disk every pass. */
+    uint64_t streamed_bytes = 0;
+    for (size_t i = 0; streamed && i < m->n_ranges; i++)
+        if (m->ranges[i].layer >= lr)
+            streamed_bytes += m->ranges[i].bytes;
+    uint64_t host_mem = o->host_mem;
+    if (!host_mem) {
+        uint64_t avail = plan_mem_available();
+        host_mem = avail - avail / 10;
+    }
+    bool from_disk = streamed && (o->from_disk || streamed_bytes > host_mem);
     cuda_engine_opts co = {0};
     co.device = 0;
     co.max_pass_tokens = o->max_pass_tokens;
@@ -95,6 +126,8 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     co.streamed = streamed;
     co.resident_layers = streamed ? lr : 0;
     co.ring_slots = o->stream_slots;
+    co.from_disk = from_disk;
+    co.disk_direct = o->direct_io;
     cuda_engine *e;
     rc = cuda_engine_open(m, &co, &e, err, errlen);
     if (rc)
@@ -102,7 +135,13 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     cuda_engine_stats st;
     cuda_engine_get_stats(e, &st);
     out->impl = e;
-    if (co.streamed)
+    if (co.streamed && st.from_disk)
+        snprintf(out->name, sizeof out->name,
+                 "GPU %.40s, HBM plan %.1f GB: %d of %d layers streamed from disk (%.1f GB pinned slots), %d "
+                 "resident, KV %.1f GB",
+                 name, (double)hbm / 1e9, st.n_streamed, m->n_layers, (double)st.disk_ring_bytes / 1e9,
+                 m->n_layers - st.n_streamed, (double)pages * (double)page / 1e9);
+    else if (co.streamed)
         snprintf(out->name, sizeof out->name,
                  "GPU %.40s, HBM plan %.1f GB: %d of %d layers streamed from pinned RAM, %d resident, KV %.1f GB",
                  name, (double)hbm / 1e9, st.n_streamed, m->n_layers, m->n_layers - st.n_streamed,
@@ -115,6 +154,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     out->kv = g_kv;
     out->kv_copy = NULL; /* n > 1 choices prefill each on the GPU */
     out->close = g_close;
+    out->io_line = g_io_line;
     return 0;
 }
 

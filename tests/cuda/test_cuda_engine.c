@@ -9,10 +9,14 @@
  *    through a streamed CUDA engine (resident_layers 0 or 1, KV pages of one
  *    position, logits read in place through cuda_engine_logits): streamed
  *    logits must equal resident logits bit for bit (same bytes, same kernels,
- *    same GEMM shapes).
+ *    same GEMM shapes).  Three of the seven stream from disk (from_disk: the
+ *    layers' unaligned safetensors byte ranges read each pass into 2-3 pinned
+ *    slots and copied as read) and must be bit-identical too.
  * 2. A synthetic llama GGUF written here with mixed quant types (Q4_0, Q4_1,
  *    Q5_0, Q8_0, Q4_K, Q6_K, BF16, F16, F32 matrices) runs through the CPU
- *    engine and the CUDA engine (resident and streamed) on the same passes.
+ *    engine and the CUDA engine (resident, streamed from pinned RAM, and
+ *    streamed from disk through 2 pinned slots with O_DIRECT) on the same
+ *    passes.
  * 3. Error paths: a refused device allocation gives a sentence and leaks
  *    nothing; a bad token is refused without harming the engine; an injected
  *    GPU fault makes the next pass return CUDA_ENGINE_EDEVICE (last, since it
@@ -126,7 +130,7 @@ static int argmax(const float *x, int V, float *margin)
     return best;
 }
 
-static void run_fixture(const char *name, int resident_layers)
+static void run_fixture(const char *name, int resident_layers, bool from_disk)
 {
     char dir[512], path[600], err[SPILL_ERRLEN];
     snprintf(dir, sizeof dir, "tests/data/ref/%s", name);
@@ -149,7 +153,10 @@ static void run_fixture(const char *name, int resident_layers)
                            .kv_pages = 1024,
                            .streamed = true,
                            .resident_layers = resident_layers,
-                           .ring_slots = 3};
+                           .ring_slots = 3,
+                           .from_disk = from_disk,
+                           .disk_slots = 2 + resident_layers,
+                           .disk_direct = true};
     cuda_engine *e = NULL, *es = NULL;
     rc = cuda_engine_open(m, &o, &e, err, sizeof err);
     CHECK(rc == 0, "%s: cuda_engine_open: %s", name, err);
@@ -224,11 +231,17 @@ static void run_fixture(const char *name, int resident_layers)
     cuda_engine_get_stats(es, &st);
     CHECK(st.n_streamed == m->n_layers - resident_layers && st.streamed_bytes_per_pass > 0, "%s: %d layers streamed",
           name, st.n_streamed);
+    /* every pass read every streamed layer from disk; the readers may be up to a ring ahead */
+    CHECK(st.from_disk == from_disk &&
+              (!from_disk || (st.disk_bytes >= st.passes * st.streamed_bytes_per_pass && st.disk_ring_bytes > 0)),
+          "%s: from_disk %d, %llu bytes read over %llu passes of %llu", name, (int)st.from_disk,
+          (unsigned long long)st.disk_bytes, (unsigned long long)st.passes,
+          (unsigned long long)st.streamed_bytes_per_pass);
     fprintf(stderr,
-            "%-28s %3d positions, max |dlogsoftmax| %.2e, %d near-ties skipped, streamed %d layers (%d slots, "
+            "%-28s %3d positions, max |dlogsoftmax| %.2e, %d near-ties skipped, streamed %d layers from %s (%d slots, "
             "%.1f KB/pass), identical: %s\n",
-            name, compared, worst, close_calls, st.n_streamed, st.ring_slots, st.streamed_bytes_per_pass / 1024.0,
-            stream_diff ? "NO" : "yes");
+            name, compared, worst, close_calls, st.n_streamed, from_disk ? "disk" : "pinned RAM", st.ring_slots,
+            st.streamed_bytes_per_pass / 1024.0, stream_diff ? "NO" : "yes");
     for (uint32_t r = 0; r < n_rows; r++) {
         kv_row_free(kv, &kr[r]);
         kv_row_free(kvs, &krs[r]);
@@ -464,14 +477,21 @@ static void run_gguf(void)
         .max_pass_tokens = 64, .max_pass_seqs = 4, .page_tokens = 16, .kv_pages = 32, .max_logit_rows = 8};
     cuda_engine_opts gs = {
         .max_pass_tokens = 64, .max_pass_seqs = 4, .page_tokens = 8, .kv_pages = 64, .streamed = true, .ring_slots = 3};
+    cuda_engine_opts gd = gs;
+    gd.ring_slots = 2;
+    gd.from_disk = true;
+    gd.disk_slots = 2;
+    gd.disk_direct = true;
     spill_engine *ce = NULL;
-    cuda_engine *ge = NULL, *gse = NULL;
+    cuda_engine *ge = NULL, *gse = NULL, *gde = NULL;
     rc = engine_open(m, &co, &ce, err, sizeof err);
     CHECK(rc == 0, "synthetic gguf: engine_open: %s", err);
     if (rc == 0 && (rc = cuda_engine_open(m, &go, &ge, err, sizeof err)))
         CHECK(0, "synthetic gguf: cuda_engine_open: %s", err);
     if (rc == 0 && (rc = cuda_engine_open(m, &gs, &gse, err, sizeof err)))
         CHECK(0, "synthetic gguf: streamed cuda_engine_open: %s", err);
+    if (rc == 0 && (rc = cuda_engine_open(m, &gd, &gde, err, sizeof err)))
+        CHECK(0, "synthetic gguf: from-disk cuda_engine_open: %s", err);
     int V = m->vocab;
     enum { R = 3, STEPS = 12 };
     int32_t toks[R][64];
@@ -481,21 +501,24 @@ static void run_gguf(void)
             toks[r][i] = (int32_t)(rnd() % (uint32_t)V);
         len[r] = 0;
     }
-    kv_row kc[R] = {0}, kg[R] = {0}, ks[R] = {0};
-    float *lc = malloc((size_t)R * V * 4), *lg = malloc((size_t)R * V * 4), *ls = malloc((size_t)R * V * 4);
+    kv_row kc[R] = {0}, kg[R] = {0}, ks[R] = {0}, kd[R] = {0};
+    float *lc = malloc((size_t)R * V * 4), *lg = malloc((size_t)R * V * 4), *ls = malloc((size_t)R * V * 4),
+          *ld = malloc((size_t)R * V * 4);
     double worst = 0;
-    int mismatch = 0, compared = 0, sdiff = 0;
+    int mismatch = 0, compared = 0, sdiff = 0, ddiff = 0;
     for (int step = 0; step < STEPS && rc == 0; step++) {
-        fwd_seq sc[R], sg[R], ss[R];
+        fwd_seq sc[R], sg[R], ss[R], sd[R];
         for (int r = 0; r < R; r++) {
             int32_t n = step == 0 ? plen[r] : 1;
             CHECK(kv_row_reserve(engine_kv(ce), &kc[r], len[r] + n) == 0 &&
                       kv_row_reserve(cuda_engine_kv(ge), &kg[r], len[r] + n) == 0 &&
-                      kv_row_reserve(cuda_engine_kv(gse), &ks[r], len[r] + n) == 0,
+                      kv_row_reserve(cuda_engine_kv(gse), &ks[r], len[r] + n) == 0 &&
+                      kv_row_reserve(cuda_engine_kv(gde), &kd[r], len[r] + n) == 0,
                   "synthetic gguf: KV reserve");
             sc[r] = (fwd_seq){&kc[r], len[r], n, toks[r] + len[r], true, false};
             sg[r] = (fwd_seq){&kg[r], len[r], n, toks[r] + len[r], true, false};
             ss[r] = (fwd_seq){&ks[r], len[r], n, toks[r] + len[r], true, false};
+            sd[r] = (fwd_seq){&kd[r], len[r], n, toks[r] + len[r], true, false};
         }
         if ((rc = engine_forward(ce, sc, R, lc, err, sizeof err)))
             CHECK(0, "synthetic gguf: cpu forward: %s", err);
@@ -503,9 +526,12 @@ static void run_gguf(void)
             CHECK(0, "synthetic gguf: cuda forward: %s", err);
         else if ((rc = cuda_engine_forward(gse, ss, R, ls, err, sizeof err)))
             CHECK(0, "synthetic gguf: streamed cuda forward: %s", err);
+        else if ((rc = cuda_engine_forward(gde, sd, R, ld, err, sizeof err)))
+            CHECK(0, "synthetic gguf: from-disk cuda forward: %s", err);
         if (rc)
             break;
         sdiff += memcmp(lg, ls, (size_t)R * V * 4) != 0;
+        ddiff += memcmp(lg, ld, (size_t)R * V * 4) != 0;
         for (int r = 0; r < R; r++) {
             double d = compare(lg + (size_t)r * V, lc + (size_t)r * V, V);
             worst = !(d <= worst) ? d : worst;
@@ -520,9 +546,12 @@ static void run_gguf(void)
     CHECK(worst <= TOL_LOGSOFTMAX, "synthetic gguf: max |dlogsoftmax| CUDA vs CPU %.3g", worst);
     CHECK(mismatch == 0, "synthetic gguf: %d greedy tokens differ", mismatch);
     CHECK(sdiff == 0, "synthetic gguf: streamed differs from resident in %d passes", sdiff);
+    CHECK(ddiff == 0, "synthetic gguf: streamed from disk differs from resident in %d passes", ddiff);
     CHECK(compared == R * STEPS, "synthetic gguf: only %d positions compared", compared);
-    fprintf(stderr, "synthetic gguf (%s) %d positions, max |dlogsoftmax| vs CPU %.2e, streamed identical: %s\n",
-            m->quant_summary, compared, worst, sdiff ? "NO" : "yes");
+    fprintf(stderr,
+            "synthetic gguf (%s) %d positions, max |dlogsoftmax| vs CPU %.2e, streamed identical: %s, from disk "
+            "identical: %s\n",
+            m->quant_summary, compared, worst, sdiff ? "NO" : "yes", ddiff ? "NO" : "yes");
 
     /* all_logits (scoring): row 2 feeds 3 tokens and wants all their logits, row 0 its last one */
     if (rc == 0) {
@@ -571,11 +600,14 @@ static void run_gguf(void)
             kv_row_free(cuda_engine_kv(ge), &kg[r]);
         if (gse)
             kv_row_free(cuda_engine_kv(gse), &ks[r]);
+        if (gde)
+            kv_row_free(cuda_engine_kv(gde), &kd[r]);
     }
-    free(lc), free(lg), free(ls);
+    free(lc), free(lg), free(ls), free(ld);
     engine_close(ce);
     cuda_engine_close(ge);
     cuda_engine_close(gse);
+    cuda_engine_close(gde);
 
     /* a refused device allocation: one sentence, nothing leaked */
     char name[256];
@@ -638,7 +670,7 @@ int main(void)
         "llama_gqa_s64",  "llama_mha_s128_tied_llama3", "llama_mqa_linear", "llama_yarn", "qwen2_bias", "qwen3_qknorm",
         "mistral_window8"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
-        run_fixture(models[i], (int)(i % 2));
+        run_fixture(models[i], (int)(i % 2), i % 4 >= 2);
     run_gguf();
     run_fault();
     return test_finish("test_cuda_engine");
