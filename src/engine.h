@@ -83,6 +83,8 @@ bool engine_stream_stats(const spill_engine *e, size_t *ring_bytes, uint64_t *by
  * spill_gpu_open (NULL in the CPU-only binary; set by src/cuda/cuda_glue.c in
  * build/cuda/spill-cuda).  C code never sees a CUDA type.
  */
+struct sample_result; /* sample.h */
+
 typedef struct spill_backend {
     void *impl;
     char name[160];          /* "resident CPU, 2 threads", "GPU NVIDIA H200, 32 of 32 layers streamed", ... */
@@ -92,6 +94,13 @@ typedef struct spill_backend {
     /* Copies the first n positions of src into the empty dst (kv_row_copy semantics); NULL = unsupported. */
     int (*kv_copy)(void *impl, kv_row *dst, const kv_row *src, int32_t n);
     void (*close)(void *impl);
+    /* Optional: forward with greedy picks made where the logits are (sample.h semantics for temperature 0,
+     * no bias, no penalty).  want (one per logits row): -2 = the host samples this row (its logits land at
+     * logits + k*V), -1 = the argmax alone, 0..SAMPLE_MAX_TOP = the argmax, its log-prob and that many top
+     * alternatives.  picks[k] is filled for rows with want >= -1 (token -1: every logit NaN or -inf).
+     * NULL = every row's logits come back. */
+    int (*forward_pick)(void *impl, fwd_seq *seqs, int n_seqs, const int32_t *want, struct sample_result *picks,
+                        float *logits, char *err, size_t errlen);
     /* One line on what the weights' tiers moved so far (bytes per pass, disk and copy rates); NULL = none. */
     void (*io_line)(void *impl, char *buf, size_t cap);
 } spill_backend;

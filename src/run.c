@@ -154,6 +154,8 @@ typedef struct runner {
     sample_result *sres; /* (max seqs) this pass's draws */
     int *sidx;           /* (max seqs) sequence index of each logits row */
     int *src;            /* (max seqs) per-draw status */
+    int32_t *want;       /* (max seqs) per logits row: -2 sampled here, else picked by the backend (forward_pick) */
+    int *cidx;           /* (max seqs) logits rows sampled here */
     int max_seqs;        /* sequences one pass may carry: batch + the largest n */
     float *logits;       /* (max seqs, V) */
     fwd_seq *seqs;
@@ -1096,11 +1098,11 @@ static void fmt_bytes(uint64_t b, char *out, size_t cap)
 
 /* ---------------------------------------------------------------- the loop */
 
-/* One sampling task: logits row k of this pass. */
-static void draw_task(void *ctx, int64_t k, int tid)
+/* One sampling task: logits row cidx[j] of this pass. */
+static void draw_task(void *ctx, int64_t j, int tid)
 {
     runner *r = ctx;
-    int s = r->sidx[k];
+    int k = r->cidx[j], s = r->sidx[k];
     row *w = &r->rows[r->seq_row[s]];
     choice *ch = &w->ch[r->seq_choice[s]];
     char err[SPILL_ERRLEN];
@@ -1202,16 +1204,36 @@ static int run_passes(runner *r, char *err, size_t errlen)
             pass_tokens += n;
             pass_att += n * p0 + n * (n + 1) / 2; /* each token attends to every cached position up to itself */
         }
-        int frc = r->be.forward(r->be.impl, r->seqs, ns, r->logits, err, errlen);
-        if (frc)
-            return frc;
-        /* Draw every row's next token in parallel (each row owns its RNG and counts, each thread its
-         * scratch: the draws are the same whatever thread takes which row), then apply them in order. */
-        int nl = 0;
+        int nl = 0, nc = 0, frc;
         for (int s = 0; s < ns; s++)
             if (r->seqs[s].want_logits)
                 r->sidx[nl++] = s;
-        cpu_pool_run(r->spool, draw_task, r, nl);
+        if (r->be.forward_pick) {
+            /* Greedy rows (temperature 0, no bias or penalty, one choice) are picked where the logits are,
+             * with sample_next's ties and log-probs: only their token and log-probs come back. */
+            for (int k = 0; k < nl; k++) {
+                const row *w = &r->rows[r->seq_row[r->sidx[k]]];
+                const sample_params *sp = &w->sp;
+                bool greedy = sp->temperature == 0 && sp->n_logit_bias == 0 && sp->frequency_penalty == 0 &&
+                              sp->presence_penalty == 0 && w->n_choices == 1;
+                r->want[k] = !greedy ? -2 : sp->logprobs ? sp->n_top_logprobs : -1;
+            }
+            frc = r->be.forward_pick(r->be.impl, r->seqs, ns, r->want, r->sres, r->logits, err, errlen);
+            for (int k = 0; !frc && k < nl; k++)
+                if (r->want[k] < -1)
+                    r->cidx[nc++] = k;
+                else
+                    r->src[k] = r->sres[k].token < 0 ? -1 : 0;
+        } else {
+            frc = r->be.forward(r->be.impl, r->seqs, ns, r->logits, err, errlen);
+            for (int k = 0; k < nl; k++)
+                r->cidx[nc++] = k;
+        }
+        if (frc)
+            return frc;
+        /* Draw the other rows' next tokens in parallel (each row owns its RNG and counts, each thread its
+         * scratch: the draws are the same whatever thread takes which row), then apply them in order. */
+        cpu_pool_run(r->spool, draw_task, r, nc);
         int li = 0;
         for (int s = 0; s < ns; s++) {
             row *w = &r->rows[r->seq_row[s]];
@@ -1409,6 +1431,8 @@ static void runner_free(runner *r)
     free(r->sres);
     free(r->sidx);
     free(r->src);
+    free(r->want);
+    free(r->cidx);
     if (r->be.impl)
         r->be.close(r->be.impl);
     tokenizer_free(r->tok);
@@ -1431,6 +1455,8 @@ static int setup_passes(runner *r, char *err, size_t errlen)
     r->sres = malloc((size_t)max_seqs * sizeof *r->sres);
     r->sidx = malloc((size_t)max_seqs * sizeof *r->sidx);
     r->src = calloc((size_t)max_seqs, sizeof *r->src);
+    r->want = malloc((size_t)max_seqs * sizeof *r->want);
+    r->cidx = malloc((size_t)max_seqs * sizeof *r->cidx);
     if (sample_scratch_init(&r->sc, r->m->vocab, err, errlen) || cpu_pool_create(r->o.threads, 0, &r->spool, err, errlen))
         return -1;
     r->scs = calloc((size_t)cpu_pool_threads(r->spool), sizeof *r->scs);
@@ -1438,7 +1464,7 @@ static int setup_passes(runner *r, char *err, size_t errlen)
         if (sample_scratch_init(&r->scs[t], r->m->vocab, err, errlen))
             return -1;
     if (!r->queue || !r->active || !r->logits || !r->seqs || !r->seq_row || !r->seq_choice || !r->sres || !r->sidx ||
-        !r->src || !r->scs) {
+        !r->src || !r->scs || !r->want || !r->cidx) {
         util_errf(err, errlen, "out of memory for %zu rows.", r->n_rows);
         return -1;
     }

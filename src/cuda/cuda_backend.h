@@ -109,6 +109,26 @@ void cuda_engine_close(cuda_engine *e);
  * hide).  Returns 0, -1 with a sentence, or CUDA_ENGINE_EDEVICE. */
 int cuda_engine_forward(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen);
 
+/* A greedy pick made on the GPU (sample.c's temperature-0 path and its
+ * log-probs, same ties): for a logits row whose request has temperature 0
+ * and no bias or penalty, only this comes back instead of V floats. */
+#define CUDA_PICK_MAX_TOP 64
+typedef struct cuda_pick {
+    int32_t token; /* the argmax (ties -> lowest id); -1 when every logit is NaN or -inf */
+    float logprob; /* log-softmax at token, >= -9999; 0 without log-probs */
+    int32_t n_top; /* alternatives filled */
+    int32_t top_id[CUDA_PICK_MAX_TOP];
+    float top_logprob[CUDA_PICK_MAX_TOP];
+} cuda_pick;
+
+/* cuda_engine_forward, with the picks made on the GPU: want (R, one per
+ * logits row) is -2 for a row whose logits the host samples (copied to
+ * logits + k*V, or left in cuda_engine_logits when logits is NULL), -1 for
+ * the argmax alone, 0..CUDA_PICK_MAX_TOP for the argmax with its log-prob
+ * and that many alternatives; picks[k] is filled for rows with want >= -1. */
+int cuda_engine_forward_pick(cuda_engine *e, fwd_seq *seqs, int n_seqs, const int32_t *want, cuda_pick *picks,
+                             float *logits, char *err, size_t errlen);
+
 /* The last pass's (R, V) logits in pinned host memory; valid until the next
  * cuda_engine_forward or close. */
 const float *cuda_engine_logits(const cuda_engine *e);
@@ -160,6 +180,9 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
                       const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
                       int32_t n_table, int n_seqs, int window, float scale, float softcap, float *out, char *err,
                       size_t errlen);
+
+/* picks for R rows of host logits (R, V) with want as in cuda_engine_forward_pick. */
+int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, cuda_pick *out, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -58,6 +58,7 @@
 
 #include <cublas_v2.h>
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -78,6 +79,12 @@ extern "C" {
 #define PACK_ALIGN 256
 
 enum { M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, M_COUNT };
+
+/* Profile marks inside a layer (SPILL_CUDA_PROF): segment i runs from mark i to mark i + 1. */
+#define PROF_MARKS 10
+static const char *const PROF_SEG[PROF_MARKS - 1] = {"attn norm",    "gemm q,k,v", "bias/norm/rope/kv write",
+                                                     "attention",    "gemm o + add", "ffn norm",
+                                                     "gemm gate,up", "act",        "gemm down + add"};
 
 typedef struct dmat {
     const model_tensor *t;
@@ -140,15 +147,27 @@ struct cuda_engine {
     bf16 *xb, *lastb, *wscratch;                            /* (T, max(D,HS,F)), (R, D), largest non-bf16 matrix */
     int32_t *d_meta, *h_meta;                               /* tok(T) pos(T) seq(T) rows(R) pt_off(B) pages(n_pages) */
     float *h_logits;                                        /* pinned (R, V) */
+    int32_t *d_want, *h_want;                               /* (R) pick requests, device and pinned */
+    pick_out *d_picks, *h_picks;                            /* (R) */
 
     void **allocs; /* every cudaMalloc, freed at close */
     size_t n_allocs, cap_allocs;
     int n_dev_allocs; /* for the fail_alloc_at hook */
     cuda_engine_stats st;
     bool broken;
+
+    /* SPILL_CUDA_PROF=1: per-layer segment times from compute-stream events, printed at close */
+    bool prof;
+    cudaEvent_t *pev; /* (L, PROF_MARKS) */
+    cudaEvent_t phead[2];
+    double pacc[2][PROF_MARKS + 2]; /* [prefill?][segment, wait between layers, head] seconds */
+    double pflop[2][4];             /* [prefill?][qkv, o, gate/up, down] FLOPs */
+    uint64_t ppass[2], ptok[2];
 };
 
 static bool g_poisoned; /* the process's CUDA context is unusable */
+
+static void prof_report(const cuda_engine *e);
 
 static double mono(void)
 {
@@ -681,6 +700,11 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
     CU(cudaMemset(e->d_kv, 0, kv_bytes)); /* pages never hold garbage, even before their first write */
     CU(cudaHostAlloc((void **)&e->h_meta, meta * 4, cudaHostAllocDefault));
     CU(cudaHostAlloc((void **)&e->h_logits, R * V * 4, cudaHostAllocDefault));
+    if (dalloc(e, (void **)&e->d_want, R * 4, "pick buffers", err, errlen) ||
+        dalloc(e, (void **)&e->d_picks, R * sizeof(pick_out), "pick buffers", err, errlen))
+        return -1;
+    CU(cudaHostAlloc((void **)&e->h_want, R * 4, cudaHostAllocDefault));
+    CU(cudaHostAlloc((void **)&e->h_picks, R * sizeof(pick_out), cudaHostAllocDefault));
     return 0;
 }
 
@@ -776,6 +800,20 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
         }
     }
     note_peak(e);
+    {
+        const char *pv = getenv("SPILL_CUDA_PROF");
+        if (pv && *pv && strcmp(pv, "0")) {
+            e->pev = (cudaEvent_t *)calloc((size_t)m->n_layers * PROF_MARKS, sizeof(cudaEvent_t));
+            e->prof = e->pev != NULL;
+            for (size_t i = 0; e->prof && i < (size_t)m->n_layers * PROF_MARKS; i++)
+                if (cudaEventCreate(&e->pev[i]) != cudaSuccess)
+                    e->prof = false;
+            if (e->prof && (cudaEventCreate(&e->phead[0]) != cudaSuccess ||
+                            cudaEventCreate(&e->phead[1]) != cudaSuccess))
+                e->prof = false;
+            cudaGetLastError();
+        }
+    }
 out:
     for (size_t f = 0; f < m->n_files; f++)
         if (fds[f] >= 0)
@@ -818,6 +856,15 @@ void cuda_engine_close(cuda_engine *e)
     }
     free(e->ev_copied);
     free(e->ev_free);
+    if (e->prof)
+        prof_report(e);
+    for (size_t i = 0; e->pev && i < (size_t)e->m->n_layers * PROF_MARKS; i++)
+        if (e->pev[i])
+            cudaEventDestroy(e->pev[i]);
+    free(e->pev);
+    for (int i = 0; i < 2; i++)
+        if (e->phead[i])
+            cudaEventDestroy(e->phead[i]);
     stream_close(e->disk); /* after the copy stream drained: its slots are pinned memory the copies read */
     for (int i = 0; e->ev_hdone && i < e->hslots; i++)
         if (e->ev_hdone[i])
@@ -834,6 +881,10 @@ void cuda_engine_close(cuda_engine *e)
         cudaFreeHost(e->h_meta);
     if (e->h_logits)
         cudaFreeHost(e->h_logits);
+    if (e->h_want)
+        cudaFreeHost(e->h_want);
+    if (e->h_picks)
+        cudaFreeHost(e->h_picks);
     if (e->cs)
         cudaStreamDestroy(e->cs);
     if (e->xs)
@@ -948,6 +999,12 @@ typedef struct pass_meta {
     int32_t *tok, *pos, *seq, *rows, *pt_off, *pages; /* device views of d_meta */
 } pass_meta;
 
+#define MARK(i)                                                                                                        \
+    do {                                                                                                               \
+        if (e->prof)                                                                                                   \
+            CU(cudaEventRecord(e->pev[(size_t)l * PROF_MARKS + (i)], s));                                              \
+    } while (0)
+
 static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, const uint8_t *base, int l, int64_t T,
                          char *err, size_t errlen)
 {
@@ -957,11 +1014,14 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     cudaStream_t s = e->cs;
     bool sliding = m->layer_sliding && m->layer_sliding[l];
     int rc;
+    MARK(0);
     CU(k_rmsnorm(e->x, w->attn_norm, T, D, m->norm_eps, m->norm_plus_one, NULL, e->xb, s));
+    MARK(1);
     if ((rc = gemm(e, &w->m[M_Q], base, e->xb, T, e->q, err, errlen)) ||
         (rc = gemm(e, &w->m[M_K], base, e->xb, T, e->k, err, errlen)) ||
         (rc = gemm(e, &w->m[M_V], base, e->xb, T, e->v, err, errlen)))
         return rc;
+    MARK(2);
     if (w->bq)
         CU(k_add_bias(e->q, w->bq, T, HS, s));
     if (w->bk)
@@ -983,26 +1043,33 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     g.S = (int)S;
     g.layer_base = e->d_kv + (size_t)l * (size_t)e->kv.n_pages * 2 * (size_t)KS * (size_t)g.P;
     CU(k_kv_write(g, e->k, e->v, pm->pos, pm->seq, pm->pt_off, pm->pages, T, s));
+    MARK(3);
     float scale = m->query_scale > 0 ? (float)m->query_scale : 1.0f / sqrtf((float)S);
     CU(k_attention(g, e->q, pm->pos, pm->seq, pm->pt_off, pm->pages, T, (int)H, sliding ? m->sliding_window : 0, scale,
                    (float)m->attn_softcap, e->att, s));
     CU(k_to_bf16(e->att, e->xb, T * HS, s));
+    MARK(4);
     if ((rc = gemm(e, &w->m[M_O], base, e->xb, T, e->h, err, errlen)))
         return rc;
     if (w->post_attn_norm && w->post_ffw_norm)
         CU(k_rmsnorm(e->h, w->post_attn_norm, T, D, m->norm_eps, m->norm_plus_one, e->h, NULL, s));
     CU(k_add(e->x, e->h, T * D, s));
+    MARK(5);
 
     CU(k_rmsnorm(e->x, w->ffn_norm, T, D, m->norm_eps, m->norm_plus_one, NULL, e->xb, s));
+    MARK(6);
     if ((rc = gemm(e, &w->m[M_GATE], base, e->xb, T, e->g, err, errlen)) ||
         (rc = gemm(e, &w->m[M_UP], base, e->xb, T, e->u, err, errlen)))
         return rc;
+    MARK(7);
     CU(k_act_mul(e->g, e->u, T * F, e->gelu, e->xb, NULL, s));
+    MARK(8);
     if ((rc = gemm(e, &w->m[M_DOWN], base, e->xb, T, e->h, err, errlen)))
         return rc;
     if (w->post_ffw_norm)
         CU(k_rmsnorm(e->h, w->post_ffw_norm, T, D, m->norm_eps, m->norm_plus_one, e->h, NULL, s));
     CU(k_add(e->x, e->h, T * D, s));
+    MARK(9);
     return 0;
 }
 
@@ -1083,7 +1150,64 @@ static void harvest_copy_times(cuda_engine *e, uint64_t pass)
     cudaGetLastError(); /* a copy of layer 0 issued in an earlier pass's tail can make the span unavailable */
 }
 
-static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen)
+/* Adds the pass's segment times (every event has completed: the stream was synchronized). */
+static void prof_harvest(cuda_engine *e, int64_t T)
+{
+    const model_desc *m = e->m;
+    int b = T >= 2048; /* prompt-heavy pass vs decode pass */
+    float ms;
+    for (int l = 0; l < m->n_layers; l++) {
+        cudaEvent_t *ev = e->pev + (size_t)l * PROF_MARKS;
+        for (int i = 0; i + 1 < PROF_MARKS; i++)
+            if (cudaEventElapsedTime(&ms, ev[i], ev[i + 1]) == cudaSuccess)
+                e->pacc[b][i] += ms * 1e-3;
+        cudaEvent_t prev = l ? e->pev[(size_t)(l - 1) * PROF_MARKS + PROF_MARKS - 1] : NULL;
+        if (prev && cudaEventElapsedTime(&ms, prev, ev[0]) == cudaSuccess)
+            e->pacc[b][PROF_MARKS - 1] += ms * 1e-3; /* waiting for the layer's copy */
+    }
+    if (cudaEventElapsedTime(&ms, e->phead[0], e->phead[1]) == cudaSuccess)
+        e->pacc[b][PROF_MARKS] += ms * 1e-3;
+    cudaGetLastError();
+    double D = m->d_model, HS = (double)m->n_heads * m->head_dim, KS = (double)m->n_kv_heads * m->head_dim,
+           F = m->ffn_dim, L = m->n_layers, t = (double)T;
+    e->pflop[b][0] += 2 * t * D * (HS + 2 * KS) * L;
+    e->pflop[b][1] += 2 * t * HS * D * L;
+    e->pflop[b][2] += 4 * t * D * F * L;
+    e->pflop[b][3] += 2 * t * F * D * L;
+    e->ppass[b]++;
+    e->ptok[b] += (uint64_t)T;
+}
+
+static void prof_report(const cuda_engine *e)
+{
+    static const int gemm_seg[4] = {1, 4, 6, 8};
+    for (int b = 0; b < 2; b++) {
+        if (!e->ppass[b])
+            continue;
+        double tot = 0;
+        for (int i = 0; i < PROF_MARKS + 1; i++)
+            tot += e->pacc[b][i];
+        fprintf(stderr, "cuda profile, %s passes: %llu passes, %llu tokens, %.3f s on the compute stream\n",
+                b ? "prompt-heavy (>= 2048 tokens)" : "decode", (unsigned long long)e->ppass[b],
+                (unsigned long long)e->ptok[b], tot);
+        for (int i = 0; i < PROF_MARKS + 1; i++) {
+            const char *name = i < PROF_MARKS - 1 ? PROF_SEG[i] : i == PROF_MARKS - 1 ? "wait for layer copy" : "head";
+            char extra[64] = "";
+            for (int g = 0; g < 4; g++)
+                if (gemm_seg[g] == i && e->pacc[b][i] > 0)
+                    snprintf(extra, sizeof extra, "  %.0f TFLOP/s", e->pflop[b][g] / e->pacc[b][i] / 1e12);
+            fprintf(stderr, "  %-24s %9.3f s %5.1f%%%s\n", name, e->pacc[b][i], tot > 0 ? 100 * e->pacc[b][i] / tot : 0,
+                    extra);
+        }
+    }
+}
+
+static_assert(sizeof(cuda_pick) == sizeof(pick_out) && offsetof(cuda_pick, top_logprob) == offsetof(pick_out, top_logprob) &&
+                  CUDA_PICK_MAX_TOP == PICK_MAX_TOP,
+              "cuda_pick mirrors pick_out");
+
+static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, const int32_t *want,
+                         cuda_pick *picks, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
     int64_t T = 0, D = m->d_model, V = m->vocab;
@@ -1117,6 +1241,8 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
         if ((rc = pump(e, err, errlen)))
             return rc;
     }
+    if (e->prof)
+        CU(cudaEventRecord(e->phead[0], s));
     if (R > 0) {
         CU(k_gather(e->last, e->x, pm.rows, R, D, s));
         CU(k_rmsnorm(e->last, e->out_norm, R, D, m->norm_eps, m->norm_plus_one, NULL, e->lastb, s));
@@ -1124,10 +1250,40 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
             return rc;
         if (m->final_softcap > 0)
             CU(k_softcap(e->logits, (int64_t)R * V, (float)m->final_softcap, s));
-        CU(cudaMemcpyAsync(e->h_logits, e->logits, (size_t)R * (size_t)V * 4, cudaMemcpyDeviceToHost, s));
+        if (want) {
+            /* picks on the device; only the rows the host samples come back whole, in runs of rows */
+            memcpy(e->h_want, want, (size_t)R * 4);
+            CU(cudaMemcpyAsync(e->d_want, e->h_want, (size_t)R * 4, cudaMemcpyHostToDevice, s));
+            CU(k_pick(e->logits, R, (int)V, e->d_want, e->d_picks, s));
+            CU(cudaMemcpyAsync(e->h_picks, e->d_picks, (size_t)R * sizeof(pick_out), cudaMemcpyDeviceToHost, s));
+            for (int k = 0; k < R;) {
+                if (want[k] >= -1) {
+                    k++;
+                    continue;
+                }
+                int k1 = k;
+                while (k1 < R && want[k1] < -1)
+                    k1++;
+                CU(cudaMemcpyAsync(e->h_logits + (size_t)k * (size_t)V, e->logits + (size_t)k * (size_t)V,
+                                   (size_t)(k1 - k) * (size_t)V * 4, cudaMemcpyDeviceToHost, s));
+                k = k1;
+            }
+        } else
+            CU(cudaMemcpyAsync(e->h_logits, e->logits, (size_t)R * (size_t)V * 4, cudaMemcpyDeviceToHost, s));
     }
+    if (e->prof)
+        CU(cudaEventRecord(e->phead[1], s));
     CU(cudaStreamSynchronize(s));
-    if (R > 0 && logits)
+    if (e->prof)
+        prof_harvest(e, T);
+    if (R > 0 && want) {
+        for (int k = 0; k < R; k++) {
+            if (want[k] >= -1)
+                memcpy(&picks[k], &e->h_picks[k], sizeof picks[k]);
+            else if (logits)
+                memcpy(logits + (size_t)k * (size_t)V, e->h_logits + (size_t)k * (size_t)V, (size_t)V * 4);
+        }
+    } else if (R > 0 && logits)
         memcpy(logits, e->h_logits, (size_t)R * (size_t)V * 4);
     if (e->ns)
         harvest_copy_times(e, e->st.passes);
@@ -1140,7 +1296,22 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
     return 0;
 }
 
+static int forward_any(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, const int32_t *want,
+                       cuda_pick *picks, char *err, size_t errlen);
+
 int cuda_engine_forward(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen)
+{
+    return forward_any(e, seqs, n_seqs, logits, NULL, NULL, err, errlen);
+}
+
+int cuda_engine_forward_pick(cuda_engine *e, fwd_seq *seqs, int n_seqs, const int32_t *want, cuda_pick *picks,
+                             float *logits, char *err, size_t errlen)
+{
+    return forward_any(e, seqs, n_seqs, logits, want, picks, err, errlen);
+}
+
+static int forward_any(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, const int32_t *want,
+                       cuda_pick *picks, char *err, size_t errlen)
 {
     if (g_poisoned) {
         util_errf(err, errlen, "the CUDA context is unusable after an earlier GPU fault; exit and resume.");
@@ -1149,7 +1320,7 @@ int cuda_engine_forward(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits
     if (e->broken)
         return util_errf(err, errlen, "the CUDA engine stopped in the middle of an earlier pass; reopen it.");
     double t0 = mono();
-    int rc = forward_inner(e, seqs, n_seqs, logits, err, errlen);
+    int rc = forward_inner(e, seqs, n_seqs, logits, want, picks, err, errlen);
     if (rc == 0 || !e->broken) {
         if (rc == 0) {
             e->st.last_pass_s = mono() - t0;

@@ -9,11 +9,13 @@
  * else from disk every pass (O_DIRECT into a few pinned slots), with a
  * resident prefix of layers in whatever HBM the KV cache leaves.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "../engine.h"
 #include "../plan.h"
+#include "../sample.h"
 #include "../util.h"
 #include "cuda_backend.h"
 
@@ -22,6 +24,22 @@ static int g_forward(void *impl, fwd_seq *seqs, int n, float *logits, char *err,
     int rc = cuda_engine_forward(impl, seqs, n, logits, err, errlen);
     return rc == CUDA_ENGINE_EDEVICE ? -75 : rc;
 }
+/* sample_result and cuda_pick are the same record, so the engine writes the runner's results in place. */
+_Static_assert(sizeof(sample_result) == sizeof(cuda_pick) && offsetof(sample_result, token) == offsetof(cuda_pick, token) &&
+                   offsetof(sample_result, logprob) == offsetof(cuda_pick, logprob) &&
+                   offsetof(sample_result, n_top) == offsetof(cuda_pick, n_top) &&
+                   offsetof(sample_result, top_id) == offsetof(cuda_pick, top_id) &&
+                   offsetof(sample_result, top_logprob) == offsetof(cuda_pick, top_logprob) &&
+                   SAMPLE_MAX_TOP == CUDA_PICK_MAX_TOP,
+               "sample_result mirrors cuda_pick");
+
+static int g_forward_pick(void *impl, fwd_seq *seqs, int n, const int32_t *want, struct sample_result *picks,
+                          float *logits, char *err, size_t errlen)
+{
+    int rc = cuda_engine_forward_pick(impl, seqs, n, want, (cuda_pick *)picks, logits, err, errlen);
+    return rc == CUDA_ENGINE_EDEVICE ? -75 : rc;
+}
+
 static kv_cache *g_kv(void *impl) { return cuda_engine_kv(impl); }
 static void g_close(void *impl) { cuda_engine_close(impl); }
 
@@ -151,6 +169,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
                  (double)hbm / 1e9, (double)pages * (double)page / 1e9);
     out->weight_bytes = st.resident_weight_bytes;
     out->forward = g_forward;
+    out->forward_pick = g_forward_pick;
     out->kv = g_kv;
     out->kv_copy = NULL; /* n > 1 choices prefill each on the GPU */
     out->close = g_close;

@@ -186,6 +186,18 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
     return op_done(c, 0);
 }
 
+int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, cuda_pick *out, char *err, size_t errlen)
+{
+    OP_BEGIN;
+    void *dl, *dw, *dout;
+    TRY(op_up(c, &dl, logits, (size_t)R * (size_t)V * 4));
+    TRY(op_up(c, &dw, want, (size_t)R * 4));
+    TRY(op_up(c, &dout, NULL, (size_t)R * sizeof(pick_out)));
+    TRY(op_down(c, k_pick((const float *)dl, R, V, (const int32_t *)dw, (pick_out *)dout, 0), out, dout,
+                (size_t)R * sizeof(pick_out)));
+    return op_done(c, 0);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;

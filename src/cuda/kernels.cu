@@ -21,6 +21,8 @@
  */
 #include "kernels.cuh"
 
+#include <float.h>
+
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -502,6 +504,216 @@ cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int
     else
         ATT_LAUNCH(8);
 #undef ATT_LAUNCH
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- greedy picks */
+
+/* Order-preserving key of a cleaned logit: ascending uint order = ascending float order, -0 == +0. */
+__device__ __forceinline__ uint32_t pick_ord(float v)
+{
+    if (v != v || v == -INFINITY)
+        v = -INFINITY;
+    else if (v > FLT_MAX)
+        v = FLT_MAX;
+    if (v == 0.0f)
+        v = 0.0f;
+    uint32_t b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float pick_val(uint32_t ord)
+{
+    uint32_t b = (ord & 0x80000000u) ? (ord & 0x7FFFFFFFu) : ~ord;
+    return __uint_as_float(b);
+}
+
+#define PICK_THREADS 512
+
+/* Block-wide max of a 64-bit value (every thread gets the result). */
+__device__ uint64_t block_max_u64(uint64_t v, uint64_t *sh)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    int wid = threadIdx.x / 32, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0)
+        sh[wid] = v;
+    __syncthreads();
+    v = sh[0];
+    for (int i = 1; i < PICK_THREADS / 32; i++)
+        v = sh[i] > v ? sh[i] : v;
+    return v;
+}
+
+__device__ double block_sum_f64(double v, double *sh)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    int wid = threadIdx.x / 32, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0)
+        sh[wid] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < PICK_THREADS / 32; i++)
+        t += sh[i];
+    return t;
+}
+
+/* One block per row.  Top-K is exact: a 4-round radix select finds the K-th largest key, then the ids
+ * above it and the lowest ids equal to it are gathered in id order and ranked by (value desc, id asc). */
+__global__ void pick_kernel(const float *logits, int V, const int32_t *want, pick_out *out)
+{
+    __shared__ uint64_t sh64[PICK_THREADS / 32];
+    __shared__ double shd[PICK_THREADS / 32];
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t sel_prefix, sel_left, n_gt, n_eq_taken;
+    __shared__ uint32_t cand_ord[PICK_MAX_TOP];
+    __shared__ int32_t cand_id[PICK_MAX_TOP];
+    __shared__ int warp_eq[PICK_THREADS / 32];
+    int r = blockIdx.x, K = want[r], tid = threadIdx.x;
+    if (K < -1)
+        return;
+    const float *x = logits + (size_t)r * (size_t)V;
+    pick_out *o = out + r;
+    /* argmax: max of (ord << 32 | ~id) = largest value, then lowest id */
+    uint64_t best = 0;
+    for (int i = tid; i < V; i += PICK_THREADS) {
+        uint64_t k = ((uint64_t)pick_ord(x[i]) << 32) | (uint32_t)~(uint32_t)i;
+        best = k > best ? k : best;
+    }
+    best = block_max_u64(best, sh64);
+    uint32_t best_ord = (uint32_t)(best >> 32);
+    int32_t token = (int32_t)~(uint32_t)best;
+    if (best_ord <= pick_ord(-INFINITY)) {
+        if (tid == 0)
+            o->token = -1, o->logprob = 0, o->n_top = 0;
+        return;
+    }
+    if (K < 0) {
+        if (tid == 0)
+            o->token = token, o->logprob = 0, o->n_top = 0;
+        return;
+    }
+    /* log-sum-exp as sample.c: fp32 terms expf((float)(v - m)) (0 below -110), double sum */
+    float m = pick_val(best_ord);
+    double S = 0;
+    for (int i = tid; i < V; i += PICK_THREADS) {
+        double d = (double)pick_val(pick_ord(x[i])) - (double)m;
+        S += d < -110.0 ? 0.0 : (double)expf((float)d);
+    }
+    S = block_sum_f64(S, shd);
+    double lse = (double)m + log(S);
+    if (tid == 0) {
+        double lp = (double)m - lse;
+        o->token = token;
+        o->logprob = lp < -9999.0 ? -9999.0f : (float)lp;
+    }
+    if (K > V)
+        K = V;
+    if (K > PICK_MAX_TOP)
+        K = PICK_MAX_TOP;
+    if (K == 0) {
+        if (tid == 0)
+            o->n_top = 0;
+        return;
+    }
+    /* radix select of the K-th largest ord, 8 bits at a time from the top */
+    if (tid == 0)
+        sel_prefix = 0, sel_left = (uint32_t)K;
+    for (int round = 0; round < 4; round++) {
+        int shift = 24 - 8 * round;
+        uint32_t mask_hi = round == 0 ? 0u : 0xFFFFFFFFu << (shift + 8);
+        for (int b = tid; b < 256; b += PICK_THREADS)
+            hist[b] = 0;
+        __syncthreads();
+        uint32_t pre = sel_prefix;
+        for (int i = tid; i < V; i += PICK_THREADS) {
+            uint32_t k = pick_ord(x[i]);
+            if ((k & mask_hi) == pre)
+                atomicAdd(&hist[(k >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            uint32_t left = sel_left, b = 255;
+            for (;; b--) {
+                if (hist[b] >= left || b == 0)
+                    break;
+                left -= hist[b];
+            }
+            sel_prefix = pre | (b << shift);
+            sel_left = left; /* how many of the keys equal to the final threshold to take */
+        }
+        __syncthreads();
+    }
+    uint32_t tau = sel_prefix, need_eq = sel_left;
+    if (tid == 0)
+        n_gt = 0, n_eq_taken = 0;
+    __syncthreads();
+    /* gather in id order: every key > tau, then the first need_eq keys == tau */
+    int wid = tid / 32, lane = tid & 31;
+    for (int base = 0; base < V; base += PICK_THREADS) {
+        int i = base + tid;
+        uint32_t k = i < V ? pick_ord(x[i]) : 0u;
+        bool gt = i < V && k > tau, eq = i < V && k == tau;
+        if (gt) {
+            uint32_t at = atomicAdd(&n_gt, 1u);
+            if (at < PICK_MAX_TOP)
+                cand_ord[at] = k, cand_id[at] = i;
+        }
+        unsigned bal = __ballot_sync(0xffffffffu, eq);
+        if (lane == 0)
+            warp_eq[wid] = __popc(bal);
+        __syncthreads();
+        uint32_t before = n_eq_taken;
+        for (int w2 = 0; w2 < wid; w2++)
+            before += (uint32_t)warp_eq[w2];
+        before += (uint32_t)__popc(bal & ((1u << lane) - 1u));
+        __syncthreads();
+        if (eq && before < need_eq) {
+            uint32_t at = (uint32_t)K - need_eq + before; /* slots after the K - need_eq keys above tau */
+            cand_ord[at] = k, cand_id[at] = i;
+        }
+        if (tid == 0) {
+            uint32_t tot = 0;
+            for (int w2 = 0; w2 < PICK_THREADS / 32; w2++)
+                tot += (uint32_t)warp_eq[w2];
+            n_eq_taken += tot;
+        }
+        __syncthreads();
+        if (n_eq_taken >= need_eq && n_gt >= (uint32_t)K - need_eq)
+            break; /* block-uniform: both read after the barrier */
+    }
+    __syncthreads();
+    /* rank sort of the K candidates: (value desc, id asc) */
+    uint32_t my_ord = 0;
+    int32_t my_id = 0, rank = 0;
+    if (tid < K) {
+        my_ord = cand_ord[tid];
+        my_id = cand_id[tid];
+        for (int j = 0; j < K; j++) {
+            uint32_t oj = cand_ord[j];
+            rank += oj > my_ord || (oj == my_ord && cand_id[j] < my_id);
+        }
+    }
+    __syncthreads();
+    if (tid < K) {
+        double lp = (double)pick_val(my_ord) - lse;
+        o->top_id[rank] = my_id;
+        o->top_logprob[rank] = lp < -9999.0 ? -9999.0f : (float)lp;
+    }
+    if (tid == 0)
+        o->n_top = K;
+}
+
+cudaError_t k_pick(const float *logits, int R, int V, const int32_t *want, pick_out *out, cudaStream_t s)
+{
+    if (R <= 0)
+        return cudaSuccess;
+    pick_kernel<<<R, PICK_THREADS, 0, s>>>(logits, V, want, out);
     return cudaGetLastError();
 }
 

@@ -69,6 +69,22 @@ cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int
                         const int32_t *pages, int64_t T, int H, int window, float scale, float softcap, float *out,
                         cudaStream_t s);
 
+/* Greedy picks on the device (sample.c's temperature-0 path and its logprobs_fill, same order and ties). */
+#define PICK_MAX_TOP 64
+typedef struct pick_out {
+    int32_t token;  /* argmax of the cleaned logits (NaN, -inf -> -inf; +inf -> FLT_MAX), ties -> lowest id; -1 when
+                       every logit is NaN or -inf */
+    float logprob;  /* log-softmax at token (floored at -9999); 0 without logprobs */
+    int32_t n_top;  /* alternatives filled */
+    int32_t top_id[PICK_MAX_TOP];
+    float top_logprob[PICK_MAX_TOP];
+} pick_out;
+
+/* For each of R rows of logits(R, V) with want[r] >= -1: out[r] = the argmax, and with want[r] >= 0 its
+ * log-prob and the want[r] (<= PICK_MAX_TOP) most likely ids, (value desc, id asc), with log-probs.  Rows with
+ * want[r] < -1 are skipped (the host samples them). */
+cudaError_t k_pick(const float *logits, int R, int V, const int32_t *want, pick_out *out, cudaStream_t s);
+
 /* Test hook: a write through a wild device pointer. */
 cudaError_t k_poison(cudaStream_t s);
 

@@ -42,6 +42,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "quant.h"
+#include "sample.h"
 #include "test.h"
 #include "util.h"
 
@@ -175,7 +176,10 @@ static void run_fixture(const char *name, int resident_layers, bool from_disk)
     float *logits = malloc((size_t)MAXROWS * V * sizeof(float)),
           *logits_s = malloc((size_t)MAXROWS * V * sizeof(float));
     double worst = 0;
-    int compared = 0, token_mismatch = 0, stream_diff = 0, close_calls = 0;
+    int compared = 0, token_mismatch = 0, stream_diff = 0, close_calls = 0, pick_diff = 0, picked = 0;
+    cuda_pick picks[MAXROWS];
+    sample_scratch scratch;
+    CHECK(sample_scratch_init(&scratch, (int)V, err, sizeof err) == 0, "%s", err);
     for (int pass = 0; pass < 200; pass++) {
         fwd_seq seqs[MAXROWS], seqs_s[MAXROWS];
         int ns = 0, idx[MAXROWS];
@@ -200,13 +204,45 @@ static void run_fixture(const char *name, int resident_layers, bool from_disk)
             logits[i] = logits_s[i] = NAN;
         rc = cuda_engine_forward(e, seqs, ns, logits, err, sizeof err);
         CHECK(rc == 0, "%s: forward: %s", name, err);
-        int rcs = cuda_engine_forward(es, seqs_s, ns, NULL, err, sizeof err); /* logits left in place */
+        /* every third pass the streamed engine picks greedy rows itself (forward_pick): rows s % 4 == 0 come
+         * back as logits, the others as picks with 0 / 5 / 64 alternatives, checked against sample_next on
+         * the resident engine's (bit-identical) logits */
+        bool pick = pass % 3 == 2;
+        int32_t want[MAXROWS];
+        for (int s = 0; s < ns; s++)
+            want[s] = s % 4 == 0 ? -2 : s % 4 == 1 ? -1 : s % 4 == 2 ? 5 : 64;
+        int rcs = pick ? cuda_engine_forward_pick(es, seqs_s, ns, want, picks, NULL, err, sizeof err)
+                       : cuda_engine_forward(es, seqs_s, ns, NULL, err, sizeof err); /* logits left in place */
         CHECK(rcs == 0, "%s: streamed forward: %s", name, err);
         if (rcs == 0)
             memcpy(logits_s, cuda_engine_logits(es), (size_t)ns * V * sizeof(float));
         if (rc || rcs)
             break;
-        stream_diff += memcmp(logits, logits_s, (size_t)ns * V * sizeof(float)) != 0;
+        for (int s = 0; s < ns; s++) {
+            const float *want_row = logits + (size_t)s * V;
+            if (!pick || want[s] < -1) {
+                stream_diff += memcmp(want_row, logits_s + (size_t)s * V, (size_t)V * sizeof(float)) != 0;
+                continue;
+            }
+            sample_params sp = {0, 1, 0, 0, 0, 0, NULL, NULL, want[s] >= 0, want[s] >= 0 ? want[s] : 0};
+            sample_result sr;
+            sample_state st;
+            if (sample_state_init(&st, &sp, 1, 0, (int)V, 1, err, sizeof err) ||
+                sample_next(want_row, (int)V, &sp, &st, &scratch, &sr, err, sizeof err)) {
+                CHECK(0, "%s: sample_next: %s", name, err);
+                sample_state_free(&st);
+                continue;
+            }
+            sample_state_free(&st);
+            bool same = picks[s].token == sr.token && picks[s].n_top == sr.n_top &&
+                        fabs((double)picks[s].logprob - sr.logprob) <= 2e-6 * fmax(1.0, fabs(sr.logprob));
+            for (int j = 0; same && j < sr.n_top; j++)
+                same = picks[s].top_id[j] == sr.top_id[j] &&
+                       fabs((double)picks[s].top_logprob[j] - sr.top_logprob[j]) <=
+                           2e-6 * fmax(1.0, fabs(sr.top_logprob[j]));
+            pick_diff += !same;
+            picked++;
+        }
         for (int s = 0; s < ns; s++) {
             int r = idx[s];
             int32_t at = done[r] + seqs[s].n - 1;
@@ -226,7 +262,10 @@ static void run_fixture(const char *name, int resident_layers, bool from_disk)
     CHECK(token_mismatch == 0, "%s: %d greedy tokens differ where the reference margin > %.2f", name, token_mismatch,
           MARGIN);
     CHECK(compared >= 96, "%s: only %d positions compared", name, compared);
-    CHECK(stream_diff == 0, "%s: streamed logits differ from resident in %d passes", name, stream_diff);
+    CHECK(stream_diff == 0, "%s: streamed logits differ from resident in %d rows", name, stream_diff);
+    CHECK(pick_diff == 0 && picked >= 20, "%s: %d of %d GPU greedy picks differ from sample_next", name, pick_diff,
+          picked);
+    sample_scratch_free(&scratch);
     cuda_engine_stats st;
     cuda_engine_get_stats(es, &st);
     CHECK(st.n_streamed == m->n_layers - resident_layers && st.streamed_bytes_per_pass > 0, "%s: %d layers streamed",
@@ -239,9 +278,9 @@ static void run_fixture(const char *name, int resident_layers, bool from_disk)
           (unsigned long long)st.streamed_bytes_per_pass);
     fprintf(stderr,
             "%-28s %3d positions, max |dlogsoftmax| %.2e, %d near-ties skipped, streamed %d layers from %s (%d slots, "
-            "%.1f KB/pass), identical: %s\n",
+            "%.1f KB/pass), identical: %s, %d GPU picks = sample_next: %s\n",
             name, compared, worst, close_calls, st.n_streamed, from_disk ? "disk" : "pinned RAM", st.ring_slots,
-            st.streamed_bytes_per_pass / 1024.0, stream_diff ? "NO" : "yes");
+            st.streamed_bytes_per_pass / 1024.0, stream_diff ? "NO" : "yes", picked, pick_diff ? "NO" : "yes");
     for (uint32_t r = 0; r < n_rows; r++) {
         kv_row_free(kv, &kr[r]);
         kv_row_free(kvs, &krs[r]);

@@ -35,6 +35,7 @@
 #include "cuda/cuda_backend.h"
 #include "gguf.h"
 #include "quant.h"
+#include "sample.h"
 #include "test.h"
 #include "util.h"
 
@@ -360,6 +361,103 @@ static void test_attention(void)
     }
 }
 
+/* Greedy picks on the GPU vs sample_next at temperature 0 on the same logits: the token and the top ids must
+ * be identical (same cleaning, same ties); log-probs differ only by the order of a double sum of fp32 terms
+ * (~1e-12 relative) and the final rounding to fp32, so |Δ| <= 2e-6 · max(1, |lp|) (decided before the run). */
+static void test_pick(void)
+{
+    enum { R = 12, V = 1000, VB = 128256 };
+    float *lg = malloc((size_t)R * V * sizeof *lg);
+    int32_t want[R] = {-1, 0, 5, 64, -2, 64, 3, -1, 20, 64, 1, 64};
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < V; i++)
+            lg[(size_t)r * V + i] = frand(-8, 8);
+    float *x;
+    x = lg + 1 * V; /* a tied maximum: the lowest id wins */
+    x[10] = x[700] = x[400] = 20.0f;
+    x = lg + 2 * V; /* +0 and -0 tie, NaN and -inf are -inf, +inf is FLT_MAX */
+    for (int i = 0; i < V; i++)
+        x[i] = i % 7 == 0 ? -0.0f : i % 7 == 1 ? 0.0f : i % 7 == 2 ? NAN : -INFINITY;
+    x = lg + 3 * V; /* 64 alternatives through a run of equal values straddling the threshold */
+    for (int i = 0; i < V; i++)
+        x[i] = (float)(i % 50) * 0.25f;
+    x = lg + 5 * V; /* every logit NaN or -inf: no drawable token */
+    for (int i = 0; i < V; i++)
+        x[i] = i % 2 ? NAN : -INFINITY;
+    x = lg + 6 * V;
+    x[999] = INFINITY;
+    x = lg + 9 * V; /* all equal */
+    for (int i = 0; i < V; i++)
+        x[i] = 1.5f;
+    x = lg + 11 * V; /* far below the max: floored log-probs */
+    for (int i = 0; i < V; i++)
+        x[i] = i == 3 ? 3e4f : (float)(i % 9) - 1e5f;
+    cuda_pick *pk = malloc(R * sizeof *pk);
+    char err[SPILL_ERRLEN];
+    int rc = cuda_op_pick(lg, R, V, want, pk, err, sizeof err);
+    CHECK(rc == 0, "pick: %s", err);
+    sample_scratch sc;
+    sample_state st;
+    CHECK(sample_scratch_init(&sc, VB, err, sizeof err) == 0, "%s", err);
+    int compared = 0;
+    double worst = 0;
+    for (int r = 0; rc == 0 && r < R; r++) {
+        if (want[r] < -1)
+            continue;
+        sample_params p = {0, 1, 0, 0, 0, 0, NULL, NULL, want[r] >= 0, want[r] >= 0 ? want[r] : 0};
+        sample_result sr;
+        CHECK(sample_state_init(&st, &p, 1, 0, V, 1, err, sizeof err) == 0, "%s", err);
+        int cr = sample_next(lg + (size_t)r * V, V, &p, &st, &sc, &sr, err, sizeof err);
+        sample_state_free(&st);
+        if (cr) {
+            CHECK(pk[r].token == -1, "row %d: CPU finds no token, GPU picked %d", r, pk[r].token);
+            continue;
+        }
+        CHECK(pk[r].token == sr.token, "row %d: GPU token %d, CPU %d", r, pk[r].token, sr.token);
+        CHECK(pk[r].n_top == sr.n_top, "row %d: %d alternatives vs %d", r, pk[r].n_top, sr.n_top);
+        double d = fabs((double)pk[r].logprob - sr.logprob);
+        worst = d > worst ? d : worst;
+        CHECK(d <= 2e-6 * fmax(1.0, fabs(sr.logprob)), "row %d: log-prob %.9g vs %.9g", r, pk[r].logprob, sr.logprob);
+        for (int j = 0; j < sr.n_top && j < pk[r].n_top; j++) {
+            CHECK(pk[r].top_id[j] == sr.top_id[j], "row %d alternative %d: id %d vs %d", r, j, pk[r].top_id[j],
+                  sr.top_id[j]);
+            d = fabs((double)pk[r].top_logprob[j] - sr.top_logprob[j]);
+            worst = d > worst ? d : worst;
+            CHECK(d <= 2e-6 * fmax(1.0, fabs(sr.top_logprob[j])), "row %d alternative %d: %.9g vs %.9g", r, j,
+                  pk[r].top_logprob[j], sr.top_logprob[j]);
+        }
+        compared++;
+    }
+    CHECK(compared == R - 2, "only %d rows compared", compared);
+    /* one row of a 128k vocabulary with 64 alternatives */
+    float *big = malloc((size_t)VB * sizeof *big);
+    for (int i = 0; i < VB; i++)
+        big[i] = frand(-12, 12);
+    big[77777] = big[5] = 13.0f;
+    int32_t w64 = 64;
+    rc = cuda_op_pick(big, 1, VB, &w64, pk, err, sizeof err);
+    CHECK(rc == 0, "pick (128k): %s", err);
+    sample_params p = {0, 1, 0, 0, 0, 0, NULL, NULL, true, 64};
+    sample_result sr;
+    CHECK(sample_state_init(&st, &p, 1, 0, VB, 1, err, sizeof err) == 0, "%s", err);
+    if (rc == 0 && sample_next(big, VB, &p, &st, &sc, &sr, err, sizeof err) == 0) {
+        CHECK(pk[0].token == sr.token && pk[0].token == 5 && pk[0].n_top == 64, "128k: token %d vs %d", pk[0].token,
+              sr.token);
+        int same = 0;
+        for (int j = 0; j < 64; j++)
+            same += pk[0].top_id[j] == sr.top_id[j] &&
+                    fabs((double)pk[0].top_logprob[j] - sr.top_logprob[j]) <= 2e-6 * fmax(1.0, fabs(sr.top_logprob[j]));
+        CHECK(same == 64, "128k: %d of 64 alternatives agree", same);
+    }
+    sample_state_free(&st);
+    fprintf(stderr, "pick: %d rows of %d and one of %d vs sample_next: tokens and top ids equal, max |dlogprob| %.2e\n",
+            compared, V, VB, worst);
+    sample_scratch_free(&sc);
+    free(big);
+    free(pk);
+    free(lg);
+}
+
 int main(void)
 {
     char err[SPILL_ERRLEN], name[256];
@@ -380,6 +478,7 @@ int main(void)
     test_rope();
     test_act();
     test_attention();
+    test_pick();
     cpu_pool_free(pool);
     return test_finish("test_cuda_ops");
 }
