@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark B5 on the GPU machine: long prompts with refill.  Runs spill on an
-8B-shaped bf16 checkpoint streamed from pinned RAM (every layer each pass),
+8B-shaped bf16 checkpoint streamed from pinned RAM (every layer each pass: --resident-layers 0),
 rows with 1,000-token prompts and 128 new tokens (EOS banned with logit_bias),
 batch B with newcomers' prefill mixed into decode passes, and reads the
 per-pass log: clean decode passes vs passes carrying prefill, rows/hour.
@@ -33,9 +33,10 @@ with open(inp, "w") as f:
                                      "logit_bias": {"2": -100}}}) + "\n")
 log = os.path.join(outdir, "b5_passes.csv")
 p = subprocess.run([spill, "run", model_dir, inp, "-o", os.path.join(work, "job"), "--gpu", "--stream", "--batch",
-                    str(batch), "--prefill-chunk", str(chunk), "--kv-mem", "62G", "--mem-budget", "1G", "--pass-log",
-                    log], capture_output=True, text=True)
+                    str(batch), "--prefill-chunk", str(chunk), "--kv-mem", "62G", "--resident-layers", "0", "--pass-log",
+                    log], capture_output=True, text=True, env=dict(os.environ, SPILL_CUDA_PROF="1"))
 out = p.stdout + p.stderr
+open(os.path.join(outdir, "b5_run.log"), "w").write(out)
 passes = [l.split(",") for l in open(log).read().splitlines()[1:]] if os.path.exists(log) else []
 clean = [float(r[4]) for r in passes if int(r[3]) == 0 and int(r[2]) > 0]
 refill = [float(r[4]) for r in passes if int(r[3]) > 0 and int(r[2]) > 0]
