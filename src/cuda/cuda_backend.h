@@ -178,8 +178,8 @@ int cuda_op_act_mul(float *g, const float *u, int64_t n, bool gelu, char *err, s
  * table is pages[pt_off[s] ...]; out (T, H, S). */
 int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S,
                       const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
-                      int32_t n_table, int n_seqs, int window, float scale, float softcap, float *out, char *err,
-                      size_t errlen);
+                      int32_t n_table, int n_seqs, int window, float scale, float softcap, int tile_min_run,
+                      float *out, char *err, size_t errlen);
 
 /* picks for R rows of host logits (R, V) with want as in cuda_engine_forward_pick. */
 int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, cuda_pick *out, char *err, size_t errlen);

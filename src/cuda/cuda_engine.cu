@@ -134,6 +134,8 @@ struct cuda_engine {
     cudaEvent_t *ev_copied, *ev_free; /* (slots) */
     cudaEvent_t *ev_cs[2], *ev_ce[2]; /* (ns) per pass parity: copy start / end */
     uint64_t copies_issued, computes_freed;
+    int att_tiles;          /* this pass's attention plan (build_meta) */
+    int64_t att_singles;
 
     /* disk tier */
     stream *disk;
@@ -675,7 +677,7 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
                 scratch = (size_t)(e->layers[l].m[i].n * e->layers[l].m[i].k);
     if (e->out.type != GGML_BF16 && (size_t)(e->out.n * e->out.k) > scratch)
         scratch = (size_t)(e->out.n * e->out.k);
-    size_t meta = 3 * T + R + B + (size_t)e->kv.n_pages;
+    size_t meta = 3 * T + R + B + 3 * T + (size_t)e->kv.n_pages; /* tok pos seq rows pt_off tiles(2T) singles pages */
     size_t kv_bytes;
     if (!ck_mul_size(kv_page_bytes(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens), (size_t)e->kv.n_pages,
                      &kv_bytes))
@@ -996,7 +998,9 @@ static int pump(cuda_engine *e, char *err, size_t errlen)
 }
 
 typedef struct pass_meta {
-    int32_t *tok, *pos, *seq, *rows, *pt_off, *pages; /* device views of d_meta */
+    int32_t *tok, *pos, *seq, *rows, *pt_off, *tiles, *singles, *pages; /* device views of d_meta */
+    int n_tiles;                                                        /* attention plan of the pass */
+    int64_t n_singles;
 } pass_meta;
 
 #define MARK(i)                                                                                                        \
@@ -1046,7 +1050,7 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     MARK(3);
     float scale = m->query_scale > 0 ? (float)m->query_scale : 1.0f / sqrtf((float)S);
     CU(k_attention(g, e->q, pm->pos, pm->seq, pm->pt_off, pm->pages, T, (int)H, sliding ? m->sliding_window : 0, scale,
-                   (float)m->attn_softcap, e->att, s));
+                   (float)m->attn_softcap, pm->tiles, pm->n_tiles, pm->singles, pm->n_singles, e->att, s));
     CU(k_to_bf16(e->att, e->xb, T * HS, s));
     MARK(4);
     if ((rc = gemm(e, &w->m[M_O], base, e->xb, T, e->h, err, errlen)))
@@ -1103,7 +1107,8 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
                              e->kv.n_pages);
     }
     int32_t *tok = e->h_meta, *pos = tok + Tmax, *seq = pos + Tmax, *rows = seq + Tmax;
-    int32_t *pt_off = rows + e->max_rows, *pages = pt_off + e->max_seqs;
+    int32_t *pt_off = rows + e->max_rows, *tiles = pt_off + e->max_seqs, *singles = tiles + 2 * Tmax;
+    int32_t *pages = singles + Tmax;
     int64_t t = 0;
     npt = 0;
     R = 0;
@@ -1129,6 +1134,9 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
         if (sq->want_logits && !sq->all_logits)
             rows[R++] = (int32_t)(t - 1);
     }
+    /* attention: runs of >= 8 consecutive positions (prompt chunks) in tiles, the rest token by token */
+    k_attention_plan(seq, pos, T, k_attention_tile_tokens(m->n_heads, m->n_kv_heads, m->head_dim), 8, tiles, singles,
+                     &e->att_tiles, &e->att_singles);
     *T_out = T;
     *R_out = R;
     *n_ints = (size_t)(pages + npt - e->h_meta);
@@ -1219,8 +1227,17 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
     cudaStream_t s = e->cs;
     CU(cudaMemcpyAsync(e->d_meta, e->h_meta, n_ints * 4, cudaMemcpyHostToDevice, s));
     size_t Tm = (size_t)e->max_T, Rm = (size_t)e->max_rows, B = (size_t)e->max_seqs;
-    pass_meta pm = {e->d_meta,          e->d_meta + Tm,          e->d_meta + 2 * Tm,
-                    e->d_meta + 3 * Tm, e->d_meta + 3 * Tm + Rm, e->d_meta + 3 * Tm + Rm + B};
+    int32_t *dm = e->d_meta;
+    pass_meta pm = {dm,
+                    dm + Tm,
+                    dm + 2 * Tm,
+                    dm + 3 * Tm,
+                    dm + 3 * Tm + Rm,
+                    dm + 3 * Tm + Rm + B,
+                    dm + 3 * Tm + Rm + B + 2 * Tm,
+                    dm + 3 * Tm + Rm + B + 3 * Tm,
+                    e->att_tiles,
+                    e->att_singles};
     CU(k_embed(e->embd.type, e->d_embd, e->embd.row_bytes, pm.tok, T, D, e->embed_scale, e->x, s));
     if (e->ns && (rc = pump(e, err, errlen)))
         return rc;

@@ -19,7 +19,7 @@ extern "C" {
 }
 #include "kernels.cuh"
 
-#define MAXBUF 8
+#define MAXBUF 12
 
 /* Device buffers of one call, freed together. */
 typedef struct op_ctx {
@@ -161,12 +161,30 @@ int cuda_op_act_mul(float *g, const float *u, int64_t n, bool gelu, char *err, s
 
 int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S,
                       const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
-                      int32_t n_table, int n_seqs, int window, float scale, float softcap, float *out, char *err,
-                      size_t errlen)
+                      int32_t n_table, int n_seqs, int window, float scale, float softcap, int tile_min_run,
+                      float *out, char *err, size_t errlen)
 {
     OP_BEGIN;
-    void *dq, *dkv, *dpos, *dseq, *dpt, *dpg, *dout;
+    void *dq, *dkv, *dpos, *dseq, *dpt, *dpg, *dout, *dtiles = NULL, *dsingles = NULL;
     size_t qn = (size_t)T * (size_t)H * (size_t)S;
+    int n_tiles = 0;
+    int64_t n_singles = 0;
+    int bq = k_attention_tile_tokens(H, K, S);
+    if (tile_min_run > 0 && bq > 0) {
+        int32_t *tiles = (int32_t *)malloc((size_t)T * 2 * 4), *singles = (int32_t *)malloc((size_t)T * 4);
+        if (!tiles || !singles) {
+            free(tiles);
+            free(singles);
+            return op_done(c, util_errf(err, errlen, "out of host memory."));
+        }
+        k_attention_plan(seq, pos, T, bq, tile_min_run, tiles, singles, &n_tiles, &n_singles);
+        int up = op_up(c, &dtiles, tiles, (size_t)T * 2 * 4);
+        if (up == 0)
+            up = op_up(c, &dsingles, singles, (size_t)T * 4);
+        free(tiles);
+        free(singles);
+        TRY(up);
+    }
     TRY(op_up(c, &dq, q, qn * 4));
     TRY(op_up(c, &dkv, kv_arena, (size_t)n_pages * 2 * (size_t)K * (size_t)P * (size_t)S * 4));
     TRY(op_up(c, &dpos, pos, (size_t)T * 4));
@@ -181,7 +199,8 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
     g.S = S;
     TRY(op_down(c,
                 k_attention(g, (float *)dq, (int32_t *)dpos, (int32_t *)dseq, (int32_t *)dpt, (int32_t *)dpg, T, H,
-                            window, scale, softcap, (float *)dout, 0),
+                            window, scale, softcap, (const int32_t *)dtiles, n_tiles, (const int32_t *)dsingles,
+                            n_singles, (float *)dout, 0),
                 out, dout, qn * 4));
     return op_done(c, 0);
 }

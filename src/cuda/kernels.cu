@@ -411,8 +411,8 @@ cudaError_t k_kv_write(kv_geom g, const float *k, const float *v, const int32_t 
  * lane holds DPL of the S dims.  Online softmax per head in fp32. */
 template <int DPL>
 __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq,
-                                 const int32_t *pt_off, const int32_t *pages, int64_t T, int H, int window, float scale,
-                                 float softcap, float *out)
+                                 const int32_t *pt_off, const int32_t *pages, int64_t T, const int32_t *tok_list,
+                                 int H, int window, float scale, float softcap, float *out)
 {
     int G = H / g.Kh, chunks = (G + ATT_GC - 1) / ATT_GC, S = g.S;
     int64_t w = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
@@ -420,6 +420,8 @@ __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, 
     if (w >= T * g.Kh * chunks)
         return;
     int64_t t = w / (g.Kh * chunks);
+    if (tok_list)
+        t = tok_list[t];
     int rem = (int)(w % (g.Kh * chunks)), kh = rem / chunks, h0 = kh * G + (rem % chunks) * ATT_GC;
     int gc = kh * G + G - h0 < ATT_GC ? kh * G + G - h0 : ATT_GC; /* warp-uniform */
     int32_t p = pos[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
@@ -484,27 +486,231 @@ __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, 
     }
 }
 
+/* Prompt attention in tiles: one block of TQ_WARPS warps takes RW query rows per warp — BQ consecutive
+ * tokens of one sequence × the G query heads of one kv head (row r = token r / G, head r % G) — and walks
+ * the keys they need in blocks of TK positions staged in shared memory, so each key/value row is read from
+ * HBM once per tile instead of once per query row.  Scores: lane = key; P·V: lane = DPL of the S dims.
+ * Online softmax per row in fp32, as attention_kernel (the order of the sums differs: results agree to
+ * rounding, not bit for bit). */
+#define TQ_WARPS 4
+#define TK 32
+
+template <int DPL, int RW>
+__global__ void __launch_bounds__(TQ_WARPS * 32)
+    attention_tile_kernel(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
+                          const int32_t *pages, const int32_t *tiles, int H, int window, float scale, float softcap,
+                          float *out)
+{
+    extern __shared__ float4 smem4[];
+    float *smem = (float *)smem4;
+    const int S = g.S, SP = S + 4, G = H / g.Kh, ROWS = RW * TQ_WARPS;
+    const int kh = blockIdx.y, t0 = tiles[2 * blockIdx.x], nq = tiles[2 * blockIdx.x + 1];
+    float *Qs = smem, *Ks = Qs + ROWS * SP, *Vs = Ks + TK * SP, *Ps = Vs + TK * SP;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, nrows = nq * G;
+    for (int idx = tid; idx < ROWS * S; idx += TQ_WARPS * 32) {
+        int r = idx / S, d = idx % S;
+        float v = 0.0f;
+        if (r < nrows)
+            v = q[((int64_t)(t0 + r / G) * H + kh * G + r % G) * S + d];
+        Qs[r * SP + d] = v;
+    }
+    const int32_t p0 = pos[t0], plast = p0 + nq - 1; /* a tile's tokens are consecutive positions */
+    const int32_t lo = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
+    const int32_t *pt = pages + pt_off[seq[t0]];
+    const int64_t vstride = (int64_t)g.Kh * g.P * S;
+    float m[RW], l[RW], acc[RW][DPL];
+    int32_t rpos[RW];
+#pragma unroll
+    for (int i = 0; i < RW; i++) {
+        int r = warp * RW + i;
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+        rpos[i] = r < nrows ? p0 + r / G : -1;
+#pragma unroll
+        for (int c = 0; c < DPL; c++)
+            acc[i][c] = 0.0f;
+    }
+    for (int32_t kb = lo; kb <= plast; kb += TK) {
+        __syncthreads(); /* the previous block's K, V and P are consumed (and Q is staged) */
+        for (int idx = tid; idx < TK * S; idx += TQ_WARPS * 32) {
+            int jj = idx / S, d = idx % S;
+            int32_t j = kb + jj;
+            float kk = 0.0f, vv = 0.0f;
+            if (j <= plast) {
+                const float *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j);
+                kk = kr[d];
+                vv = kr[vstride + d];
+            }
+            Ks[jj * SP + d] = kk;
+            Vs[jj * SP + d] = vv;
+        }
+        __syncthreads();
+        const int32_t j = kb + lane;
+        float sc[RW];
+#pragma unroll
+        for (int i = 0; i < RW; i++)
+            sc[i] = 0.0f;
+        for (int d = 0; d < S; d += 4) {
+            float4 kk = *(const float4 *)&Ks[lane * SP + d];
+#pragma unroll
+            for (int i = 0; i < RW; i++) {
+                float4 qq = *(const float4 *)&Qs[(warp * RW + i) * SP + d];
+                sc[i] += qq.x * kk.x + qq.y * kk.y + qq.z * kk.z + qq.w * kk.w;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < RW; i++) {
+            float x = sc[i] * scale;
+            if (softcap > 0.0f)
+                x = softcap * tanhf(x / softcap);
+            bool ok = rpos[i] >= 0 && j <= rpos[i] && (window <= 0 || j > rpos[i] - window);
+            x = ok ? x : -INFINITY;
+            float mx = x;
+            for (int o = 16; o > 0; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float mn = fmaxf(m[i], mx);
+            float pe = mn == -INFINITY ? 0.0f : expf(x - mn);
+            float corr = mn == -INFINITY ? 1.0f : expf(m[i] - mn);
+            float ps = pe;
+            for (int o = 16; o > 0; o >>= 1)
+                ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[i] = l[i] * corr + ps;
+            m[i] = mn;
+#pragma unroll
+            for (int c = 0; c < DPL; c++)
+                acc[i][c] *= corr;
+            Ps[(warp * RW + i) * (TK + 1) + lane] = pe;
+        }
+        __syncwarp();
+        int kn = plast - kb + 1 < TK ? plast - kb + 1 : TK;
+        for (int jj = 0; jj < kn; jj++) {
+            float vv[DPL];
+#pragma unroll
+            for (int c = 0; c < DPL; c++) {
+                int d = lane + 32 * c;
+                vv[c] = d < S ? Vs[jj * SP + d] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < RW; i++) {
+                float pe = Ps[(warp * RW + i) * (TK + 1) + jj];
+#pragma unroll
+                for (int c = 0; c < DPL; c++)
+                    acc[i][c] += pe * vv[c];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RW; i++) {
+        int r = warp * RW + i;
+        if (r >= nrows)
+            continue;
+        float inv = 1.0f / l[i];
+        float *o = out + ((int64_t)(t0 + r / G) * H + kh * G + r % G) * S;
+#pragma unroll
+        for (int c = 0; c < DPL; c++) {
+            int d = lane + 32 * c;
+            if (d < S)
+                o[d] = acc[i][c] * inv;
+        }
+    }
+}
+
+/* Rows per warp of the tiled kernel for head size S (the DPL x RW accumulators stay in registers). */
+static int tile_rw(int S)
+{
+    return S <= 128 ? 16 : 8;
+}
+
+int k_attention_tile_tokens(int H, int Kh, int S)
+{
+    if (Kh <= 0 || H % Kh || S % 4 || S > 256)
+        return 0;
+    int rows = tile_rw(S) * TQ_WARPS, G = H / Kh;
+    return G <= rows ? rows / G : 0;
+}
+
+int k_attention_plan(const int32_t *seq, const int32_t *pos, int64_t T, int bq, int min_run, int32_t *tiles,
+                     int32_t *singles, int *n_tiles, int64_t *n_singles)
+{
+    int nt = 0;
+    int64_t ns = 0;
+    for (int64_t t = 0; t < T;) {
+        int64_t e = t + 1;
+        while (e < T && seq[e] == seq[t] && pos[e] == pos[e - 1] + 1)
+            e++;
+        if (bq > 0 && e - t >= min_run) {
+            for (int64_t a = t; a < e; a += bq) {
+                tiles[2 * nt] = (int32_t)a;
+                tiles[2 * nt + 1] = (int32_t)(e - a < bq ? e - a : bq);
+                nt++;
+            }
+        } else
+            for (int64_t a = t; a < e; a++)
+                singles[ns++] = (int32_t)a;
+        t = e;
+    }
+    *n_tiles = nt;
+    *n_singles = ns;
+    return 0;
+}
+
 cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
-                        const int32_t *pages, int64_t T, int H, int window, float scale, float softcap, float *out,
+                        const int32_t *pages, int64_t T, int H, int window, float scale, float softcap,
+                        const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, float *out,
                         cudaStream_t s)
 {
     if (g.S > 256 || g.Kh <= 0 || H % g.Kh)
         return cudaErrorInvalidValue;
-    int warps = 4, chunks = (H / g.Kh + ATT_GC - 1) / ATT_GC;
-    unsigned blocks = (unsigned)((T * g.Kh * chunks + warps - 1) / warps);
+    int64_t n_warp_tok = tiles || singles ? n_singles : T;
+    const int32_t *tok_list = tiles || singles ? singles : NULL;
+    if (n_warp_tok > 0) {
+        int warps = 4, chunks = (H / g.Kh + ATT_GC - 1) / ATT_GC;
+        unsigned blocks = (unsigned)((n_warp_tok * g.Kh * chunks + warps - 1) / warps);
 #define ATT_LAUNCH(dpl)                                                                                                \
-    attention_kernel<dpl>                                                                                              \
-        <<<blocks, 32 * warps, 0, s>>>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap, out)
-    if (g.S <= 32)
-        ATT_LAUNCH(1);
-    else if (g.S <= 64)
-        ATT_LAUNCH(2);
-    else if (g.S <= 128)
-        ATT_LAUNCH(4);
-    else
-        ATT_LAUNCH(8);
+    attention_kernel<dpl><<<blocks, 32 * warps, 0, s>>>(g, q, pos, seq, pt_off, pages, n_warp_tok, tok_list, H, window, \
+                                                        scale, softcap, out)
+        if (g.S <= 32)
+            ATT_LAUNCH(1);
+        else if (g.S <= 64)
+            ATT_LAUNCH(2);
+        else if (g.S <= 128)
+            ATT_LAUNCH(4);
+        else
+            ATT_LAUNCH(8);
 #undef ATT_LAUNCH
-    return cudaGetLastError();
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess)
+            return e;
+    }
+    if (tiles && n_tiles > 0) {
+        int rw = tile_rw(g.S), rows = rw * TQ_WARPS;
+        size_t smem = ((size_t)rows * (g.S + 4) + 2 * (size_t)TK * (g.S + 4) + (size_t)rows * (TK + 1)) * sizeof(float);
+        dim3 grid((unsigned)n_tiles, (unsigned)g.Kh);
+#define TILE_LAUNCH(dpl, rw_)                                                                                          \
+    do {                                                                                                               \
+        static bool attr_set;                                                                                          \
+        if (!attr_set) {                                                                                               \
+            cudaError_t ae = cudaFuncSetAttribute(attention_tile_kernel<dpl, rw_>,                                     \
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);            \
+            if (ae != cudaSuccess)                                                                                     \
+                return ae;                                                                                             \
+            attr_set = true;                                                                                           \
+        }                                                                                                              \
+        attention_tile_kernel<dpl, rw_><<<grid, TQ_WARPS * 32, smem, s>>>(g, q, pos, seq, pt_off, pages, tiles, H,    \
+                                                                          window, scale, softcap, out);              \
+    } while (0)
+        if (g.S <= 32)
+            TILE_LAUNCH(1, 16);
+        else if (g.S <= 64)
+            TILE_LAUNCH(2, 16);
+        else if (g.S <= 128)
+            TILE_LAUNCH(4, 16);
+        else
+            TILE_LAUNCH(8, 8);
+#undef TILE_LAUNCH
+        return cudaGetLastError();
+    }
+    return cudaSuccess;
 }
 
 /* ---------------------------------------------------------------- greedy picks */

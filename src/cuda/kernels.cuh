@@ -64,10 +64,25 @@ cudaError_t k_kv_write(kv_geom g, const float *k, const float *v, const int32_t 
                        const int32_t *pt_off, const int32_t *pages, int64_t T, cudaStream_t s);
 
 /* out(T, H*S) = causal attention of q(T, H*S) over each token's row's cached
- * positions [max(0, pos-window+1), pos] (window 0 = full); GQA by H/Kh. */
+ * positions [max(0, pos-window+1), pos] (window 0 = full); GQA by H/Kh.
+ * With tiles and singles NULL every token goes through the one-warp-per-token
+ * kernel; else the tokens of `tiles` (device pairs: first token, count of
+ * consecutive positions of one sequence, at most k_attention_tile_tokens) go
+ * through the tiled kernel and the `singles` (device token indices) through
+ * the per-token one (k_attention_plan makes the two lists). */
 cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
-                        const int32_t *pages, int64_t T, int H, int window, float scale, float softcap, float *out,
+                        const int32_t *pages, int64_t T, int H, int window, float scale, float softcap,
+                        const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, float *out,
                         cudaStream_t s);
+
+/* Tokens per tile of the tiled attention kernel (0: this shape is not tiled). */
+int k_attention_tile_tokens(int H, int Kh, int S);
+
+/* Host: splits T tokens (seq, pos as in the pass) into runs of consecutive positions of one sequence; runs of
+ * at least min_run tokens become tiles of up to bq tokens (pairs in tiles, at most T), the rest singles (at
+ * most T).  Returns 0. */
+int k_attention_plan(const int32_t *seq, const int32_t *pos, int64_t T, int bq, int min_run, int32_t *tiles,
+                     int32_t *singles, int *n_tiles, int64_t *n_singles);
 
 /* Greedy picks on the device (sample.c's temperature-0 path and its logprobs_fill, same order and ties). */
 #define PICK_MAX_TOP 64

@@ -341,13 +341,14 @@ static void test_attention(void)
             arena[i] = frand(-1, 1);
         for (size_t i = 0; i < qn; i++)
             q[i] = frand(-1, 1) * 2;
-        for (int variant = 0; variant < 3; variant++) {
-            int window = variant == 1 ? 3 : 0;
-            float softcap = variant == 2 ? 2.0f : 0.0f, scale = 1.0f / sqrtf((float)S) * 3;
+        /* tiled 0: every token through the per-token kernel; 1: every run (even a lone decode token) in tiles */
+        for (int variant = 0; variant < 6; variant++) {
+            int window = variant % 3 == 1 ? 3 : 0, tiled = variant / 3;
+            float softcap = variant % 3 == 2 ? 2.0f : 0.0f, scale = 1.0f / sqrtf((float)S) * 3;
             for (size_t i = 0; i < qn; i++)
                 y[i] = NAN;
             int rc = cuda_op_attention(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, 9, 3, window, scale,
-                                       softcap, y, err, sizeof err);
+                                       softcap, tiled, y, err, sizeof err);
             CHECK(rc == 0, "attention: %s", err);
             attention_ref(q, arena, P, H, K, S, pos, seq, T, pt_off, pages, window, scale, softcap, yr);
             double worst = 0;
@@ -356,6 +357,55 @@ static void test_attention(void)
                 worst = !(d <= worst) ? d : worst;
             }
             CHECK(worst <= 2e-5, "attention H=%d K=%d S=%d variant %d: max |dy| %.3g", H, K, S, variant, worst);
+        }
+        free(arena), free(q), free(y), free(yr);
+    }
+}
+
+/* Longer rows through the tiled kernel: a 100-token prompt from position 0 (several tiles, several key blocks),
+ * a 33-token chunk at positions 40..72 of a second row, a decode token at 150 of a third, with sliding windows
+ * that cut inside key blocks.  Same 2e-5 bound as above: fp32 sums of at most ~150 terms in another order. */
+static void test_attention_long(void)
+{
+    char err[SPILL_ERRLEN];
+    enum { P = 16, NP = 40 };
+    static const int cfgs[][3] = {{32, 8, 128}, {8, 1, 64}, {16, 2, 256}, {10, 2, 80}, {4, 4, 32}};
+    int64_t T = 100 + 33 + 1;
+    int32_t pos[134], seq[134], pt_off[3] = {0, 7, 12}, pages[22];
+    for (int i = 0; i < 100; i++)
+        pos[i] = i, seq[i] = 0;
+    for (int i = 0; i < 33; i++)
+        pos[100 + i] = 40 + i, seq[100 + i] = 1;
+    pos[133] = 150, seq[133] = 2;
+    /* row 0: 7 pages, row 1: 5 pages (positions < 80), row 2: 10 pages (positions <= 150); shuffled ids */
+    for (int i = 0; i < 22; i++)
+        pages[i] = (i * 17 + 5) % NP;
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        int H = cfgs[ci][0], K = cfgs[ci][1], S = cfgs[ci][2];
+        size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
+        float *arena = malloc(an * 4), *q = malloc(qn * 4), *y = malloc(qn * 4), *yr = malloc(qn * 4);
+        for (size_t i = 0; i < an; i++)
+            arena[i] = frand(-1, 1);
+        for (size_t i = 0; i < qn; i++)
+            q[i] = frand(-1, 1) * 2;
+        for (int variant = 0; variant < 3; variant++) {
+            int window = variant == 1 ? 37 : variant == 2 ? 5 : 0;
+            float scale = 1.0f / sqrtf((float)S) * 2;
+            for (size_t i = 0; i < qn; i++)
+                y[i] = NAN;
+            int rc = cuda_op_attention(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, 22, 3, window, scale,
+                                       0.0f, 8, y, err, sizeof err);
+            CHECK(rc == 0, "attention (long): %s", err);
+            attention_ref(q, arena, P, H, K, S, pos, seq, T, pt_off, pages, window, scale, 0.0f, yr);
+            double worst = 0;
+            for (size_t i = 0; i < qn; i++) {
+                double d = fabs((double)y[i] - yr[i]);
+                worst = !(d <= worst) ? d : worst;
+            }
+            CHECK(worst <= 2e-5, "attention (long) H=%d K=%d S=%d window %d: max |dy| %.3g", H, K, S, window, worst);
+            if (variant == 0)
+                fprintf(stderr, "attention tiled H=%d K=%d S=%d (%d tokens a tile): max |dy| %.2e\n", H, K, S,
+                        (S <= 128 ? 64 : 32) / (H / K), worst);
         }
         free(arena), free(q), free(y), free(yr);
     }
@@ -478,6 +528,7 @@ int main(void)
     test_rope();
     test_act();
     test_attention();
+    test_attention_long();
     test_pick();
     cpu_pool_free(pool);
     return test_finish("test_cuda_ops");
