@@ -181,6 +181,9 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
                       int32_t n_table, int n_seqs, int window, float scale, float softcap, int tile_min_run,
                       float *out, char *err, size_t errlen);
 
+/* Test hook: the kernel prompt tiles use (1 fp32 CUDA cores, 2 TF32 tensor cores, the default). */
+void cuda_attention_kind(int kind);
+
 /* picks for R rows of host logits (R, V) with want as in cuda_engine_forward_pick. */
 int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, cuda_pick *out, char *err, size_t errlen);
 

@@ -205,6 +205,11 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
     return op_done(c, 0);
 }
 
+void cuda_attention_kind(int kind)
+{
+    k_attention_set_kind(kind);
+}
+
 int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, cuda_pick *out, char *err, size_t errlen)
 {
     OP_BEGIN;

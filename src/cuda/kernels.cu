@@ -25,6 +25,8 @@
 
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 enum {
     T_F32 = 0,
@@ -615,6 +617,192 @@ __global__ void __launch_bounds__(TQ_WARPS * 32)
     }
 }
 
+/* The same tiles on the tensor cores: mma.sync m16n8k8 with TF32 inputs (10 explicit mantissa bits, round to
+ * nearest) and fp32 accumulation, for head sizes S <= 128 with S % 8 == 0.  Each warp owns 16 query rows: its
+ * Q fragments stay in registers for the whole tile, scores for a block of 32 keys are 4 MMA column tiles,
+ * the online softmax runs on the accumulator layout (lane: rows lane/4 and lane/4 + 8, columns 2(lane%4) and
+ * +1), P goes through shared memory into A fragments, and O = P·V accumulates in S/8 MMA tiles rescaled per
+ * row.  Shared memory strides are padded so every fragment load is conflict-free. */
+#define MK 32
+
+__device__ __forceinline__ uint32_t to_tf32(float x)
+{
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int NS>
+__global__ void __launch_bounds__(TQ_WARPS * 32)
+    attention_mma_kernel(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
+                         const int32_t *pages, const int32_t *tiles, int H, int window, float scale, float softcap,
+                         float *out)
+{
+    extern __shared__ float4 smem4[];
+    uint32_t *sm = (uint32_t *)smem4;
+    const int S = NS * 8, SPK = S + 4, SPV = S + 8, PP = MK + 4;
+    uint32_t *Ks = sm, *Vs = Ks + MK * SPK, *Ps = Vs + MK * SPV;
+    const int G = H / g.Kh, kh = blockIdx.y, t0 = tiles[2 * blockIdx.x], nq = tiles[2 * blockIdx.x + 1];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int nrows = nq * G, r0 = warp * 16 + gq, r1 = r0 + 8;
+    const float *q0 = r0 < nrows ? q + ((int64_t)(t0 + r0 / G) * H + kh * G + r0 % G) * S : NULL;
+    const float *q1 = r1 < nrows ? q + ((int64_t)(t0 + r1 / G) * H + kh * G + r1 % G) * S : NULL;
+    uint32_t qa[NS][4];
+#pragma unroll
+    for (int kk = 0; kk < NS; kk++) {
+        qa[kk][0] = to_tf32(q0 ? q0[8 * kk + tq] : 0.0f);
+        qa[kk][1] = to_tf32(q1 ? q1[8 * kk + tq] : 0.0f);
+        qa[kk][2] = to_tf32(q0 ? q0[8 * kk + tq + 4] : 0.0f);
+        qa[kk][3] = to_tf32(q1 ? q1[8 * kk + tq + 4] : 0.0f);
+    }
+    const int32_t p0 = pos[t0], plast = p0 + nq - 1;
+    const int32_t lo = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
+    const int32_t rp0 = r0 < nrows ? p0 + r0 / G : -1, rp1 = r1 < nrows ? p0 + r1 / G : -1;
+    const int32_t *pt = pages + pt_off[seq[t0]];
+    const int64_t vstride = (int64_t)g.Kh * g.P * S;
+    float o[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    uint32_t *P = Ps + warp * 16 * PP;
+    for (int32_t kb = lo; kb <= plast; kb += MK) {
+        __syncthreads(); /* the previous block's K and V are consumed */
+        for (int idx = tid; idx < MK * S; idx += TQ_WARPS * 32) {
+            int jj = idx / S, d = idx % S;
+            int32_t j = kb + jj;
+            float kk = 0.0f, vv = 0.0f;
+            if (j <= plast) {
+                const float *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j);
+                kk = kr[d];
+                vv = kr[vstride + d];
+            }
+            Ks[jj * SPK + d] = to_tf32(kk);
+            Vs[jj * SPV + d] = to_tf32(vv);
+        }
+        __syncthreads();
+        float sc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < NS; kk++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                mma_tf32(sc[j], qa[kk], Ks[(8 * j + gq) * SPK + 8 * kk + tq], Ks[(8 * j + gq) * SPK + 8 * kk + tq + 4]);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int32_t key = kb + 8 * j + 2 * tq + (e & 1), rp = e < 2 ? rp0 : rp1;
+                float x = sc[j][e] * scale;
+                if (softcap > 0.0f)
+                    x = softcap * tanhf(x / softcap);
+                bool ok = rp >= 0 && key <= rp && (window <= 0 || key > rp - window);
+                x = ok ? x : -INFINITY;
+                sc[j][e] = x;
+                if (e < 2)
+                    mx0 = fmaxf(mx0, x);
+                else
+                    mx1 = fmaxf(mx1, x);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        float c0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0), c1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float mn = e < 2 ? mn0 : mn1;
+                float pe = mn == -INFINITY ? 0.0f : expf(sc[j][e] - mn);
+                sc[j][e] = pe;
+                if (e < 2)
+                    s0 += pe;
+                else
+                    s1 += pe;
+            }
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+        l0 = l0 * c0 + s0;
+        l1 = l1 * c1 + s1;
+        m0 = mn0;
+        m1 = mn1;
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            P[gq * PP + 8 * j + 2 * tq] = to_tf32(sc[j][0]);
+            P[gq * PP + 8 * j + 2 * tq + 1] = to_tf32(sc[j][1]);
+            P[(gq + 8) * PP + 8 * j + 2 * tq] = to_tf32(sc[j][2]);
+            P[(gq + 8) * PP + 8 * j + 2 * tq + 1] = to_tf32(sc[j][3]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int kk = 0; kk < MK / 8; kk++) {
+            uint32_t a[4] = {P[gq * PP + 8 * kk + tq], P[(gq + 8) * PP + 8 * kk + tq], P[gq * PP + 8 * kk + tq + 4],
+                             P[(gq + 8) * PP + 8 * kk + tq + 4]};
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+                mma_tf32(o[n], a, Vs[(8 * kk + tq) * SPV + 8 * n + gq], Vs[(8 * kk + tq + 4) * SPV + 8 * n + gq]);
+        }
+        __syncwarp(); /* P is rewritten next block */
+    }
+    if (r0 < nrows) {
+        float inv = 1.0f / l0, *y = out + ((int64_t)(t0 + r0 / G) * H + kh * G + r0 % G) * S;
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+            y[8 * n + 2 * tq] = o[n][0] * inv;
+            y[8 * n + 2 * tq + 1] = o[n][1] * inv;
+        }
+    }
+    if (r1 < nrows) {
+        float inv = 1.0f / l1, *y = out + ((int64_t)(t0 + r1 / G) * H + kh * G + r1 % G) * S;
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+            y[8 * n + 2 * tq] = o[n][2] * inv;
+            y[8 * n + 2 * tq + 1] = o[n][3] * inv;
+        }
+    }
+}
+
+/* Which kernel prompt tiles use: 1 fp32 CUDA cores, 2 TF32 tensor cores where the head size allows (default;
+ * SPILL_CUDA_ATT=fp32 selects 1). */
+static int g_att_kind = -1;
+
+void k_attention_set_kind(int kind)
+{
+    g_att_kind = kind;
+}
+
+static int att_kind(void)
+{
+    if (g_att_kind < 0) {
+        const char *v = getenv("SPILL_CUDA_ATT");
+        g_att_kind = v && !strcmp(v, "fp32") ? 1 : 2;
+    }
+    return g_att_kind;
+}
+
 /* Rows per warp of the tiled kernel for head size S (the DPL x RW accumulators stay in registers). */
 static int tile_rw(int S)
 {
@@ -682,6 +870,35 @@ cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int
         if (e != cudaSuccess)
             return e;
     }
+    if (tiles && n_tiles > 0 && att_kind() == 2 && g.S <= 128 && g.S % 8 == 0) {
+        size_t smem = ((size_t)MK * (g.S + 4) + (size_t)MK * (g.S + 8) + (size_t)TQ_WARPS * 16 * (MK + 4)) * 4;
+        dim3 grid((unsigned)n_tiles, (unsigned)g.Kh);
+#define MMA_LAUNCH(ns)                                                                                                 \
+    attention_mma_kernel<ns><<<grid, TQ_WARPS * 32, smem, s>>>(g, q, pos, seq, pt_off, pages, tiles, H, window, scale, \
+                                                               softcap, out)
+        switch (g.S / 8) {
+        case 4:
+            MMA_LAUNCH(4);
+            break;
+        case 8:
+            MMA_LAUNCH(8);
+            break;
+        case 10:
+            MMA_LAUNCH(10);
+            break;
+        case 12:
+            MMA_LAUNCH(12);
+            break;
+        case 16:
+            MMA_LAUNCH(16);
+            break;
+        default:
+            goto fp32_tiles; /* other head sizes: CUDA-core tiles */
+        }
+#undef MMA_LAUNCH
+        return cudaGetLastError();
+    }
+fp32_tiles:
     if (tiles && n_tiles > 0) {
         int rw = tile_rw(g.S), rows = rw * TQ_WARPS;
         size_t smem = ((size_t)rows * (g.S + 4) + 2 * (size_t)TK * (g.S + 4) + (size_t)rows * (TK + 1)) * sizeof(float);
