@@ -181,7 +181,7 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
                       int32_t n_table, int n_seqs, int window, float scale, float softcap, int tile_min_run,
                       float *out, char *err, size_t errlen);
 
-/* Test hook: the kernel prompt tiles use (1 fp32 CUDA cores, 2 TF32 tensor cores, the default). */
+/* Test hook: the kernel prompt tiles use (1 fp32 CUDA cores, the default; 2 TF32 tensor cores). */
 void cuda_attention_kind(int kind);
 
 /* picks for R rows of host logits (R, V) with want as in cuda_engine_forward_pick. */

@@ -75,7 +75,8 @@ cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int
                         const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, float *out,
                         cudaStream_t s);
 
-/* Prompt tiles' kernel: 1 fp32 CUDA cores, 2 TF32 tensor cores (default; head sizes 32-128, multiples of 8). */
+/* Prompt tiles' kernel: 1 fp32 CUDA cores (default), 2 TF32 tensor cores (SPILL_CUDA_ATT=tf32; head sizes
+ * 32-128, multiples of 8). */
 void k_attention_set_kind(int kind);
 
 /* Tokens per tile of the tiled attention kernel (0: this shape is not tiled). */

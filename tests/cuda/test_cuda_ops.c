@@ -373,7 +373,7 @@ static void test_attention(void)
         }
         free(arena), free(q), free(y), free(yr);
     }
-    cuda_attention_kind(2);
+    cuda_attention_kind(1);
 }
 
 /* Longer rows through the tiled kernel: a 100-token prompt from position 0 (several tiles, several key blocks),
@@ -425,7 +425,7 @@ static void test_attention_long(void)
         }
         free(arena), free(q), free(y), free(yr);
     }
-    cuda_attention_kind(2);
+    cuda_attention_kind(1);
 }
 
 /* Greedy picks on the GPU vs sample_next at temperature 0 on the same logits: the token and the top ids must
