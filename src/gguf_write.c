@@ -662,6 +662,14 @@ int gguf_out_write(gguf_out *o, const void *p, size_t n, char *err, size_t errle
     return 0;
 }
 
+int gguf_out_skip(gguf_out *o, uint64_t n, char *err, size_t errlen)
+{
+    if (flush(o, true, err, errlen)) /* everything before the hole is handed to the file */
+        return -1;
+    o->pos += n;
+    return 0;
+}
+
 uint64_t gguf_out_pos(const gguf_out *o)
 {
     return o->pos + o->fill;
@@ -717,6 +725,11 @@ int gguf_out_finish(gguf_out *o, const gguf_w *w, char *err, size_t errlen)
     if (write_all(o->fd, hdr, hl, 0, o->tmp, err, errlen))
         goto out;
     o->written += hl;
+    /* a file that ends in a hole (gguf_out_skip) gets its length here */
+    if (ftruncate(o->fd, (off_t)gguf_w_file_size(w)) != 0) {
+        util_errf(err, errlen, "%s: cannot set the file size: %s.", o->tmp, strerror(errno));
+        goto out;
+    }
     if (fsync(o->fd) != 0) {
         util_errf(err, errlen, "%s: fsync failed: %s.", o->tmp, strerror(errno));
         goto out;

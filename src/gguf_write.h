@@ -102,6 +102,9 @@ int gguf_out_write(gguf_out *o, const void *p, size_t n, char *err, size_t errle
  * needed; commit them with gguf_out_commit.  Lets producers fill the write buffer in place. */
 int gguf_out_reserve(gguf_out *o, size_t n, uint8_t **p, char *err, size_t errlen);
 void gguf_out_commit(gguf_out *o, size_t n);
+/* Leaves n bytes unwritten at the current position: a hole that reads as zeros and takes no disk space
+ * where the file system supports sparse files. */
+int gguf_out_skip(gguf_out *o, uint64_t n, char *err, size_t errlen);
 /* Current absolute position. */
 uint64_t gguf_out_pos(const gguf_out *o);
 /* Zero bytes up to the next multiple of `alignment`. */

@@ -48,7 +48,7 @@ static const struct command {
     {"serve", "spill serve [--port N]", "OpenAI Files + Batches HTTP API", false},
     {"bench", "spill bench MODEL", "throughput vs batch and tier; CSV + plot", false},
     {"pack", "spill pack MODEL --quant q8|q4|none -o OUT.gguf|DIR", "repack into the streaming layout", true},
-    {"synth", "spill synth --like NAME [--layers N] [--quant f16|bf16|q8|q4] [--seed N] -o PATH|DIR",
+    {"synth", "spill synth --like NAME [--layers N] [--quant f16|bf16|q8|q4] [--seed N] [--sparse] -o PATH|DIR",
      "write a random-weight model of a real shape", true},
     {"tokenize", "spill tokenize MODEL TEXT|- [--json] [--special]", "token ids and pieces of a text", true},
     {"template", "spill template MODEL MESSAGES.json [--json]", "render the chat template and tokenize it", true},

@@ -32,6 +32,9 @@ typedef struct synth_opts {
     int threads;      /* generator threads; 0 = every online CPU */
     const char *path; /* output .gguf */
     bool progress;    /* redraw a progress line on stderr */
+    bool sparse;      /* layer matrices are left as holes (zeros, no disk): the globals and every norm are real,
+                         so a model of any size fits a small disk and still gives varied tokens — for throughput
+                         runs only (each layer's attention and FFN then add zero) */
 } synth_opts;
 
 typedef struct synth_stats {
@@ -50,7 +53,7 @@ typedef struct synth_stats {
  */
 int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen);
 
-/* `spill synth --like NAME [--layers N] [--quant f16|bf16|q8|q4] [--seed N] -o PATH|DIR`
+/* `spill synth --like NAME [--layers N] [--quant f16|bf16|q8|q4] [--seed N] [--sparse] -o PATH|DIR`
  * (argv: the arguments after the command word; with a directory the file is
  * DIR/<name>[-L<layers>]-<quant>.gguf).  Returns 0, 2 on bad arguments, 73
  * (EX_CANTCREAT) when the file cannot be written. */

@@ -281,6 +281,54 @@ int main(void)
     model_close(m2);
     model_close(m4);
 
+    /* --sparse: same layout and size; globals and norms byte for byte those of the full file, layer matrices zero */
+    o.layers = 0;
+    o.sparse = true;
+    char sp[256];
+    snprintf(sp, sizeof sp, "%s/sparse.gguf", dir);
+    o.path = sp;
+    model_desc *ms = NULL, *mf = NULL;
+    CHECK(synth_write(&o, &st, err, sizeof err) == 0 && model_open(sp, &ms, err, sizeof err) == 0 &&
+              model_open(a, &mf, err, sizeof err) == 0,
+          "--sparse: %s", err);
+    o.sparse = false;
+    if (ms && mf) {
+        struct stat s1, s2;
+        CHECK(stat(sp, &s1) == 0 && stat(a, &s2) == 0 && s1.st_size == s2.st_size && ms->n_tensors == mf->n_tensors,
+              "sparse file size %lld vs %lld", (long long)s1.st_size, (long long)s2.st_size);
+        fprintf(stderr, "sparse tiny: %lld bytes, %lld allocated (full file: %lld allocated)\n", (long long)s1.st_size,
+                (long long)s1.st_blocks * 512, (long long)s2.st_blocks * 512);
+        FILE *fs = fopen(sp, "rb"), *ff = fopen(a, "rb");
+        int zero_mats = 0, same_other = 0, n_mats = 0, n_other = 0;
+        for (size_t i = 0; fs && ff && i < ms->n_tensors; i++) {
+            const model_tensor *x = &ms->tensors[i], *y = find(mf, x->name);
+            uint8_t *bx = malloc(x->size), *by = malloc(x->size);
+            bool ok = y && bx && by && y->size == x->size && y->offset == x->offset &&
+                      fseek(fs, (long)x->offset, SEEK_SET) == 0 && fread(bx, 1, x->size, fs) == x->size &&
+                      fseek(ff, (long)y->offset, SEEK_SET) == 0 && fread(by, 1, y->size, ff) == y->size;
+            bool layer_mat = x->layer >= 0 && x->n_dims == 2;
+            if (layer_mat) {
+                n_mats++;
+                bool z = ok;
+                for (uint64_t k = 0; z && k < x->size; k++)
+                    z = bx[k] == 0;
+                zero_mats += z;
+            } else {
+                n_other++;
+                same_other += ok && !memcmp(bx, by, x->size);
+            }
+            free(bx), free(by);
+        }
+        CHECK(n_mats == 28 && zero_mats == n_mats, "%d of %d layer matrices read as zeros", zero_mats, n_mats);
+        CHECK(n_other > 0 && same_other == n_other, "%d of %d globals/norms equal the full file's", same_other, n_other);
+        if (fs)
+            fclose(fs);
+        if (ff)
+            fclose(ff);
+    }
+    model_close(ms);
+    model_close(mf);
+
     o.layers = 5;
     CHECK(synth_write(&o, &st, err, sizeof err) != 0 && strstr(err, "--layers 5"), "5 layers of tiny: '%s'", err);
     o.layers = 0, o.like = "gpt5";

@@ -3,21 +3,28 @@
 # 55 GB: what the 64 GiB disk holds — B1 asks for 40), every layer streamed from pinned host RAM each pass,
 # 1,024 rows of 128-token prompts, max_tokens 128.  Step `fixed`: --resident-layers 0 (HBM holds only the
 # layers in flight); step `plan`: the HBM planner's own split.  Logs HBM use every 0.5 s.
+# LAYERS=80 SPARSE=1 (the two-GPU machine, 256 GiB RAM, 128 GiB disk): all 80 layers (141 GB) from a sparse
+# synth file whose layer matrices are holes (zeros on a small disk; globals and norms real) — throughput only.
 # Expects the static build/cuda/spill-cuda in .carry/bin (carry .carry/bin).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 B=.carry/bin/spill-cuda
-M=/tmp/s70b30.gguf
+LAYERS=${LAYERS:-30}
+SPARSE=${SPARSE:-0}
+M=/tmp/s70b${LAYERS}$([ "$SPARSE" = 1 ] && echo -sparse).gguf
 steps=${*:-fixed}
-[ -f $M ] || { /usr/bin/time -f "synth %e s" $B synth --like llama3-70b --layers 30 --quant bf16 -o $M > "$OUT/synth.log" 2>&1; }
-python3 - <<'PY'
-import json, random
+[ -f $M ] || { /usr/bin/time -f "synth %e s" $B synth --like llama3-70b --layers $LAYERS --quant bf16 \
+    $([ "$SPARSE" = 1 ] && echo --sparse) -o $M > "$OUT/synth.log" 2>&1; }
+# ROWS rows of PROMPT random token ids (default 1,024 x 128; PROMPT=1000 for the long-prompt tier), 128 new tokens
+python3 - "${ROWS:-1024}" "${PROMPT:-128}" <<'PY'
+import json, random, sys
+rows, plen = int(sys.argv[1]), int(sys.argv[2])
 random.seed(0)
 with open("/tmp/b1.jsonl", "w") as f:
-    for i in range(1024):
+    for i in range(rows):
         f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                            "body": {"model": "s70b", "prompt": [random.randrange(300, 120000) for _ in range(128)],
+                            "body": {"model": "s70b", "prompt": [random.randrange(300, 120000) for _ in range(plen)],
                                      "max_tokens": 128, "temperature": 0}}) + "\n")
 PY
 for step in $steps; do
@@ -26,7 +33,7 @@ for step in $steps; do
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 > "$OUT/hbm_$step.csv" 2>/dev/null &
     smi=$!
     rm -rf /tmp/jb1_$step
-    /usr/bin/time -v timeout 500 $B run $M /tmp/b1.jsonl -o /tmp/jb1_$step --gpu --batch 1024 $extra \
+    /usr/bin/time -v timeout ${B1_TIMEOUT:-500} $B run $M /tmp/b1.jsonl -o /tmp/jb1_$step --gpu --batch ${ROWS:-1024} $extra \
         --pass-log "$OUT/b1_${step}_passes.csv" > "$OUT/b1_$step.log" 2>&1
     echo "b1 $step exit $?" >> "$OUT/b1_$step.log"
     kill $smi
