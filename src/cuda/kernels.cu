@@ -406,6 +406,44 @@ cudaError_t k_kv_write(kv_geom g, const float *k, const float *v, const int32_t 
     return cudaGetLastError();
 }
 
+/* out[d] = acc[c] * inv for this lane's dims d = lane + 32c < S. */
+template <int DPL>
+__device__ __forceinline__ void store_row(float *o, const float (&acc)[DPL], float inv, int lane, int S)
+{
+#pragma unroll
+    for (int c = 0; c < DPL; c++) {
+        int d = lane + 32 * c;
+        if (d < S)
+            o[d] = acc[c] * inv;
+    }
+}
+
+/* Stages keys/values [kb, kb + nk) of one kv head (positions past plast as zeros) into shared rows of
+ * strides kstride / vstride, each value through cv (identity, or a TF32 rounding). */
+template <typename T, typename Conv>
+__device__ __forceinline__ void stage_kv(const kv_geom &g, const int32_t *pt, int kh, int32_t kb, int32_t plast, int nk,
+                                         T *Ks, int kstride, T *Vs, int vstride, Conv cv)
+{
+    const int S = g.S;
+    const int64_t voff = (int64_t)g.Kh * g.P * S;
+    for (int idx = threadIdx.x; idx < nk * S; idx += blockDim.x) {
+        int jj = idx / S, d = idx % S;
+        int32_t j = kb + jj;
+        float kk = 0.0f, vv = 0.0f;
+        if (j <= plast) {
+            const float *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j);
+            kk = kr[d];
+            vv = kr[voff + d];
+        }
+        Ks[jj * kstride + d] = cv(kk);
+        Vs[jj * vstride + d] = cv(vv);
+    }
+}
+
+struct keep_f32 {
+    __device__ float operator()(float x) const { return x; }
+};
+
 #define ATT_GC 4 /* query heads of one kv group handled by one warp */
 
 /* One warp per (token, kv head, chunk of up to ATT_GC query heads of that
@@ -477,14 +515,7 @@ __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, 
     for (int i = 0; i < ATT_GC; i++) {
         if (i >= gc)
             break;
-        float inv = 1.0f / l[i];
-        float *o = out + (t * H + h0 + i) * S;
-#pragma unroll
-        for (int c = 0; c < DPL; c++) {
-            int d = lane + 32 * c;
-            if (d < S)
-                o[d] = acc[i][c] * inv;
-        }
+        store_row<DPL>(out + (t * H + h0 + i) * S, acc[i], 1.0f / l[i], lane, S);
     }
 }
 
@@ -519,7 +550,6 @@ __global__ void __launch_bounds__(TQ_WARPS * 32)
     const int32_t p0 = pos[t0], plast = p0 + nq - 1; /* a tile's tokens are consecutive positions */
     const int32_t lo = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
     const int32_t *pt = pages + pt_off[seq[t0]];
-    const int64_t vstride = (int64_t)g.Kh * g.P * S;
     float m[RW], l[RW], acc[RW][DPL];
     int32_t rpos[RW];
 #pragma unroll
@@ -534,18 +564,7 @@ __global__ void __launch_bounds__(TQ_WARPS * 32)
     }
     for (int32_t kb = lo; kb <= plast; kb += TK) {
         __syncthreads(); /* the previous block's K, V and P are consumed (and Q is staged) */
-        for (int idx = tid; idx < TK * S; idx += TQ_WARPS * 32) {
-            int jj = idx / S, d = idx % S;
-            int32_t j = kb + jj;
-            float kk = 0.0f, vv = 0.0f;
-            if (j <= plast) {
-                const float *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j);
-                kk = kr[d];
-                vv = kr[vstride + d];
-            }
-            Ks[jj * SP + d] = kk;
-            Vs[jj * SP + d] = vv;
-        }
+        stage_kv(g, pt, kh, kb, plast, TK, Ks, SP, Vs, SP, keep_f32());
         __syncthreads();
         const int32_t j = kb + lane;
         float sc[RW];
@@ -606,14 +625,7 @@ __global__ void __launch_bounds__(TQ_WARPS * 32)
         int r = warp * RW + i;
         if (r >= nrows)
             continue;
-        float inv = 1.0f / l[i];
-        float *o = out + ((int64_t)(t0 + r / G) * H + kh * G + r % G) * S;
-#pragma unroll
-        for (int c = 0; c < DPL; c++) {
-            int d = lane + 32 * c;
-            if (d < S)
-                o[d] = acc[i][c] * inv;
-        }
+        store_row<DPL>(out + ((int64_t)(t0 + r / G) * H + kh * G + r % G) * S, acc[i], 1.0f / l[i], lane, S);
     }
 }
 
@@ -631,6 +643,10 @@ __device__ __forceinline__ uint32_t to_tf32(float x)
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
+
+struct round_tf32 {
+    __device__ uint32_t operator()(float x) const { return to_tf32(x); }
+};
 
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {
@@ -667,7 +683,6 @@ __global__ void __launch_bounds__(TQ_WARPS * 32)
     const int32_t lo = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
     const int32_t rp0 = r0 < nrows ? p0 + r0 / G : -1, rp1 = r1 < nrows ? p0 + r1 / G : -1;
     const int32_t *pt = pages + pt_off[seq[t0]];
-    const int64_t vstride = (int64_t)g.Kh * g.P * S;
     float o[NS][4];
 #pragma unroll
     for (int n = 0; n < NS; n++)
@@ -676,18 +691,7 @@ __global__ void __launch_bounds__(TQ_WARPS * 32)
     uint32_t *P = Ps + warp * 16 * PP;
     for (int32_t kb = lo; kb <= plast; kb += MK) {
         __syncthreads(); /* the previous block's K and V are consumed */
-        for (int idx = tid; idx < MK * S; idx += TQ_WARPS * 32) {
-            int jj = idx / S, d = idx % S;
-            int32_t j = kb + jj;
-            float kk = 0.0f, vv = 0.0f;
-            if (j <= plast) {
-                const float *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j);
-                kk = kr[d];
-                vv = kr[vstride + d];
-            }
-            Ks[jj * SPK + d] = to_tf32(kk);
-            Vs[jj * SPV + d] = to_tf32(vv);
-        }
+        stage_kv(g, pt, kh, kb, plast, MK, Ks, SPK, Vs, SPV, round_tf32());
         __syncthreads();
         float sc[4][4];
 #pragma unroll

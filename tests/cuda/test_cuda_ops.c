@@ -333,9 +333,33 @@ static double att_tol(int kind, int S)
     return kind == 2 && S <= 128 && S % 8 == 0 ? 2e-2 : 2e-5;
 }
 
-static void test_attention(void)
+/* One attention case on the GPU against attention_ref: the largest |difference|, or -1 (with a failed check)
+ * when the op fails. */
+static double attention_case(const float *q, const float *arena, int NP, int P, int H, int K, int S,
+                             const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off,
+                             const int32_t *pages, int n_table, int n_seqs, int window, float scale, float softcap,
+                             int tile_min_run)
 {
     char err[SPILL_ERRLEN];
+    size_t qn = (size_t)T * H * S;
+    float *y = malloc(qn * 4), *yr = malloc(qn * 4);
+    for (size_t i = 0; i < qn; i++)
+        y[i] = NAN;
+    int rc = cuda_op_attention(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, n_table, n_seqs, window, scale,
+                               softcap, tile_min_run, y, err, sizeof err);
+    CHECK(rc == 0, "attention: %s", err);
+    attention_ref(q, arena, P, H, K, S, pos, seq, T, pt_off, pages, window, scale, softcap, yr);
+    double worst = 0;
+    for (size_t i = 0; i < qn; i++) {
+        double d = fabs((double)y[i] - yr[i]);
+        worst = !(d <= worst) ? d : worst;
+    }
+    free(y), free(yr);
+    return rc ? -1 : worst;
+}
+
+static void test_attention(void)
+{
     enum { P = 4, NP = 16 };
     /* (H, K, S): GQA groups of 2, 8 (two warps' chunks), 5 (a partial chunk), MHA, MQA; S not a multiple of 32 */
     static const int cfgs[][3] = {{4, 2, 64}, {8, 1, 128}, {10, 2, 80}, {3, 3, 32}, {16, 2, 256}};
@@ -346,7 +370,7 @@ static void test_attention(void)
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         int H = cfgs[ci][0], K = cfgs[ci][1], S = cfgs[ci][2];
         size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
-        float *arena = malloc(an * 4), *q = malloc(qn * 4), *y = malloc(qn * 4), *yr = malloc(qn * 4);
+        float *arena = malloc(an * 4), *q = malloc(qn * 4);
         for (size_t i = 0; i < an; i++)
             arena[i] = frand(-1, 1);
         for (size_t i = 0; i < qn; i++)
@@ -357,21 +381,12 @@ static void test_attention(void)
             int window = variant % 3 == 1 ? 3 : 0, tiled = variant >= 3;
             cuda_attention_kind(variant >= 6 ? 2 : 1);
             float softcap = variant % 3 == 2 ? 2.0f : 0.0f, scale = 1.0f / sqrtf((float)S) * 3;
-            for (size_t i = 0; i < qn; i++)
-                y[i] = NAN;
-            int rc = cuda_op_attention(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, 9, 3, window, scale,
-                                       softcap, tiled, y, err, sizeof err);
-            CHECK(rc == 0, "attention: %s", err);
-            attention_ref(q, arena, P, H, K, S, pos, seq, T, pt_off, pages, window, scale, softcap, yr);
-            double worst = 0;
-            for (size_t i = 0; i < qn; i++) {
-                double d = fabs((double)y[i] - yr[i]);
-                worst = !(d <= worst) ? d : worst;
-            }
-            CHECK(worst <= att_tol(variant >= 6 ? 2 : 1, S), "attention H=%d K=%d S=%d variant %d: max |dy| %.3g", H,
-                  K, S, variant, worst);
+            double worst = attention_case(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, 9, 3, window, scale,
+                                          softcap, tiled);
+            CHECK(worst >= 0 && worst <= att_tol(variant >= 6 ? 2 : 1, S),
+                  "attention H=%d K=%d S=%d variant %d: max |dy| %.3g", H, K, S, variant, worst);
         }
-        free(arena), free(q), free(y), free(yr);
+        free(arena), free(q);
     }
     cuda_attention_kind(1);
 }
@@ -381,7 +396,6 @@ static void test_attention(void)
  * that cut inside key blocks.  Same 2e-5 bound as above: fp32 sums of at most ~150 terms in another order. */
 static void test_attention_long(void)
 {
-    char err[SPILL_ERRLEN];
     enum { P = 16, NP = 40 };
     static const int cfgs[][3] = {{32, 8, 128}, {8, 1, 64}, {16, 2, 256}, {10, 2, 80}, {4, 4, 32}};
     int64_t T = 100 + 33 + 1;
@@ -397,7 +411,7 @@ static void test_attention_long(void)
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         int H = cfgs[ci][0], K = cfgs[ci][1], S = cfgs[ci][2];
         size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
-        float *arena = malloc(an * 4), *q = malloc(qn * 4), *y = malloc(qn * 4), *yr = malloc(qn * 4);
+        float *arena = malloc(an * 4), *q = malloc(qn * 4);
         for (size_t i = 0; i < an; i++)
             arena[i] = frand(-1, 1);
         for (size_t i = 0; i < qn; i++)
@@ -406,24 +420,15 @@ static void test_attention_long(void)
             int window = variant % 3 == 1 ? 37 : variant % 3 == 2 ? 5 : 0, kind = variant < 3 ? 1 : 2;
             float scale = 1.0f / sqrtf((float)S) * 2;
             cuda_attention_kind(kind);
-            for (size_t i = 0; i < qn; i++)
-                y[i] = NAN;
-            int rc = cuda_op_attention(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, 22, 3, window, scale,
-                                       0.0f, 8, y, err, sizeof err);
-            CHECK(rc == 0, "attention (long): %s", err);
-            attention_ref(q, arena, P, H, K, S, pos, seq, T, pt_off, pages, window, scale, 0.0f, yr);
-            double worst = 0;
-            for (size_t i = 0; i < qn; i++) {
-                double d = fabs((double)y[i] - yr[i]);
-                worst = !(d <= worst) ? d : worst;
-            }
-            CHECK(worst <= att_tol(kind, S), "attention (long, %s) H=%d K=%d S=%d window %d: max |dy| %.3g",
+            double worst = attention_case(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, 22, 3, window, scale,
+                                          0.0f, 8);
+            CHECK(worst >= 0 && worst <= att_tol(kind, S), "attention (long, %s) H=%d K=%d S=%d window %d: max |dy| %.3g",
                   kind == 2 ? "tf32" : "fp32", H, K, S, window, worst);
             if (variant % 3 == 0)
                 fprintf(stderr, "attention tiled %s H=%d K=%d S=%d (%d tokens a tile): max |dy| %.2e\n",
                         kind == 2 && S <= 128 ? "tf32" : "fp32", H, K, S, (S <= 128 ? 64 : 32) / (H / K), worst);
         }
-        free(arena), free(q), free(y), free(yr);
+        free(arena), free(q);
     }
     cuda_attention_kind(1);
 }
