@@ -49,6 +49,7 @@
 #include "cpu.h"
 
 #include "quant.h"
+#include "quant_avx2.h"
 #include "util.h"
 
 #include <errno.h>
@@ -528,6 +529,43 @@ static SIMD float kq_1x1(const uint8_t *wq, const float *dw, const float *mw, co
     return has_min ? s + minsum_avx2(mw, sx, nb) : s;
 }
 
+/* kq_1x1 on a raw legacy-quant row (Q8_0, Q4_0/1, Q5_0/1), each block unpacked in registers instead of
+ * through the tile: for decode passes of 1-3 rows the unpack cost as much as two dot products (perf: 51% of
+ * a batch-1 token in quant_unpack_q8_row, 22% in kq_1x1).  Same integers, same scales, same fma order and the
+ * same block-minimum sum (mw gathered, then minsum_avx2), so the same bits as unpack + kq_1x1. */
+static SIMD float kq_1x1_raw(uint32_t type, const uint8_t *w, size_t bsz, const int8_t *xq, const float *dx,
+                             const float *sx, int64_t nb, bool sgn, bool has_min, float *mw)
+{
+    __m256 acc = _mm256_setzero_ps();
+#define KQ_RAW_LOOP(T_)                                                                                                \
+    for (int64_t b = 0; b < nb; b++) {                                                                                 \
+        float d;                                                                                                       \
+        __m256i q = legacy_block_q8(T_, w + (size_t)b * bsz, &d, &mw[b]);                                             \
+        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));                                               \
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[b]), lanes_dot(q, x, sgn), acc);                                 \
+    }
+    switch (type) { /* one loop per type: the block layout is a constant inside it */
+    case GGML_Q8_0:
+        KQ_RAW_LOOP(GGML_Q8_0);
+        break;
+    case GGML_Q4_0:
+        KQ_RAW_LOOP(GGML_Q4_0);
+        break;
+    case GGML_Q4_1:
+        KQ_RAW_LOOP(GGML_Q4_1);
+        break;
+    case GGML_Q5_0:
+        KQ_RAW_LOOP(GGML_Q5_0);
+        break;
+    default:
+        KQ_RAW_LOOP(GGML_Q5_1);
+        break;
+    }
+#undef KQ_RAW_LOOP
+    float s = hsum8(acc);
+    return has_min ? s + minsum_avx2(mw, sx, nb) : s;
+}
+
 /* 1 W row × 4 X rows (x rows at stride xs bytes; their d/s arrays at the same stride). */
 static SIMD void kq_1x4(const uint8_t *wq, const float *dw, const float *mw, const uint8_t *xrow, int64_t xs, int64_t K,
                         int64_t nb, bool sgn, bool has_min, float *y, int64_t ldy)
@@ -601,6 +639,20 @@ static void mm_task_q8(const mm_ctx *c, int64_t n0, int64_t R, const uint8_t *w,
 {
     int64_t K = c->K, nb = K / 32, xs = c->xs;
     uint8_t *tile = cpu_pool_scratch(c->p, tid);
+    if (c->simd && c->T < 4 && c->wtype != GGML_Q4_K && c->wtype != GGML_Q5_K) {
+        /* a decode pass of 1-3 rows: dot each raw weight row directly (no tile), the block minima in scratch */
+        bool sgn = quant_q8_signed(c->wtype);
+        float *mw = (float *)tile;
+        size_t bsz = c->row_bytes / (size_t)nb;
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t t = 0; t < c->T; t++) {
+                const uint8_t *xr = c->act + t * xs;
+                const float *dx = (const float *)(xr + K);
+                c->Y[t * c->N + n0 + r] = kq_1x1_raw(c->wtype, w + (size_t)r * c->row_bytes, bsz, (const int8_t *)xr,
+                                                     dx, dx + nb, nb, sgn, !sgn, mw);
+            }
+        return;
+    }
     for (int64_t r = 0; r < R; r++) {
         float *dw = (float *)(tile + r * xs + K);
         quant_unpack_q8_row(c->wtype, w + (size_t)r * c->row_bytes, K, tile + r * xs, dw, dw + nb);
@@ -681,7 +733,8 @@ int cpu_pool_reserve_q8(cpu_pool *p, int64_t T, int64_t K, char *err, size_t err
     return grow_act(p, T, K, K + 8 * (K / 32), err, errlen);
 }
 
-/* Quantizes X into pool->act (grown here when a larger T×K first appears). */
+/* Quantizes X into pool->act (grown here when a larger T×K first appears); a single task runs on the
+ * calling thread (a decode pass's handful of rows is not worth waking the pool for). */
 static int quantize_activations(cpu_pool *p, const float *X, int64_t T, int64_t K, int64_t xs, bool simd, char *err,
                                 size_t errlen)
 {
@@ -689,44 +742,90 @@ static int quantize_activations(cpu_pool *p, const float *X, int64_t T, int64_t 
         return -1;
     int64_t rpt = 8;
     xq_ctx xc = {X, p->act, K, T, xs, rpt, simd};
-    cpu_pool_run(p, xq_task, &xc, (T + rpt - 1) / rpt);
+    if (T <= rpt)
+        xq_task(&xc, 0, 0);
+    else
+        cpu_pool_run(p, xq_task, &xc, (T + rpt - 1) / rpt);
+    return 0;
+}
+
+/* Several matrices' row tiles as one job: task k belongs to the part whose range holds it. */
+typedef struct {
+    mm_ctx part[CPU_MM_MAX_PARTS];
+    int64_t first_task[CPU_MM_MAX_PARTS + 1];
+    int n;
+} mm_multi;
+
+static void mm_multi_task(void *vctx, int64_t task, int tid)
+{
+    mm_multi *m = vctx;
+    int i = 0;
+    while (i + 1 < m->n && task >= m->first_task[i + 1])
+        i++;
+    mm_task(&m->part[i], task - m->first_task[i], tid);
+}
+
+int cpu_matmul_multi(cpu_pool *p, const cpu_mm_part *parts, int n_parts, int64_t K, const float *X, int64_t T,
+                     char *err, size_t errlen)
+{
+    if (n_parts < 1 || n_parts > CPU_MM_MAX_PARTS)
+        return util_errf(err, errlen, "matmul: %d matrices in one dispatch (1..%d).", n_parts, CPU_MM_MAX_PARTS);
+    mm_multi mm;
+    memset(&mm, 0, sizeof mm);
+    int64_t xs = K + 8 * (K / 32); /* q8 row stride, activations and weight tile alike */
+    bool simd = quant_simd_active(), any_q8 = false;
+    int64_t tasks = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const cpu_mm_part *pt = &parts[i];
+        size_t row_bytes;
+        if (!quant_type_supported(pt->wtype))
+            return util_errf(err, errlen, "matmul: weight type %u is not supported by the CPU backend.", pt->wtype);
+        if (pt->N < 0 || K <= 0 || T < 0 || quant_row_bytes(pt->wtype, K, &row_bytes) != 0)
+            return util_errf(err, errlen,
+                             "matmul: shape N=%lld K=%lld T=%lld is invalid for %s (K must be a positive "
+                             "multiple of %lld).",
+                             (long long)pt->N, (long long)K, (long long)T, quant_type_name(pt->wtype),
+                             (long long)quant_block_elems(pt->wtype));
+        if (pt->N == 0 || T == 0)
+            continue; /* nothing to compute (and no scratch needed) */
+        bool q8 = p->q8_act && quant_q8_supported(pt->wtype);
+        int64_t rpt = CPU_MATMUL_TILE_ROWS;
+        if (pt->wtype != 0) {
+            size_t row = q8 ? (size_t)xs : (size_t)K * sizeof(float);
+            int64_t fit = (int64_t)(cpu_pool_scratch_bytes(p) / row);
+            if (fit < 1)
+                return util_errf(err, errlen,
+                                 "matmul: per-thread scratch of %zu bytes cannot hold one row of K=%lld "
+                                 "weights; create the pool with cpu_matmul_scratch_bytes(K).",
+                                 cpu_pool_scratch_bytes(p), (long long)K);
+            if (fit < rpt)
+                rpt = fit >= 4 ? fit & ~(int64_t)3 : fit;
+        }
+        /* keep every thread busy on small N: at least ~4 tasks per thread when rows allow */
+        while (rpt > 4 && (pt->N + rpt - 1) / rpt < 4 * (int64_t)cpu_pool_threads(p))
+            rpt -= 4;
+        any_q8 |= q8 && pt->N > 0;
+        mm.part[mm.n] = (mm_ctx){p, pt->W, pt->wtype, row_bytes, pt->N, K, T, X, pt->Y, rpt, simd, q8, NULL, xs};
+        mm.first_task[mm.n] = tasks;
+        tasks += (pt->N + rpt - 1) / rpt;
+        mm.n++;
+    }
+    mm.first_task[mm.n] = tasks;
+    if (tasks == 0 || T == 0)
+        return 0;
+    if (any_q8 && quantize_activations(p, X, T, K, xs, simd, err, errlen) != 0)
+        return -1;
+    for (int i = 0; i < mm.n; i++)
+        mm.part[i].act = p->act; /* after the quantization: it may have grown the buffer */
+    cpu_pool_run(p, mm_multi_task, &mm, tasks);
     return 0;
 }
 
 int cpu_matmul(cpu_pool *p, const void *W, uint32_t wtype, int64_t N, int64_t K, const float *X, int64_t T, float *Y,
                char *err, size_t errlen)
 {
-    size_t row_bytes;
-    if (!quant_type_supported(wtype))
-        return util_errf(err, errlen, "matmul: weight type %u is not supported by the CPU backend.", wtype);
-    if (N < 0 || K <= 0 || T < 0 || quant_row_bytes(wtype, K, &row_bytes) != 0)
-        return util_errf(err, errlen, "matmul: shape N=%lld K=%lld T=%lld is invalid for %s (K must be a positive "
-                         "multiple of %lld).", (long long)N, (long long)K, (long long)T, quant_type_name(wtype),
-                         (long long)quant_block_elems(wtype));
-    if (N == 0 || T == 0)
-        return 0;
-    bool q8 = p->q8_act && quant_q8_supported(wtype);
-    int64_t xs = K + 8 * (K / 32); /* q8 row stride, activations and weight tile alike */
-    int64_t rpt = CPU_MATMUL_TILE_ROWS;
-    if (wtype != 0) {
-        size_t row = q8 ? (size_t)xs : (size_t)K * sizeof(float);
-        int64_t fit = (int64_t)(cpu_pool_scratch_bytes(p) / row);
-        if (fit < 1)
-            return util_errf(err, errlen, "matmul: per-thread scratch of %zu bytes cannot hold one row of K=%lld "
-                             "weights; create the pool with cpu_matmul_scratch_bytes(K).", cpu_pool_scratch_bytes(p),
-                             (long long)K);
-        if (fit < rpt)
-            rpt = fit >= 4 ? fit & ~(int64_t)3 : fit;
-    }
-    /* keep every thread busy on small N: at least ~4 tasks per thread when rows allow */
-    while (rpt > 4 && (N + rpt - 1) / rpt < 4 * (int64_t)cpu_pool_threads(p))
-        rpt -= 4;
-    bool simd = quant_simd_active();
-    if (q8 && quantize_activations(p, X, T, K, xs, simd, err, errlen) != 0)
-        return -1;
-    mm_ctx c = {p, W, wtype, row_bytes, N, K, T, X, Y, rpt, simd, q8, p->act, xs};
-    cpu_pool_run(p, mm_task, &c, (N + rpt - 1) / rpt);
-    return 0;
+    cpu_mm_part part = {W, wtype, N, Y};
+    return cpu_matmul_multi(p, &part, 1, K, X, T, err, errlen);
 }
 
 /* ---------------------------------------------------------------- attention helpers */

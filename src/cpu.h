@@ -95,6 +95,21 @@ size_t cpu_matmul_scratch_bytes(int64_t K);
 int cpu_matmul(cpu_pool *p, const void *W, uint32_t wtype, int64_t N, int64_t K, const float *X, int64_t T, float *Y,
                char *err, size_t errlen);
 
+/* Several weight matrices against the same X in one dispatch (q, k, v; gate, up): part i computes
+ * parts[i].Y(T, N_i) = X(T, K) · W_i(N_i, K)^T.  X is quantized once for every part that takes 8-bit
+ * activations, and all parts' row tiles are one pool job, so a decode pass pays one wake-up where it paid
+ * one per matrix.  Every Y[t][n] has the bits cpu_matmul gives it (same routine, same order).  At most
+ * CPU_MM_MAX_PARTS parts. */
+#define CPU_MM_MAX_PARTS 4
+typedef struct cpu_mm_part {
+    const void *W;
+    uint32_t wtype;
+    int64_t N;
+    float *Y;
+} cpu_mm_part;
+int cpu_matmul_multi(cpu_pool *p, const cpu_mm_part *parts, int n_parts, int64_t K, const float *X, int64_t T,
+                     char *err, size_t errlen);
+
 /* ---------------------------------------------------------------- attention (one head, one KV page run) */
 
 /* s[j] = q . k_j for n keys stored one after another (stride S floats), in the

@@ -523,9 +523,8 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
     int64_t HS = H * S, KS = K * S;
     bool sliding = m->layer_sliding && m->layer_sliding[l];
     cpu_rmsnorm(e->h, e->x, w->attn_norm, T, D, m->norm_eps, m->norm_plus_one);
-    if (cpu_matmul(e->pool, w->q.p, w->q.type, HS, D, e->h, T, e->q, err, errlen) ||
-        cpu_matmul(e->pool, w->k.p, w->k.type, KS, D, e->h, T, e->k, err, errlen) ||
-        cpu_matmul(e->pool, w->v.p, w->v.type, KS, D, e->h, T, e->v, err, errlen))
+    cpu_mm_part qkv[3] = {{w->q.p, w->q.type, HS, e->q}, {w->k.p, w->k.type, KS, e->k}, {w->v.p, w->v.type, KS, e->v}};
+    if (cpu_matmul_multi(e->pool, qkv, 3, D, e->h, T, err, errlen))
         return -1;
     add_bias(e->q, w->bq, T, HS);
     add_bias(e->k, w->bk, T, KS);
@@ -554,8 +553,8 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
     cpu_add(e->x, e->h, T * D);
 
     cpu_rmsnorm(e->h, e->x, w->ffn_norm, T, D, m->norm_eps, m->norm_plus_one);
-    if (cpu_matmul(e->pool, w->gate.p, w->gate.type, F, D, e->h, T, e->g, err, errlen) ||
-        cpu_matmul(e->pool, w->up.p, w->up.type, F, D, e->h, T, e->u, err, errlen))
+    cpu_mm_part gate_up[2] = {{w->gate.p, w->gate.type, F, e->g}, {w->up.p, w->up.type, F, e->u}};
+    if (cpu_matmul_multi(e->pool, gate_up, 2, D, e->h, T, err, errlen))
         return -1;
     if (!strncmp(m->arch, "gemma", 5))
         cpu_gelu_tanh_mul(e->g, e->u, T * F);

@@ -32,6 +32,7 @@
  * an FMA (tests/test_quant.c would catch it if that ever changed).
  */
 #include "quant.h"
+#include "quant_avx2.h"
 
 #include "gguf.h"
 #include "util.h"
@@ -346,13 +347,6 @@ int quant_dequant_row_scalar(uint32_t type, const void *src, float *dst, int64_t
 
 /* fp16 scale via F16C: exact like quant_fp16_to_fp32, and it keeps SIMD code
  * free of calls into non-VEX code (which costs state transitions on Intel). */
-static inline SIMD float rd_half_v(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
 /* 32 signed bytes -> 4 vectors of 8 floats, in element order. */
 static inline SIMD void i8x32_to_ps(__m256i v, __m256 o[4])
 {
@@ -391,24 +385,6 @@ static inline SIMD void st_mul_sub(float *y, __m256i q, __m256 d, __m256 m)
 }
 
 /* 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15), then high nibbles (16..31). */
-static inline SIMD __m256i unpack_nibbles16(const uint8_t *qs)
-{
-    __m128i b = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0F);
-    __m128i lo = _mm_and_si128(b, m4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
-    return _mm256_set_m128i(hi, lo);
-}
-
-/* 32 bits -> 32 bytes, 0xFF where bit j is set (llama.cpp's bytes_from_bits_32). */
-static inline SIMD __m256i bits_to_bytes32(const uint8_t *p)
-{
-    uint32_t x;
-    memcpy(&x, p, 4);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
-    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
-}
-
 static SIMD void dqv_q8_0(const uint8_t *b, float *y)
 {
     st_mul(y, _mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_ps(rd_half_v(b)));
@@ -673,25 +649,8 @@ static void q8v_legacy_scalar(uint32_t type, const uint8_t *b, uint8_t *q)
 
 static SIMD void q8v_legacy_avx2(uint32_t type, const uint8_t *b, uint8_t *q)
 {
-    __m256i v;
-    switch (type) {
-    case GGML_Q8_0:
-        v = _mm256_loadu_si256((const __m256i *)(b + 2));
-        break;
-    case GGML_Q4_0:
-        v = unpack_nibbles16(b + 2);
-        break;
-    case GGML_Q4_1:
-        v = unpack_nibbles16(b + 4);
-        break;
-    default: {
-        const uint8_t *qhp = b + (type == GGML_Q5_0 ? 2 : 4);
-        v = _mm256_or_si256(unpack_nibbles16(qhp + 4),
-                            _mm256_and_si256(bits_to_bytes32(qhp), _mm256_set1_epi8(0x10)));
-        break;
-    }
-    }
-    _mm256_storeu_si256((__m256i *)q, v);
+    float d, m;
+    _mm256_storeu_si256((__m256i *)q, legacy_block_q8(type, b, &d, &m));
 }
 
 /* Legacy (32-element) blocks: scales, and the integers via `blk` (scalar or AVX2). */

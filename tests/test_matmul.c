@@ -290,6 +290,12 @@ static void test_matmul_bitstable(bool q8)
         cpu_matmul(p2, W, type, N, K, X + 5 * K, 7, Y[4], err, sizeof err);
         CHECK(memcmp(Y[4], Y[0] + 5 * N, sizeof(float) * 7 * N) == 0, "%s: sub-batch rows bit-identical",
               quant_type_name(type));
+        /* 2 and 3 rows: the decode path that dots raw weight rows without a tile */
+        for (int64_t tn = 2; tn <= 3; tn++) {
+            cpu_matmul(p2, W, type, N, K, X + 9 * K, tn, Y[4], err, sizeof err);
+            CHECK(memcmp(Y[4], Y[0] + 9 * N, sizeof(float) * (size_t)(tn * N)) == 0,
+                  "%s%s: a %lld-row sub-batch differs", quant_type_name(type), q8 ? " q8" : "", (long long)tn);
+        }
         /* scalar path (SPILL_NO_SIMD) gives the same bits */
         if (quant_simd_available()) {
             quant_simd_force(false);
@@ -307,6 +313,51 @@ static void test_matmul_bitstable(bool q8)
         free(W);
         free(X);
     }
+}
+
+/* cpu_matmul_multi: q, k, v-like parts of different types (an 8-bit-activation type, one that is never
+ * quantized, a float type) against one X give every part the bits of its own cpu_matmul, at T = 1 (the
+ * decode path) and T = 17; both activation modes; a part with N = 0 and too many parts are handled. */
+static void test_matmul_multi(cpu_pool *pool)
+{
+    char err[256];
+    const int64_t K = 256, Ns[3] = {40, 16, 24};
+    const uint32_t types[3] = {GGML_Q4_1, GGML_Q6_K, GGML_F16};
+    uint8_t *W[3];
+    size_t rb;
+    for (int i = 0; i < 3; i++)
+        W[i] = random_weights(types[i], Ns[i], K, &rb);
+    float *X = malloc(sizeof(float) * 17 * K);
+    for (int64_t i = 0; i < 17 * K; i++)
+        X[i] = rng_uniform(-2, 2);
+    for (int q8 = 0; q8 < 2; q8++) {
+        cpu_pool_set_q8_act(pool, q8);
+        for (int64_t T = 1; T <= 17; T += 16) {
+            float *Ya[3], *Yb[3];
+            cpu_mm_part parts[4];
+            for (int i = 0; i < 3; i++) {
+                Ya[i] = malloc(sizeof(float) * T * Ns[i]);
+                Yb[i] = malloc(sizeof(float) * T * Ns[i]);
+                CHECK(cpu_matmul(pool, W[i], types[i], Ns[i], K, X, T, Ya[i], err, sizeof err) == 0, "%s", err);
+                parts[i] = (cpu_mm_part){W[i], types[i], Ns[i], Yb[i]};
+            }
+            parts[3] = (cpu_mm_part){W[0], types[0], 0, NULL};
+            CHECK(cpu_matmul_multi(pool, parts, 4, K, X, T, err, sizeof err) == 0, "multi: %s", err);
+            for (int i = 0; i < 3; i++) {
+                CHECK(memcmp(Ya[i], Yb[i], sizeof(float) * T * Ns[i]) == 0, "multi part %d (%s, T=%lld%s) differs", i,
+                      quant_type_name(types[i]), (long long)T, q8 ? ", q8" : "");
+                free(Ya[i]);
+                free(Yb[i]);
+            }
+        }
+    }
+    cpu_pool_set_q8_act(pool, false);
+    cpu_mm_part five[5] = {{W[0], types[0], 1, NULL}};
+    CHECK(cpu_matmul_multi(pool, five, 5, K, X, 1, err, sizeof err) == -1 && strstr(err, "matrices"),
+          "5 parts must be refused: %s", err);
+    for (int i = 0; i < 3; i++)
+        free(W[i]);
+    free(X);
 }
 
 static void test_matmul_errors(cpu_pool *pool)
@@ -584,6 +635,7 @@ int main(void)
     test_matmul_q8(pool);
     test_matmul_bitstable(false);
     test_matmul_bitstable(true);
+    test_matmul_multi(pool);
     test_elementwise();
     test_rope();
     cpu_pool_free(pool);
