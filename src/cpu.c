@@ -506,95 +506,49 @@ static inline SIMD float minsum_avx2(const float *mw, const float *sx, int64_t n
     return s;
 }
 
-/* 8 int32 lanes of 4 products each: unsigned w bytes times signed x bytes (sgn: both signed). */
-static inline SIMD __m256 lanes_dot(__m256i w, __m256i x, bool sgn)
+#define KQ_ATTR SIMD
+#define KQ_NAME(n) n##_avx2
+#define KQ_DOT(w, x) _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+#include "cpu_kq.h"
+#undef KQ_ATTR
+#undef KQ_NAME
+#undef KQ_DOT
+#define KQ_ATTR __attribute__((target("avx2,fma,f16c,avx512vl,avx512vnni")))
+#define KQ_NAME(n) n##_vnni
+#define KQ_DOT(w, x) _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
+#include "cpu_kq.h"
+#undef KQ_ATTR
+#undef KQ_NAME
+#undef KQ_DOT
+
+/* The kernel set a matmul uses: VNNI where the CPU has AVX-512 VNNI + VL (and SPILL_NO_VNNI is unset). */
+typedef struct kq_ops {
+    float (*k1x1)(const uint8_t *, const float *, const float *, const int8_t *, const float *, const float *, int64_t,
+                  bool, bool);
+    float (*k1x1_raw)(uint32_t, const uint8_t *, size_t, const int8_t *, const float *, const float *, int64_t, bool,
+                      bool, float *);
+    void (*k1x4)(const uint8_t *, const float *, const float *, const uint8_t *, int64_t, int64_t, int64_t, bool, bool,
+                 float *, int64_t);
+} kq_ops;
+
+static const kq_ops KQ_AVX2 = {kq_1x1_avx2, kq_1x1_raw_avx2, kq_1x4_avx2};
+static const kq_ops KQ_VNNI = {kq_1x1_vnni, kq_1x1_raw_vnni, kq_1x4_vnni};
+static int g_vnni = -1; /* -1: not decided yet */
+
+void cpu_q8_vnni_force(int on)
 {
-    if (sgn) {
-        x = _mm256_sign_epi8(x, w);
-        w = _mm256_abs_epi8(w);
-    }
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+    g_vnni = on;
 }
 
-static SIMD float kq_1x1(const uint8_t *wq, const float *dw, const float *mw, const int8_t *xq, const float *dx,
-                         const float *sx, int64_t nb, bool sgn, bool has_min)
+bool cpu_q8_vnni_active(void)
 {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i w = _mm256_loadu_si256((const __m256i *)(wq + 32 * b));
-        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw[b] * dx[b]), lanes_dot(w, x, sgn), acc);
+    if (g_vnni < 0) {
+        const char *no = getenv("SPILL_NO_VNNI");
+        __builtin_cpu_init();
+        g_vnni = !(no && *no && strcmp(no, "0")) && __builtin_cpu_supports("avx512vnni") &&
+                 __builtin_cpu_supports("avx512vl");
     }
-    float s = hsum8(acc);
-    return has_min ? s + minsum_avx2(mw, sx, nb) : s;
-}
-
-/* kq_1x1 on a raw legacy-quant row (Q8_0, Q4_0/1, Q5_0/1), each block unpacked in registers instead of
- * through the tile: for decode passes of 1-3 rows the unpack cost as much as two dot products (perf: 51% of
- * a batch-1 token in quant_unpack_q8_row, 22% in kq_1x1).  Same integers, same scales, same fma order and the
- * same block-minimum sum (mw gathered, then minsum_avx2), so the same bits as unpack + kq_1x1. */
-static SIMD float kq_1x1_raw(uint32_t type, const uint8_t *w, size_t bsz, const int8_t *xq, const float *dx,
-                             const float *sx, int64_t nb, bool sgn, bool has_min, float *mw)
-{
-    __m256 acc = _mm256_setzero_ps();
-#define KQ_RAW_LOOP(T_)                                                                                                \
-    for (int64_t b = 0; b < nb; b++) {                                                                                 \
-        float d;                                                                                                       \
-        __m256i q = legacy_block_q8(T_, w + (size_t)b * bsz, &d, &mw[b]);                                             \
-        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));                                               \
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[b]), lanes_dot(q, x, sgn), acc);                                 \
-    }
-    switch (type) { /* one loop per type: the block layout is a constant inside it */
-    case GGML_Q8_0:
-        KQ_RAW_LOOP(GGML_Q8_0);
-        break;
-    case GGML_Q4_0:
-        KQ_RAW_LOOP(GGML_Q4_0);
-        break;
-    case GGML_Q4_1:
-        KQ_RAW_LOOP(GGML_Q4_1);
-        break;
-    case GGML_Q5_0:
-        KQ_RAW_LOOP(GGML_Q5_0);
-        break;
-    default:
-        KQ_RAW_LOOP(GGML_Q5_1);
-        break;
-    }
-#undef KQ_RAW_LOOP
-    float s = hsum8(acc);
-    return has_min ? s + minsum_avx2(mw, sx, nb) : s;
-}
-
-/* 1 W row × 4 X rows (x rows at stride xs bytes; their d/s arrays at the same stride). */
-static SIMD void kq_1x4(const uint8_t *wq, const float *dw, const float *mw, const uint8_t *xrow, int64_t xs, int64_t K,
-                        int64_t nb, bool sgn, bool has_min, float *y, int64_t ldy)
-{
-    const int8_t *xq[4];
-    const float *dx[4], *sx[4];
-    for (int i = 0; i < 4; i++) {
-        xq[i] = (const int8_t *)(xrow + i * xs);
-        dx[i] = (const float *)(xrow + i * xs + K);
-        sx[i] = dx[i] + nb;
-    }
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i w = _mm256_loadu_si256((const __m256i *)(wq + 32 * b));
-        float d = dw[b];
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[0][b]),
-                             lanes_dot(w, _mm256_loadu_si256((const __m256i *)(xq[0] + 32 * b)), sgn), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[1][b]),
-                             lanes_dot(w, _mm256_loadu_si256((const __m256i *)(xq[1] + 32 * b)), sgn), a1);
-        a2 = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[2][b]),
-                             lanes_dot(w, _mm256_loadu_si256((const __m256i *)(xq[2] + 32 * b)), sgn), a2);
-        a3 = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[3][b]),
-                             lanes_dot(w, _mm256_loadu_si256((const __m256i *)(xq[3] + 32 * b)), sgn), a3);
-    }
-    __m256 a[4] = {a0, a1, a2, a3};
-    for (int i = 0; i < 4; i++) {
-        float s = hsum8(a[i]);
-        y[i * ldy] = has_min ? s + minsum_avx2(mw, sx[i], nb) : s;
-    }
+    return g_vnni > 0;
 }
 
 typedef struct {
@@ -638,6 +592,7 @@ typedef struct {
 static void mm_task_q8(const mm_ctx *c, int64_t n0, int64_t R, const uint8_t *w, int tid)
 {
     int64_t K = c->K, nb = K / 32, xs = c->xs;
+    const kq_ops *kq = cpu_q8_vnni_active() ? &KQ_VNNI : &KQ_AVX2;
     uint8_t *tile = cpu_pool_scratch(c->p, tid);
     if (c->simd && c->T < 4 && c->wtype != GGML_Q4_K && c->wtype != GGML_Q5_K) {
         /* a decode pass of 1-3 rows: dot each raw weight row directly (no tile), the block minima in scratch */
@@ -648,7 +603,7 @@ static void mm_task_q8(const mm_ctx *c, int64_t n0, int64_t R, const uint8_t *w,
             for (int64_t t = 0; t < c->T; t++) {
                 const uint8_t *xr = c->act + t * xs;
                 const float *dx = (const float *)(xr + K);
-                c->Y[t * c->N + n0 + r] = kq_1x1_raw(c->wtype, w + (size_t)r * c->row_bytes, bsz, (const int8_t *)xr,
+                c->Y[t * c->N + n0 + r] = kq->k1x1_raw(c->wtype, w + (size_t)r * c->row_bytes, bsz, (const int8_t *)xr,
                                                      dx, dx + nb, nb, sgn, !sgn, mw);
             }
         return;
@@ -665,11 +620,11 @@ static void mm_task_q8(const mm_ctx *c, int64_t n0, int64_t R, const uint8_t *w,
         int64_t t = 0;
         if (c->simd)
             for (; t + 4 <= c->T; t += 4)
-                kq_1x4(wq, dw, mw, c->act + t * xs, xs, K, nb, sgn, has_min, y + t * c->N, c->N);
+                kq->k1x4(wq, dw, mw, c->act + t * xs, xs, K, nb, sgn, has_min, y + t * c->N, c->N);
         for (; t < c->T; t++) {
             const uint8_t *xr = c->act + t * xs;
             const float *dx = (const float *)(xr + K);
-            y[t * c->N] = c->simd ? kq_1x1(wq, dw, mw, (const int8_t *)xr, dx, dx + nb, nb, sgn, has_min)
+            y[t * c->N] = c->simd ? kq->k1x1(wq, dw, mw, (const int8_t *)xr, dx, dx + nb, nb, sgn, has_min)
                                   : dotq_scalar(wq, dw, mw, (const int8_t *)xr, dx, dx + nb, nb, sgn, has_min);
         }
     }

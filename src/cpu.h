@@ -95,6 +95,12 @@ size_t cpu_matmul_scratch_bytes(int64_t K);
 int cpu_matmul(cpu_pool *p, const void *W, uint32_t wtype, int64_t N, int64_t K, const float *X, int64_t T, float *Y,
                char *err, size_t errlen);
 
+/* Whether 8-bit-activation matmuls use the AVX-512 VNNI kernels (dpbusd on 256-bit vectors; the CPU must
+ * have AVX-512 VNNI and VL, and SPILL_NO_VNNI unset).  They give the AVX2 kernels' bits; the test hook
+ * forces the choice (1 VNNI where available, 0 AVX2, -1 decide again). */
+bool cpu_q8_vnni_active(void);
+void cpu_q8_vnni_force(int on);
+
 /* Several weight matrices against the same X in one dispatch (q, k, v; gate, up): part i computes
  * parts[i].Y(T, N_i) = X(T, K) · W_i(N_i, K)^T.  X is quantized once for every part that takes 8-bit
  * activations, and all parts' row tiles are one pool job, so a decode pass pays one wake-up where it paid

@@ -290,6 +290,16 @@ static void test_matmul_bitstable(bool q8)
         cpu_matmul(p2, W, type, N, K, X + 5 * K, 7, Y[4], err, sizeof err);
         CHECK(memcmp(Y[4], Y[0] + 5 * N, sizeof(float) * 7 * N) == 0, "%s: sub-batch rows bit-identical",
               quant_type_name(type));
+        /* AVX2 kernels vs AVX-512 VNNI (where the CPU has it): the same bits, at T = 17 and at T = 1 */
+        if (q8 && cpu_q8_vnni_active()) {
+            cpu_q8_vnni_force(0);
+            cpu_matmul(p2, W, type, N, K, X, T, Y[4], err, sizeof err);
+            CHECK(memcmp(Y[4], Y[0], bytes) == 0, "%s q8: AVX2 and VNNI kernels differ", quant_type_name(type));
+            cpu_matmul(p2, W, type, N, K, X, 1, Y[4], err, sizeof err);
+            CHECK(memcmp(Y[4], Y[0], sizeof(float) * N) == 0, "%s q8: AVX2 and VNNI decode kernels differ",
+                  quant_type_name(type));
+            cpu_q8_vnni_force(-1);
+        }
         /* 2 and 3 rows: the decode path that dots raw weight rows without a tile */
         for (int64_t tn = 2; tn <= 3; tn++) {
             cpu_matmul(p2, W, type, N, K, X + 9 * K, tn, Y[4], err, sizeof err);
@@ -628,7 +638,8 @@ int main(void)
         CHECK(0, "pool: %s", err);
         return test_finish("test_matmul");
     }
-    fprintf(stderr, "  SIMD %s\n", quant_simd_active() ? "active (AVX2+FMA+F16C)" : "off (scalar path)");
+    fprintf(stderr, "  SIMD %s, 8-bit kernels %s\n", quant_simd_active() ? "active (AVX2+FMA+F16C)" : "off (scalar path)",
+            cpu_q8_vnni_active() ? "AVX-512 VNNI" : "AVX2");
     test_pool();
     test_matmul_errors(pool);
     test_matmul_accuracy(pool);
