@@ -12,12 +12,18 @@
  * then rounds to nearest even.  One thread per element: the block header is
  * re-read by each of its elements from L1, and stores are coalesced.
  *
- * Attention: one warp per (token, kv head, up to 4 of its query heads),
- * online softmax over the token's row's pages (scores in fp32, one warp
- * reduction per position and head); each K/V row is read once for the heads
- * of its group.  Simple and right for mixed prefill chunks and decode tokens
- * in one launch; a tiled flash kernel is the later speed-up for long
- * contexts.
+ * Attention: decode tokens (and short runs) take one warp per (token, kv
+ * head, up to 4 of its query heads), online softmax over the token's row's
+ * pages, each K/V row read once for the heads of its group.  Prompt runs of
+ * >= 8 positions go in tiles of 64 query rows (consecutive tokens × the query
+ * heads of one kv head) that share each 32-key block through shared memory:
+ * fp32 on CUDA cores by default, or TF32 mma.sync on the tensor cores
+ * (SPILL_CUDA_ATT=tf32; not yet run on a GPU).  k_attention_plan splits a
+ * pass's tokens between the two.
+ *
+ * Greedy picks (k_pick): argmax, log-sum-exp and the top-64 alternatives of a
+ * logits row with sample.c's cleaning and ties, so only token ids and
+ * log-probs leave the GPU for rows that sample greedily.
  */
 #include "kernels.cuh"
 
