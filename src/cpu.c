@@ -44,7 +44,11 @@
  * choice, not a silent switch by T: each mode is bit-stable in the sense
  * above on its own (its fixed order is given before quant_x_scalar), and
  * the scalar emulation of the integer lanes gives the same bits as AVX2.
- * Q6_K/Q8_K and float types always use the exact path.
+ * Q6_K/Q8_K and float types always use the exact path.  Within that mode:
+ * passes of 1-3 rows dot the raw legacy-quant rows (blocks unpacked in
+ * registers, no tile), the kernels run on AVX-512 VNNI where present
+ * (cpu_kq.h, instantiated for AVX2 and VNNI), and cpu_matmul_multi sends
+ * several matrices sharing one X as one job — all without changing a bit.
  */
 #include "cpu.h"
 
