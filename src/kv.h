@@ -9,6 +9,9 @@
  *     K (K_heads, P, S) then V (K_heads, P, S), fp32
  * at arena + ((l * n_pages + p) * 2 * K_heads * P * S).  Keeping a layer's
  * pages together lets the streamed engine touch one layer's KV per step.
+ * The CUDA engine keeps the same layout in HBM with bf16 elements
+ * (KV_GPU_ELEM_BYTES): twice the rows per GB, half the bytes attention reads;
+ * it owns that arena, and only the page bookkeeping here is shared.
  */
 #ifndef SPILL_KV_H
 #define SPILL_KV_H
@@ -21,8 +24,11 @@ typedef struct kv_cache {
     int32_t n_pages;
     int32_t n_free;
     int32_t *free_list; /* (n_pages) stack of free page ids */
-    float *arena;       /* (L, n_pages, 2, K, P, S) */
+    float *arena;       /* (L, n_pages, 2, K, P, S); NULL when a device owns the pages */
+    int elem_bytes;     /* bytes per cached value: 4 (fp32, here), KV_GPU_ELEM_BYTES in HBM */
 } kv_cache;
+
+#define KV_GPU_ELEM_BYTES 2 /* the CUDA engine's bf16 KV */
 
 typedef struct kv_row {
     int32_t *pages; /* (cap) page ids, position order */
@@ -30,8 +36,10 @@ typedef struct kv_row {
     int32_t len;    /* positions written */
 } kv_row;
 
-/* Bytes one page takes (all layers). */
+/* Bytes one page takes (all layers), fp32 values. */
 size_t kv_page_bytes(int n_layers, int n_kv_heads, int head_dim, int page_tokens);
+/* The same with elem_bytes per value (KV_GPU_ELEM_BYTES for the GPU's pages). */
+size_t kv_page_bytes_as(int n_layers, int n_kv_heads, int head_dim, int page_tokens, int elem_bytes);
 
 int kv_create(kv_cache *c, int n_layers, int n_kv_heads, int head_dim, int page_tokens, int32_t n_pages, char *err,
               size_t errlen);

@@ -1012,7 +1012,9 @@ static int make_plan(runner *r, const engine_opts *eo0, bool gpu, char *err, siz
         memset(&r->plan, 0, sizeof r->plan);
         r->plan.gpu = true;
         r->plan.stream = r->o.mode == 1;
-        uint64_t cap = r->o.kv_bytes ? r->o.kv_bytes / r->page_bytes : (uint64_t)want;
+        uint64_t gpage = kv_page_bytes_as(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens,
+                                          KV_GPU_ELEM_BYTES);
+        uint64_t cap = r->o.kv_bytes ? r->o.kv_bytes / gpage : (uint64_t)want;
         r->plan.kv_pages = (int32_t)(cap < (uint64_t)want ? cap : (uint64_t)want);
         if (r->plan.kv_pages < min_pages)
             r->plan.kv_pages = min_pages;
@@ -1615,6 +1617,11 @@ static int run_job(runner *r, bool resuming)
                 *k = '_';
         if (calib_path(key, r->cal_path, sizeof r->cal_path) != 0 || calib_load(r->cal_path, &r->cal_stored) != 0)
             memset(&r->cal_stored, 0, sizeof r->cal_stored);
+    }
+    { /* the backend's pages: fp32 on the CPU, bf16 in HBM */
+        const kv_cache *bkv = r->be.kv(r->be.impl);
+        r->page_bytes = kv_page_bytes_as(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens,
+                                         bkv->elem_bytes > 0 ? bkv->elem_bytes : (int)sizeof(float));
     }
     if (setup_passes(r, err, sizeof err))
         goto fail_job;

@@ -173,15 +173,21 @@ int cuda_op_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const fl
 /* g(n) = silu(g) * u (gelu_tanh when gelu). */
 int cuda_op_act_mul(float *g, const float *u, int64_t n, bool gelu, char *err, size_t errlen);
 
-/* Attention over a host paged KV arena (kv.h layout, one layer): q (T, H, S),
- * token t belongs to sequence seq[t] at position pos[t]; sequence s's page
- * table is pages[pt_off[s] ...]; out (T, H, S). */
+/* Attention over a host paged KV arena (kv.h layout, one layer, fp32 here; rounded to bf16 on the device as
+ * the engine stores KV, so bf16-representable values reach the kernels exactly): q (T, H, S), token t belongs
+ * to sequence seq[t] at position pos[t]; sequence s's page table is pages[pt_off[s] ...]; out (T, H, S). */
 int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S,
                       const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
                       int32_t n_table, int n_seqs, int window, float scale, float softcap, int tile_min_run,
                       float *out, char *err, size_t errlen);
 
-/* Test hook: the kernel prompt tiles use (1 fp32 CUDA cores, the default; 2 TF32 tensor cores). */
+/* k, v (T, K*S) written into a zeroed device KV arena of n_pages (kv.h layout, one layer, bf16) at each
+ * token's page and position, then widened back into arena (fp32, n_pages * 2*K*P*S values). */
+int cuda_op_kv_write(const float *k, const float *v, int64_t T, const int32_t *pos, const int32_t *seq,
+                     const int32_t *pt_off, const int32_t *pages, int32_t n_table, int n_seqs, int32_t n_pages, int P,
+                     int K, int S, float *arena, char *err, size_t errlen);
+
+/* Test hook: the kernel prompt tiles use (2 TF32 tensor cores, the default; 1 fp32 CUDA cores). */
 void cuda_attention_kind(int kind);
 
 /* picks for R rows of host logits (R, V) with want as in cuda_engine_forward_pick. */

@@ -11,7 +11,7 @@
  * Memory (L layers, of which Lr resident, Ls = L - Lr streamed):
  *   HBM:    globals (embedding and output head in file dtype; norms, biases as
  *           fp32) · resident arena: Lr layer packs · ring: slots × largest
- *           streamed pack · KV arena (L, n_pages, 2, Kh, P, S) fp32 (kv.h) ·
+ *           streamed pack · KV arena (L, n_pages, 2, Kh, P, S) bf16 (kv.h) ·
  *           pass buffers for max_T tokens · bf16 dequant scratch (largest
  *           non-bf16 matrix) · cuBLAS workspace.
  *   pinned: one cudaHostAlloc arena holding the Ls packs at exact size, or
@@ -110,7 +110,7 @@ struct cuda_engine {
     cuda_engine_opts o;
     int max_T, max_seqs, max_rows; /* tokens, sequences, logit rows per pass */
     kv_cache kv;                   /* host page bookkeeping; arena NULL */
-    float *d_kv;                   /* (L, n_pages, 2, Kh, P, S) */
+    bf16 *d_kv;                    /* (L, n_pages, 2, Kh, P, S) bf16 */
 
     cudaStream_t cs, xs; /* compute, copy */
     cublasHandle_t blas;
@@ -679,7 +679,7 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
         scratch = (size_t)(e->out.n * e->out.k);
     size_t meta = 3 * T + R + B + 3 * T + (size_t)e->kv.n_pages; /* tok pos seq rows pt_off tiles(2T) singles pages */
     size_t kv_bytes;
-    if (!ck_mul_size(kv_page_bytes(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens), (size_t)e->kv.n_pages,
+    if (!ck_mul_size(kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens, KV_GPU_ELEM_BYTES), (size_t)e->kv.n_pages,
                      &kv_bytes))
         return util_errf(err, errlen, "a KV arena of %d pages cannot be sized.", e->kv.n_pages);
     if (dalloc(e, (void **)&e->d_kv, kv_bytes, "the KV cache", err, errlen) ||
@@ -754,6 +754,7 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
     e->kv.head_dim = m->head_dim;
     e->kv.page_tokens = P;
     e->kv.n_pages = np;
+    e->kv.elem_bytes = KV_GPU_ELEM_BYTES;
     e->kv.free_list = (int32_t *)malloc((size_t)np * sizeof(int32_t));
     if (!e->kv.free_list) {
         rc = util_errf(err, errlen, "out of host memory for the KV page list.");

@@ -76,7 +76,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
      * every pass must copy).  With KV worth more than layers the prefix is empty — ZeRO-Inference's
      * finding.  --gpu-mem caps the HBM planned with (and so emulates a smaller GPU). */
     uint64_t hbm = o->gpu_mem && o->gpu_mem < freeb ? o->gpu_mem : freeb;
-    uint64_t page = kv_page_bytes(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens);
+    uint64_t page = kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens, KV_GPU_ELEM_BYTES);
     uint64_t margin = hbm / 4 < (4ull << 30) ? hbm / 4 : 4ull << 30; /* activations, dequant scratch, cuBLAS */
     int L = m->n_layers > 0 ? m->n_layers : 1, slots = o->stream_slots >= 2 ? o->stream_slots : 3;
     uint64_t layers_total = 0, layer_max = 0, cur = 0;

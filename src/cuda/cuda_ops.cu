@@ -185,15 +185,21 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
         free(singles);
         TRY(up);
     }
+    size_t an = (size_t)n_pages * 2 * (size_t)K * (size_t)P * (size_t)S;
+    void *dkv32;
     TRY(op_up(c, &dq, q, qn * 4));
-    TRY(op_up(c, &dkv, kv_arena, (size_t)n_pages * 2 * (size_t)K * (size_t)P * (size_t)S * 4));
+    TRY(op_up(c, &dkv32, kv_arena, an * 4));
+    TRY(op_up(c, &dkv, NULL, an * 2));
+    cudaError_t ce = k_to_bf16((const float *)dkv32, (bf16 *)dkv, (int64_t)an, 0); /* as the engine stores KV */
+    if (ce != cudaSuccess)
+        return op_done(c, op_fail(c, ce, "kernel launch"));
     TRY(op_up(c, &dpos, pos, (size_t)T * 4));
     TRY(op_up(c, &dseq, seq, (size_t)T * 4));
     TRY(op_up(c, &dpt, pt_off, (size_t)n_seqs * 4));
     TRY(op_up(c, &dpg, pages, (size_t)n_table * 4));
     TRY(op_up(c, &dout, NULL, qn * 4));
     kv_geom g;
-    g.layer_base = (float *)dkv;
+    g.layer_base = (bf16 *)dkv;
     g.P = P;
     g.Kh = K;
     g.S = S;
@@ -202,6 +208,36 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
                             window, scale, softcap, (const int32_t *)dtiles, n_tiles, (const int32_t *)dsingles,
                             n_singles, (float *)dout, 0),
                 out, dout, qn * 4));
+    return op_done(c, 0);
+}
+
+int cuda_op_kv_write(const float *k, const float *v, int64_t T, const int32_t *pos, const int32_t *seq,
+                     const int32_t *pt_off, const int32_t *pages, int32_t n_table, int n_seqs, int32_t n_pages, int P,
+                     int K, int S, float *arena, char *err, size_t errlen)
+{
+    OP_BEGIN;
+    void *dk, *dv, *dpos, *dseq, *dpt, *dpg, *dkv, *dout;
+    size_t kn = (size_t)T * (size_t)K * (size_t)S, an = (size_t)n_pages * 2 * (size_t)K * (size_t)P * (size_t)S;
+    TRY(op_up(c, &dk, k, kn * 4));
+    TRY(op_up(c, &dv, v, kn * 4));
+    TRY(op_up(c, &dpos, pos, (size_t)T * 4));
+    TRY(op_up(c, &dseq, seq, (size_t)T * 4));
+    TRY(op_up(c, &dpt, pt_off, (size_t)n_seqs * 4));
+    TRY(op_up(c, &dpg, pages, (size_t)n_table * 4));
+    TRY(op_up(c, &dkv, NULL, an * 2));
+    TRY(op_up(c, &dout, NULL, an * 4));
+    cudaError_t ce = cudaMemset(dkv, 0, an * 2);
+    kv_geom g;
+    g.layer_base = (bf16 *)dkv;
+    g.P = P;
+    g.Kh = K;
+    g.S = S;
+    if (ce == cudaSuccess)
+        ce = k_kv_write(g, (const float *)dk, (const float *)dv, (const int32_t *)dpos, (const int32_t *)dseq,
+                        (const int32_t *)dpt, (const int32_t *)dpg, T, 0);
+    if (ce == cudaSuccess)
+        ce = k_from_bf16((const bf16 *)dkv, (float *)dout, (int64_t)an, 0);
+    TRY(op_down(c, ce, arena, dout, an * 4));
     return op_done(c, 0);
 }
 

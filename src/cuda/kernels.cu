@@ -308,6 +308,18 @@ cudaError_t k_to_bf16(const float *x, bf16 *out, int64_t n, cudaStream_t s)
     return cudaGetLastError();
 }
 
+__global__ void from_bf16_kernel(const bf16 *x, float *out, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __bfloat162float(x[i]);
+}
+
+cudaError_t k_from_bf16(const bf16 *x, float *out, int64_t n, cudaStream_t s)
+{
+    from_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, out, n);
+    return cudaGetLastError();
+}
+
 /* One thread per (token, head, pair); the angle in fp32 as cpu_rope_apply computes it. */
 __global__ void rope_kernel(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int half,
                             int style, float attn_scale)
@@ -399,9 +411,9 @@ __global__ void kv_write_kernel(kv_geom g, const float *k, const float *v, const
         int kh = (int)((i % KS) / g.S), d = (int)(i % g.S);
         int32_t p = pos[t];
         int32_t page = pages[pt_off[seq[t]] + p / g.P];
-        float *dst = g.layer_base + kv_off(g, page, kh, p) + d;
-        dst[0] = k[i];
-        dst[(int64_t)g.Kh * g.P * g.S] = v[i];
+        bf16 *dst = g.layer_base + kv_off(g, page, kh, p) + d;
+        dst[0] = __float2bfloat16_rn(k[i]);
+        dst[(int64_t)g.Kh * g.P * g.S] = __float2bfloat16_rn(v[i]);
     }
 }
 
@@ -425,21 +437,42 @@ __device__ __forceinline__ void store_row(float *o, const float (&acc)[DPL], flo
 }
 
 /* Stages keys/values [kb, kb + nk) of one kv head (positions past plast as zeros) into shared rows of
- * strides kstride / vstride, each value through cv (identity, or a TF32 rounding). */
+ * strides kstride / vstride, each value widened to fp32 and passed through cv (identity, or a TF32 rounding,
+ * exact on bf16 values).  Head sizes that are multiples of 8 move 8 values (16 bytes) per load. */
 template <typename T, typename Conv>
 __device__ __forceinline__ void stage_kv(const kv_geom &g, const int32_t *pt, int kh, int32_t kb, int32_t plast, int nk,
                                          T *Ks, int kstride, T *Vs, int vstride, Conv cv)
 {
     const int S = g.S;
     const int64_t voff = (int64_t)g.Kh * g.P * S;
+    if (S % 8 == 0) {
+        const int C = S / 8;
+        for (int idx = threadIdx.x; idx < nk * C; idx += blockDim.x) {
+            int jj = idx / C, d = (idx % C) * 8;
+            int32_t j = kb + jj;
+            uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
+            if (j <= plast) {
+                const bf16 *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j) + d;
+                kk = *(const uint4 *)kr;
+                vv = *(const uint4 *)(kr + voff);
+            }
+            const bf16 *k8 = (const bf16 *)&kk, *v8 = (const bf16 *)&vv;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                Ks[jj * kstride + d + e] = cv(__bfloat162float(k8[e]));
+                Vs[jj * vstride + d + e] = cv(__bfloat162float(v8[e]));
+            }
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < nk * S; idx += blockDim.x) {
         int jj = idx / S, d = idx % S;
         int32_t j = kb + jj;
         float kk = 0.0f, vv = 0.0f;
         if (j <= plast) {
-            const float *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j);
-            kk = kr[d];
-            vv = kr[voff + d];
+            const bf16 *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j);
+            kk = __bfloat162float(kr[d]);
+            vv = __bfloat162float(kr[voff + d]);
         }
         Ks[jj * kstride + d] = cv(kk);
         Vs[jj * vstride + d] = cv(vv);
@@ -487,13 +520,13 @@ __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, 
     }
     int64_t vstride = (int64_t)g.Kh * g.P * S;
     for (int32_t j = lo; j <= p; j++) {
-        const float *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j), *vr = kr + vstride;
+        const bf16 *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j), *vr = kr + vstride;
         float kk[DPL], vv[DPL];
 #pragma unroll
         for (int c = 0; c < DPL; c++) {
             int d = lane + 32 * c;
-            kk[c] = d < S ? kr[d] : 0.0f;
-            vv[c] = d < S ? vr[d] : 0.0f;
+            kk[c] = d < S ? __bfloat162float(kr[d]) : 0.0f;
+            vv[c] = d < S ? __bfloat162float(vr[d]) : 0.0f;
         }
 #pragma unroll
         for (int i = 0; i < ATT_GC; i++) {
@@ -795,10 +828,9 @@ __global__ void __launch_bounds__(TQ_WARPS * 32)
     }
 }
 
-/* Which kernel prompt tiles use: 1 fp32 CUDA cores (default), 2 TF32 tensor cores where the head size allows
- * (SPILL_CUDA_ATT=tf32).  The tensor-core kernel compiles and is covered by test_cuda_ops, but has not run on
- * a GPU yet (the session that wrote it had no device time left): it stays opt-in until `make test-cuda`
- * passes with it on the H200. */
+/* Which kernel prompt tiles use: 2 TF32 tensor cores where the head size allows (the default since `make
+ * test-cuda` passed with it on the H200: bench/results/device-tf32-run8, prompt attention 1.72 s -> 1.37 s
+ * in B3's best batch), 1 fp32 CUDA cores (SPILL_CUDA_ATT=fp32, and head sizes the MMA kernel lacks). */
 static int g_att_kind = -1;
 
 void k_attention_set_kind(int kind)
@@ -810,7 +842,7 @@ static int att_kind(void)
 {
     if (g_att_kind < 0) {
         const char *v = getenv("SPILL_CUDA_ATT");
-        g_att_kind = v && !strcmp(v, "tf32") ? 2 : 1;
+        g_att_kind = v && !strcmp(v, "fp32") ? 1 : 2;
     }
     return g_att_kind;
 }

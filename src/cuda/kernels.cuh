@@ -39,6 +39,8 @@ cudaError_t k_add(float *y, const float *x, int64_t n, cudaStream_t s);
 
 /* out_b(n) = bf16(x) */
 cudaError_t k_to_bf16(const float *x, bf16 *out, int64_t n, cudaStream_t s);
+/* out(n) = float(x), exact */
+cudaError_t k_from_bf16(const bf16 *x, float *out, int64_t n, cudaStream_t s);
 
 /* x(T, H, S) rotated in place at positions pos(T). */
 cudaError_t k_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int n_rot, int style,
@@ -53,13 +55,15 @@ cudaError_t k_softcap(float *y, int64_t n, float cap, cudaStream_t s);
 /* dst(R, D) = x(rows[r], D) */
 cudaError_t k_gather(float *dst, const float *x, const int32_t *rows, int R, int64_t D, cudaStream_t s);
 
-/* Paged KV geometry of one layer: block of page p at layer_base + p * 2*Kh*P*S floats. */
+/* Paged KV geometry of one layer: block of page p at layer_base + p * 2*Kh*P*S bf16 values (kv.h's layout,
+ * bf16 in HBM: keys and values are rounded to nearest-even when written; attention reads them back exactly
+ * and computes in fp32). */
 typedef struct kv_geom {
-    float *layer_base; /* arena + l * n_pages * 2*Kh*P*S */
+    bf16 *layer_base; /* arena + l * n_pages * 2*Kh*P*S */
     int P, Kh, S;
 } kv_geom;
 
-/* Writes k, v (T, Kh*S) of every token into its row's page at pos[t]. */
+/* Writes k, v (T, Kh*S) of every token into its row's page at pos[t], rounded to bf16. */
 cudaError_t k_kv_write(kv_geom g, const float *k, const float *v, const int32_t *pos, const int32_t *seq,
                        const int32_t *pt_off, const int32_t *pages, int64_t T, cudaStream_t s);
 
@@ -75,8 +79,8 @@ cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int
                         const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, float *out,
                         cudaStream_t s);
 
-/* Prompt tiles' kernel: 1 fp32 CUDA cores (default), 2 TF32 tensor cores (SPILL_CUDA_ATT=tf32; head sizes
- * 32-128, multiples of 8). */
+/* Prompt tiles' kernel: 2 TF32 tensor cores (default; head sizes 32-128, multiples of 8), 1 fp32 CUDA cores
+ * (SPILL_CUDA_ATT=fp32, and other head sizes). */
 void k_attention_set_kind(int kind);
 
 /* Tokens per tile of the tiled attention kernel (0: this shape is not tiled). */

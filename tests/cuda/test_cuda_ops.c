@@ -24,7 +24,11 @@
  *  - SiLU·mul: CUDA expf within 2 ulp: |dy| <= 1e-6 |y| + 1e-30;  GELU·mul
  *    (1 + tanh cancels for negative inputs): |dy| <= 1e-6 (|g u| + |y|).
  *  - attention: fp32 online softmax against a double-precision two-pass
- *    reference; values in [-1, 1], scores O(1): |dy| <= 2e-5.
+ *    reference; values in [-1, 1], scores O(1): |dy| <= 2e-5.  The engine
+ *    keeps KV in bf16, so the test's keys and values are bf16 values: the
+ *    device's rounding of them is exact and the bound is the kernels' alone.
+ *  - KV write: bf16(x) rounded to nearest even, bit-identical to
+ *    quant_fp32_to_bf16, at the right page and slot; every other slot stays 0.
  * Every output buffer is poisoned with NaN before the GPU writes it, and a NaN
  * never passes a comparison.
  */
@@ -286,6 +290,47 @@ static void test_act(void)
     free(g), free(u), free(gc);
 }
 
+/* x rounded to the nearest bf16 value (what the engine's KV pages hold). */
+static float bf16_value(float x)
+{
+    return quant_bf16_to_fp32(quant_fp32_to_bf16(x));
+}
+
+/* KV write into pages: three rows' tokens (a decode token, a chunk, a prefill) in shuffled pages; the arena read
+ * back must hold exactly bf16(k), bf16(v) at (page, kv head, slot) and zeros everywhere else. */
+static void test_kv_write(void)
+{
+    enum { P = 4, NP = 16, K = 2, S = 80, T = 10 };
+    int32_t pos[T] = {8, 9, 10, 11, 12, 0, 1, 2, 3, 4}, seq[T] = {0, 1, 1, 1, 1, 2, 2, 2, 2, 2};
+    int32_t pt_off[3] = {0, 3, 7}, pages[9] = {11, 2, 7, 5, 0, 14, 9, 3, 12};
+    size_t kn = (size_t)T * K * S, an = (size_t)NP * 2 * K * P * S;
+    float *k = malloc(kn * 4), *v = malloc(kn * 4), *arena = malloc(an * 4), *want = calloc(an, 4);
+    for (size_t i = 0; i < kn; i++) {
+        k[i] = frand(-3, 3);
+        v[i] = frand(-3, 3);
+    }
+    k[5] = 1.0f + 1.0f / 256; /* a tie: rounds to even (1.0) */
+    k[6] = 1.0f + 3.0f / 256; /* a tie: rounds to even (1 + 4/256) */
+    for (size_t i = 0; i < an; i++)
+        arena[i] = NAN;
+    for (int t = 0; t < T; t++)
+        for (int kh = 0; kh < K; kh++)
+            for (int d = 0; d < S; d++) {
+                size_t off = (size_t)pages[pt_off[seq[t]] + pos[t] / P] * 2 * K * P * S +
+                             ((size_t)kh * P + (size_t)(pos[t] % P)) * S + (size_t)d;
+                want[off] = quant_bf16_to_fp32(quant_fp32_to_bf16(k[((size_t)t * K + kh) * S + d]));
+                want[off + (size_t)K * P * S] = quant_bf16_to_fp32(quant_fp32_to_bf16(v[((size_t)t * K + kh) * S + d]));
+            }
+    char err[SPILL_ERRLEN];
+    int rc = cuda_op_kv_write(k, v, T, pos, seq, pt_off, pages, 9, 3, NP, P, K, S, arena, err, sizeof err);
+    CHECK(rc == 0, "kv write: %s", err);
+    size_t bad = 0;
+    for (size_t i = 0; i < an; i++)
+        bad += memcmp(&arena[i], &want[i], 4) != 0;
+    CHECK(rc == 0 && bad == 0, "kv write: %zu of %zu arena values differ from bf16(k), bf16(v) in place", bad, an);
+    free(k), free(v), free(arena), free(want);
+}
+
 /* Double-precision reference over the same paged layout (kv.h). */
 static void attention_ref(const float *q, const float *arena, int P, int H, int K, int S, const int32_t *pos,
                           const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages, int window,
@@ -372,7 +417,7 @@ static void test_attention(void)
         size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
         float *arena = malloc(an * 4), *q = malloc(qn * 4);
         for (size_t i = 0; i < an; i++)
-            arena[i] = frand(-1, 1);
+            arena[i] = bf16_value(frand(-1, 1));
         for (size_t i = 0; i < qn; i++)
             q[i] = frand(-1, 1) * 2;
         /* variants 0-2: every token through the per-token kernel; 3-5: every run (even a lone decode token) in
@@ -388,7 +433,7 @@ static void test_attention(void)
         }
         free(arena), free(q);
     }
-    cuda_attention_kind(1);
+    cuda_attention_kind(2); /* the default again */
 }
 
 /* Longer rows through the tiled kernel: a 100-token prompt from position 0 (several tiles, several key blocks),
@@ -413,7 +458,7 @@ static void test_attention_long(void)
         size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
         float *arena = malloc(an * 4), *q = malloc(qn * 4);
         for (size_t i = 0; i < an; i++)
-            arena[i] = frand(-1, 1);
+            arena[i] = bf16_value(frand(-1, 1));
         for (size_t i = 0; i < qn; i++)
             q[i] = frand(-1, 1) * 2;
         for (int variant = 0; variant < 6; variant++) {
@@ -430,7 +475,7 @@ static void test_attention_long(void)
         }
         free(arena), free(q);
     }
-    cuda_attention_kind(1);
+    cuda_attention_kind(2); /* the default again */
 }
 
 /* Greedy picks on the GPU vs sample_next at temperature 0 on the same logits: the token and the top ids must
@@ -549,6 +594,7 @@ int main(void)
     test_rmsnorm();
     test_rope();
     test_act();
+    test_kv_write();
     test_attention();
     test_attention_long();
     test_pick();
