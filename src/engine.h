@@ -36,6 +36,7 @@ typedef struct engine_opts {
     uint64_t gpu_mem;     /* GPU backends: HBM the engine may plan with (0 = what the device has free) */
     uint64_t host_mem;    /* GPU backends: host RAM streamed layers may be cached in, pinned (0 = MemAvailable less 10%) */
     bool from_disk;       /* GPU backends: streamed layers are read from storage every pass, never cached */
+    int kv_dtype;         /* GPU backends: KV_I8 for int8 KV pages; 0 = the backend's own (fp32 CPU, bf16 GPU) */
 } engine_opts;
 
 typedef struct fwd_seq {

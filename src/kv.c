@@ -9,14 +9,20 @@
 
 #include "util.h"
 
-size_t kv_page_bytes_as(int n_layers, int n_kv_heads, int head_dim, int page_tokens, int elem_bytes)
+size_t kv_page_bytes_as(int n_layers, int n_kv_heads, int head_dim, int page_tokens, int dtype)
 {
-    return (size_t)n_layers * 2 * (size_t)n_kv_heads * (size_t)page_tokens * (size_t)head_dim * (size_t)elem_bytes;
+    size_t vec = dtype == KV_I8 ? (size_t)head_dim + sizeof(float) : (size_t)head_dim * (dtype == KV_BF16 ? 2 : 4);
+    return (size_t)n_layers * 2 * (size_t)n_kv_heads * (size_t)page_tokens * vec;
 }
 
 size_t kv_page_bytes(int n_layers, int n_kv_heads, int head_dim, int page_tokens)
 {
-    return kv_page_bytes_as(n_layers, n_kv_heads, head_dim, page_tokens, (int)sizeof(float));
+    return kv_page_bytes_as(n_layers, n_kv_heads, head_dim, page_tokens, KV_F32);
+}
+
+const char *kv_dtype_name(int dtype)
+{
+    return dtype == KV_I8 ? "int8" : dtype == KV_BF16 ? "bf16" : "fp32";
 }
 
 int kv_create(kv_cache *c, int n_layers, int n_kv_heads, int head_dim, int page_tokens, int32_t n_pages, char *err,
@@ -38,7 +44,7 @@ int kv_create(kv_cache *c, int n_layers, int n_kv_heads, int head_dim, int page_
     c->head_dim = head_dim;
     c->page_tokens = page_tokens;
     c->n_pages = n_pages;
-    c->elem_bytes = (int)sizeof(float);
+    c->dtype = KV_F32;
     /* Stack with page 0 on top so allocation order is deterministic. */
     for (int32_t i = 0; i < n_pages; i++)
         c->free_list[i] = n_pages - 1 - i;

@@ -9,9 +9,13 @@
  *     K (K_heads, P, S) then V (K_heads, P, S), fp32
  * at arena + ((l * n_pages + p) * 2 * K_heads * P * S).  Keeping a layer's
  * pages together lets the streamed engine touch one layer's KV per step.
- * The CUDA engine keeps the same layout in HBM with bf16 elements
- * (KV_GPU_ELEM_BYTES): twice the rows per GB, half the bytes attention reads;
- * it owns that arena, and only the page bookkeeping here is shared.
+ * The CUDA engine keeps the same layout in HBM with bf16 values (KV_BF16,
+ * its default: twice the rows per GB, half the bytes attention reads) or
+ * int8 codes (KV_I8, --kv-dtype int8): a page block is then K codes
+ * (K_heads, P, S) int8, V codes likewise, then one fp32 scale per key vector
+ * (K_heads, P) and per value vector; value = code * scale, scale = amax/127
+ * of the vector (symmetric, round to nearest even).  It owns that arena;
+ * only the page bookkeeping here is shared.
  */
 #ifndef SPILL_KV_H
 #define SPILL_KV_H
@@ -25,10 +29,10 @@ typedef struct kv_cache {
     int32_t n_free;
     int32_t *free_list; /* (n_pages) stack of free page ids */
     float *arena;       /* (L, n_pages, 2, K, P, S); NULL when a device owns the pages */
-    int elem_bytes;     /* bytes per cached value: 4 (fp32, here), KV_GPU_ELEM_BYTES in HBM */
+    int dtype;          /* kv_dtype of the values: KV_F32 here (the zero value), KV_BF16 / KV_I8 in HBM */
 } kv_cache;
 
-#define KV_GPU_ELEM_BYTES 2 /* the CUDA engine's bf16 KV */
+typedef enum kv_dtype { KV_F32 = 0, KV_BF16 = 1, KV_I8 = 2 } kv_dtype;
 
 typedef struct kv_row {
     int32_t *pages; /* (cap) page ids, position order */
@@ -38,8 +42,10 @@ typedef struct kv_row {
 
 /* Bytes one page takes (all layers), fp32 values. */
 size_t kv_page_bytes(int n_layers, int n_kv_heads, int head_dim, int page_tokens);
-/* The same with elem_bytes per value (KV_GPU_ELEM_BYTES for the GPU's pages). */
-size_t kv_page_bytes_as(int n_layers, int n_kv_heads, int head_dim, int page_tokens, int elem_bytes);
+/* The same for values of kv_dtype dtype (int8 pages include their scales). */
+size_t kv_page_bytes_as(int n_layers, int n_kv_heads, int head_dim, int page_tokens, int dtype);
+/* "fp32", "bf16", "int8". */
+const char *kv_dtype_name(int dtype);
 
 int kv_create(kv_cache *c, int n_layers, int n_kv_heads, int head_dim, int page_tokens, int32_t n_pages, char *err,
               size_t errlen);

@@ -84,6 +84,7 @@ typedef struct run_opts {
     int resident_layers; /* GPU: layers kept in HBM when streaming (-1 = planner) */
     uint64_t gpu_mem;    /* GPU: HBM to plan with (0 = all free) */
     bool from_disk;      /* GPU: streamed layers read from storage every pass (no pinned host cache) */
+    int kv_dtype;        /* GPU: KV_I8 (--kv-dtype int8) or 0 (the backend's default: bf16 on the GPU) */
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
     bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
 } run_opts;
@@ -1013,7 +1014,7 @@ static int make_plan(runner *r, const engine_opts *eo0, bool gpu, char *err, siz
         r->plan.gpu = true;
         r->plan.stream = r->o.mode == 1;
         uint64_t gpage = kv_page_bytes_as(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens,
-                                          KV_GPU_ELEM_BYTES);
+                                          r->o.kv_dtype == KV_I8 ? KV_I8 : KV_BF16);
         uint64_t cap = r->o.kv_bytes ? r->o.kv_bytes / gpage : (uint64_t)want;
         r->plan.kv_pages = (int32_t)(cap < (uint64_t)want ? cap : (uint64_t)want);
         if (r->plan.kv_pages < min_pages)
@@ -1359,6 +1360,15 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
                 return -1;
         } else if (!strcmp(a, "--from-disk"))
             o->from_disk = true;
+        else if (!strcmp(a, "--kv-dtype") && has) {
+            const char *v = argv[++i];
+            if (strcmp(v, "bf16") && strcmp(v, "int8")) {
+                fprintf(stderr, "spill: --kv-dtype takes bf16 (the GPU's default) or int8 (twice the rows per GB of "
+                                "KV), not \"%s\".\n", v);
+                return -1;
+            }
+            o->kv_dtype = !strcmp(v, "int8") ? KV_I8 : KV_BF16;
+        }
         else if (!strcmp(a, "--resident-layers") && has)
             o->resident_layers = atoi(argv[++i]);
         else if (!strcmp(a, "--exact"))
@@ -1385,11 +1395,11 @@ static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
 
 static json_t *opts_json(const run_opts *o)
 {
-    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b,s:b}", "threads", o->threads, "batch", o->batch,
-                     "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
+    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b,s:b,s:i}", "threads", o->threads, "batch",
+                     o->batch, "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
                      (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "gpu_mem",
                      (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
-                     "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk);
+                     "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype", o->kv_dtype);
 }
 
 static void defaults(run_opts *o)
@@ -1561,7 +1571,7 @@ static int run_job(runner *r, bool resuming)
             max_n = r->rows[i].n_choices;
     r->max_seqs = r->o.batch + max_n;
     engine_opts eo = {r->o.threads, r->max_seqs + r->o.prefill_chunk, r->max_seqs, r->o.page_tokens, 0, false,
-                      r->o.stream_slots, true, r->o.q8 && !r->o.exact, 0, 0, r->o.from_disk};
+                      r->o.stream_slots, true, r->o.q8 && !r->o.exact, 0, 0, r->o.from_disk, r->o.kv_dtype};
     /* One budget for everything: the plan picks resident or streamed and sizes the KV cache. */
     if (make_plan(r, &eo, r->o.device != 1 && spill_gpu_open, err, sizeof err)) {
         code = EX_USAGE_;
@@ -1570,6 +1580,7 @@ static int run_job(runner *r, bool resuming)
     eo.kv_pages = r->plan.kv_pages;
     eo.stream = r->plan.stream;
     eo.gpu_mem = r->o.gpu_mem;
+    eo.kv_dtype = r->o.kv_dtype;
     if (r->o.mem_budget) { /* the GPU engine may pin streamed layers in what the budget leaves */
         uint64_t used = plan_rss_now() + (1ull << 30);
         eo.host_mem = r->o.mem_budget > used ? r->o.mem_budget - used : 1;
@@ -1597,6 +1608,12 @@ static int run_job(runner *r, bool resuming)
         eo.kv_pages = r->plan.kv_pages;
         eo.stream = r->plan.stream;
     }
+    if (brc && r->o.kv_dtype == KV_I8) {
+        util_errf(err, sizeof err, "--kv-dtype int8 needs the GPU engine (the CPU engine keeps fp32 KV); drop it or "
+                                   "run spill-cuda on a GPU.");
+        code = EX_USAGE_;
+        goto fail_job;
+    }
     if (brc && engine_backend_cpu(r->m, &eo, &r->be, err, sizeof err)) {
         code = EX_SOFTWARE_;
         goto fail_job;
@@ -1618,10 +1635,10 @@ static int run_job(runner *r, bool resuming)
         if (calib_path(key, r->cal_path, sizeof r->cal_path) != 0 || calib_load(r->cal_path, &r->cal_stored) != 0)
             memset(&r->cal_stored, 0, sizeof r->cal_stored);
     }
-    { /* the backend's pages: fp32 on the CPU, bf16 in HBM */
+    { /* the backend's pages: fp32 on the CPU, bf16 or int8 in HBM */
         const kv_cache *bkv = r->be.kv(r->be.impl);
         r->page_bytes = kv_page_bytes_as(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens,
-                                         bkv->elem_bytes > 0 ? bkv->elem_bytes : (int)sizeof(float));
+                                         bkv->dtype);
     }
     if (setup_passes(r, err, sizeof err))
         goto fail_job;
@@ -1749,7 +1766,7 @@ int run_main(int argc, char **argv)
         fprintf(stderr, "usage: spill run MODEL INPUT.jsonl [-o DIR] [--batch N] [--threads N] [--kv-mem BYTES] "
                         "[--mem-budget BYTES] [--stream|--resident] [--stream-slots N] [--prefill-chunk N] "
                         "[--page-tokens N] [--q8-activations] [--cpu|--gpu] [--gpu-mem BYTES] [--resident-layers N] "
-                        "[--from-disk] [--pass-log FILE] [--quiet]\n");
+                        "[--from-disk] [--kv-dtype bf16|int8] [--pass-log FILE] [--quiet]\n");
         return EX_USAGE_;
     }
     char dir[4096], id[JOB_ID_MAX], err[SPILL_ERRLEN];
@@ -1821,6 +1838,8 @@ int resume_main(int argc, char **argv)
     r.o.exact |= json_is_true(json_object_get(opt, "exact"));
     r.o.q8 |= json_is_true(json_object_get(opt, "q8_activations"));
     r.o.from_disk |= json_is_true(json_object_get(opt, "from_disk"));
+    if (!r.o.kv_dtype)
+        r.o.kv_dtype = (int)json_integer_value(json_object_get(opt, "kv_dtype"));
     json_decref(man);
     return run_job(&r, true);
 }

@@ -52,6 +52,9 @@ for s in $steps; do
         log "test_cuda_engine with CUDA-core prompt attention (SPILL_CUDA_ATT=fp32)"
         SPILL_CUDA_ATT=fp32 timeout 90 "$BIN/test_cuda_engine" >> "$OUT/tests.log" 2>&1; rc=$?
         log "test_cuda_engine (fp32 attention) rc=$rc"; [ $rc -ne 0 ] && rc_all=1
+        log "test_cuda_engine with int8 KV pages (SPILL_TEST_KV=int8)"
+        SPILL_TEST_KV=int8 timeout 90 "$BIN/test_cuda_engine" >> "$OUT/tests.log" 2>&1; rc=$?
+        log "test_cuda_engine (int8 KV) rc=$rc"; [ $rc -ne 0 ] && rc_all=1
         tail -n 40 "$OUT/tests.log"
         ;;
     bench8b)

@@ -5,6 +5,8 @@
 # layers in flight); step `plan`: the HBM planner's own split.  Logs HBM use every 0.5 s.
 # LAYERS=80 SPARSE=1 (the two-GPU machine, 256 GiB RAM, 128 GiB disk): all 80 layers (141 GB) from a sparse
 # synth file whose layer matrices are holes (zeros on a small disk; globals and norms real) — throughput only.
+# KV=int8: int8 KV pages (--kv-dtype int8).  PROMPT=1000: B5's long prompts (the summary gives passes carrying
+# prefill against clean decode passes).
 # Expects the static build/cuda/spill-cuda in .carry/bin (carry .carry/bin).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -29,6 +31,7 @@ with open("/tmp/b1.jsonl", "w") as f:
 PY
 for step in $steps; do
     extra=""; [ $step = fixed ] && extra="--resident-layers 0 --stream"
+    [ -n "${KV:-}" ] && extra="$extra --kv-dtype $KV"
     [ $step = plan ] && extra="--stream"
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 > "$OUT/hbm_$step.csv" 2>/dev/null &
     smi=$!
@@ -47,6 +50,14 @@ hbm = [int(l.split(",")[1].split()[0]) for l in open(f"{out}/hbm_{step}.csv") if
 dec = sum(int(p["decode_tokens"]) for p in P)
 pt = sum(int(p["prefill_tokens"]) for p in P)
 tot = float(P[-1]["elapsed"])
+full = [float(p["seconds"]) for p in P if int(p["prefill_tokens"]) == 0 and int(p["seqs"]) == max(int(q["seqs"]) for q in P)]
+mixed = [float(p["seconds"]) for p in pre if int(p["decode_tokens"]) > 0]
+if clean and mixed:
+    print(f"{step}: passes carrying prefill and decode: median {st.median(mixed):.3f} s = "
+          f"{st.median(mixed) / st.median(clean):.2f}x a clean decode pass")
+if full:
+    print(f"{step}: at the full batch ({max(int(p['seqs']) for p in P)} rows): {len(full)} clean passes, median "
+          f"{st.median(full):.3f} s = {max(int(p['seqs']) for p in P) / st.median(full):.0f} tok/s")
 print(f"{step}: {len(P)} passes, {tot:.1f} s; clean decode passes {len(clean)} median {st.median(clean):.3f} s; "
       f"prefill passes {len(pre)} ({pt} tokens, {pt / sum(float(p['seconds']) for p in pre):.0f} tok/s); "
       f"decode {dec} tokens = {dec / tot:.0f} tok/s overall; rows per pass max {max(int(p['seqs']) for p in P)}; "

@@ -54,6 +54,7 @@ typedef struct cuda_engine_opts {
     int max_pass_seqs;   /* sequences per pass (0 = max_pass_tokens) */
     int page_tokens;     /* KV page size in positions (0 = 16) */
     int32_t kv_pages;    /* pages in the device KV arena (0 = 256) */
+    int kv_dtype;        /* KV_I8 (kv.h): int8 codes + a scale per vector; anything else: bf16 */
     int max_logit_rows;  /* logit rows one pass may return (0 = max_pass_seqs); an all_logits sequence
                             counts one per token (the CPU engine allows up to max_pass_tokens) */
     bool streamed;       /* false: every layer resident in HBM */
@@ -85,10 +86,13 @@ typedef struct cuda_engine_stats {
     uint64_t disk_bytes;       /* bytes read from storage since open */
     double disk_read_s;        /* seconds reader threads spent in reads (summed over readers) */
     double disk_wait_s;        /* seconds the engine waited for a layer to finish reading */
+    double pin_alloc_s;        /* open: seconds to allocate (pin) the host arena of streamed layers */
+    double pin_read_s;         /* open: seconds to read the streamed layers into it */
+    int pin_readers;           /* threads that read them */
 } cuda_engine_stats;
 
 /* Loads the model onto the GPU: globals and resident layers into HBM, the
- * rest into one pinned host arena (read once, in tensor order), sizes the
+ * rest into one pinned host arena (read once, by up to 4 threads), sizes the
  * pass buffers, the dequant scratch and the KV arena (layout of kv.h, on the
  * device).  The model must stay open while the engine lives.  Returns 0,
  * -1 with a sentence (bad model, out of GPU or pinned memory: the sentence
@@ -173,19 +177,20 @@ int cuda_op_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const fl
 /* g(n) = silu(g) * u (gelu_tanh when gelu). */
 int cuda_op_act_mul(float *g, const float *u, int64_t n, bool gelu, char *err, size_t errlen);
 
-/* Attention over a host paged KV arena (kv.h layout, one layer, fp32 here; rounded to bf16 on the device as
- * the engine stores KV, so bf16-representable values reach the kernels exactly): q (T, H, S), token t belongs
- * to sequence seq[t] at position pos[t]; sequence s's page table is pages[pt_off[s] ...]; out (T, H, S). */
-int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S,
+/* Attention over a host paged KV arena (kv.h layout, one layer, fp32 here; stored on the device in kv_dtype's
+ * format (KV_BF16 or KV_I8) as the engine stores KV, so values that format represents reach the kernels
+ * exactly): q (T, H, S), token t belongs to sequence seq[t] at position pos[t]; sequence s's page table is
+ * pages[pt_off[s] ...]; out (T, H, S). */
+int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S, int kv_dtype,
                       const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
                       int32_t n_table, int n_seqs, int window, float scale, float softcap, int tile_min_run,
                       float *out, char *err, size_t errlen);
 
-/* k, v (T, K*S) written into a zeroed device KV arena of n_pages (kv.h layout, one layer, bf16) at each
- * token's page and position, then widened back into arena (fp32, n_pages * 2*K*P*S values). */
+/* k, v (T, K*S) written into a zeroed device KV arena of n_pages (kv.h layout, one layer, kv_dtype KV_BF16 or
+ * KV_I8) at each token's page and position, then widened back into arena (fp32, n_pages * 2*K*P*S values). */
 int cuda_op_kv_write(const float *k, const float *v, int64_t T, const int32_t *pos, const int32_t *seq,
                      const int32_t *pt_off, const int32_t *pages, int32_t n_table, int n_seqs, int32_t n_pages, int P,
-                     int K, int S, float *arena, char *err, size_t errlen);
+                     int K, int S, int kv_dtype, float *arena, char *err, size_t errlen);
 
 /* Test hook: the kernel prompt tiles use (2 TF32 tensor cores, the default; 1 fp32 CUDA cores). */
 void cuda_attention_kind(int kind);

@@ -11,7 +11,7 @@
  * Memory (L layers, of which Lr resident, Ls = L - Lr streamed):
  *   HBM:    globals (embedding and output head in file dtype; norms, biases as
  *           fp32) · resident arena: Lr layer packs · ring: slots × largest
- *           streamed pack · KV arena (L, n_pages, 2, Kh, P, S) bf16 (kv.h) ·
+ *           streamed pack · KV arena (L, n_pages, 2, Kh, P, S) bf16 or int8 + scales (kv.h) ·
  *           pass buffers for max_T tokens · bf16 dequant scratch (largest
  *           non-bf16 matrix) · cuBLAS workspace.
  *   pinned: one cudaHostAlloc arena holding the Ls packs at exact size, or
@@ -61,6 +61,7 @@
 #include <stddef.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,7 +111,7 @@ struct cuda_engine {
     cuda_engine_opts o;
     int max_T, max_seqs, max_rows; /* tokens, sequences, logit rows per pass */
     kv_cache kv;                   /* host page bookkeeping; arena NULL */
-    bf16 *d_kv;                    /* (L, n_pages, 2, Kh, P, S) bf16 */
+    uint8_t *d_kv;                 /* (L, n_pages, block): kv.h's layout in bf16 or int8 + scales */
 
     cudaStream_t cs, xs; /* compute, copy */
     cublasHandle_t blas;
@@ -316,6 +317,58 @@ static int read_from_files(void *ctx, const model_tensor *t, void *dst, char *er
         len -= (uint64_t)r;
     }
     return 0;
+}
+
+/* The pinned arena's fill at open: threads take tensors in order (an atomic cursor) and pread them into
+ * place.  Buffered reads in parallel: a model in the page cache or a sparse file copies at memory speed
+ * instead of one core's, and a cold disk sees several requests in flight.  The files are opened before the
+ * threads start (read_from_files opens lazily, which is not thread-safe). */
+typedef struct pin_job {
+    const model_tensor *t;
+    uint8_t *dst;
+} pin_job;
+
+typedef struct pin_fill {
+    file_reader *fr;
+    const pin_job *jobs;
+    size_t n;
+    size_t next; /* atomic cursor */
+    int failed;  /* atomic: the first failure stops the others */
+    char err[SPILL_ERRLEN];
+} pin_fill;
+
+static void *pin_fill_thread(void *arg)
+{
+    pin_fill *pf = (pin_fill *)arg;
+    char err[SPILL_ERRLEN];
+    for (;;) {
+        size_t i = __atomic_fetch_add(&pf->next, 1, __ATOMIC_RELAXED);
+        if (i >= pf->n || __atomic_load_n(&pf->failed, __ATOMIC_RELAXED))
+            return NULL;
+        if (read_from_files(pf->fr, pf->jobs[i].t, pf->jobs[i].dst, err, sizeof err) &&
+            !__atomic_exchange_n(&pf->failed, 1, __ATOMIC_ACQ_REL))
+            snprintf(pf->err, sizeof pf->err, "%s", err);
+    }
+}
+
+/* Reads jobs[0..n) with up to `threads` threads; 0 or -1 with the first failure's sentence. */
+static int pin_fill_run(file_reader *fr, const pin_job *jobs, size_t n, int threads, char *err, size_t errlen)
+{
+    const model_desc *m = fr->m;
+    for (size_t f = 0; f < m->n_files; f++)
+        if (fr->fds[f] < 0 && (fr->fds[f] = open(m->files[f].path, O_RDONLY | O_CLOEXEC)) < 0)
+            return util_errf(err, errlen, "%s: cannot open: %s.", m->files[f].path, strerror(errno));
+    pin_fill pf = {fr, jobs, n, 0, 0, {0}};
+    pthread_t tid[8];
+    int started = 0;
+    threads = threads > 8 ? 8 : threads;
+    for (; started < threads - 1; started++)
+        if (pthread_create(&tid[started], NULL, pin_fill_thread, &pf))
+            break; /* fewer helpers: this thread reads the rest */
+    pin_fill_thread(&pf);
+    for (int i = 0; i < started; i++)
+        pthread_join(tid[i], NULL);
+    return pf.failed ? util_errf(err, errlen, "%s", pf.err) : 0;
 }
 
 /* Reads tensor t with the engine's reader. */
@@ -564,6 +617,7 @@ static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errle
         return -1;
     if (res_bytes && dalloc(e, (void **)&e->d_res, res_bytes, "resident layers", err, errlen))
         return -1;
+    double t_pin = mono();
     if (pin_bytes) {
         cudaError_t c = cudaHostAlloc((void **)&e->h_pinned, pin_bytes, cudaHostAllocDefault);
         if (c != cudaSuccess) {
@@ -579,9 +633,14 @@ static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errle
         }
         e->st.pinned_bytes = pin_bytes;
     }
+    e->st.pin_alloc_s = mono() - t_pin;
     uint8_t *bounce = NULL;
     size_t bounce_cap = 0;
     int rc = 0;
+    pin_job *jobs = NULL;
+    size_t nj = 0;
+    if (pin_bytes && !e->o.reader && !(jobs = (pin_job *)malloc((size_t)L * M_COUNT * sizeof *jobs)))
+        return util_errf(err, errlen, "out of host memory.");
     for (int l = 0; l < L && rc == 0; l++) {
         dlayer *w = &e->layers[l];
         if (w->resident)
@@ -590,11 +649,22 @@ static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errle
             continue;
         else
             w->host = e->h_pinned + (size_t)(uintptr_t)w->host;
-        for (int i = 0; i < M_COUNT && rc == 0; i++)
-            rc = w->resident ? upload_mat(e, fr, &w->m[i], w->dev + w->m[i].off, &bounce, &bounce_cap, err, errlen)
-                             : read_tensor(e, fr, w->m[i].t, w->host + w->m[i].off, err, errlen);
+        for (int i = 0; i < M_COUNT && rc == 0; i++) {
+            if (w->resident)
+                rc = upload_mat(e, fr, &w->m[i], w->dev + w->m[i].off, &bounce, &bounce_cap, err, errlen);
+            else if (jobs)
+                jobs[nj++] = (pin_job){w->m[i].t, w->host + w->m[i].off};
+            else /* a caller's reader (tests): one thread, in order */
+                rc = read_tensor(e, fr, w->m[i].t, w->host + w->m[i].off, err, errlen);
+        }
     }
     free(bounce);
+    double t_read = mono();
+    e->st.pin_readers = jobs ? 4 : 1;
+    if (rc == 0 && jobs)
+        rc = pin_fill_run(fr, jobs, nj, e->st.pin_readers, err, errlen);
+    e->st.pin_read_s = mono() - t_read;
+    free(jobs);
     if (rc)
         return rc;
     e->st.resident_weight_bytes += res_bytes;
@@ -679,7 +749,7 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
         scratch = (size_t)(e->out.n * e->out.k);
     size_t meta = 3 * T + R + B + 3 * T + (size_t)e->kv.n_pages; /* tok pos seq rows pt_off tiles(2T) singles pages */
     size_t kv_bytes;
-    if (!ck_mul_size(kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens, KV_GPU_ELEM_BYTES), (size_t)e->kv.n_pages,
+    if (!ck_mul_size(kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens, e->kv.dtype), (size_t)e->kv.n_pages,
                      &kv_bytes))
         return util_errf(err, errlen, "a KV arena of %d pages cannot be sized.", e->kv.n_pages);
     if (dalloc(e, (void **)&e->d_kv, kv_bytes, "the KV cache", err, errlen) ||
@@ -754,7 +824,7 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
     e->kv.head_dim = m->head_dim;
     e->kv.page_tokens = P;
     e->kv.n_pages = np;
-    e->kv.elem_bytes = KV_GPU_ELEM_BYTES;
+    e->kv.dtype = o->kv_dtype == KV_I8 ? KV_I8 : KV_BF16;
     e->kv.free_list = (int32_t *)malloc((size_t)np * sizeof(int32_t));
     if (!e->kv.free_list) {
         rc = util_errf(err, errlen, "out of host memory for the KV page list.");
@@ -1046,7 +1116,8 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     g.P = e->kv.page_tokens;
     g.Kh = (int)K;
     g.S = (int)S;
-    g.layer_base = e->d_kv + (size_t)l * (size_t)e->kv.n_pages * 2 * (size_t)KS * (size_t)g.P;
+    g.kvt = e->kv.dtype;
+    g.layer_base = e->d_kv + (size_t)l * (size_t)e->kv.n_pages * (size_t)kv_block_bytes(g.P, g.Kh, g.S, g.kvt);
     CU(k_kv_write(g, e->k, e->v, pm->pos, pm->seq, pm->pt_off, pm->pages, T, s));
     MARK(3);
     float scale = m->query_scale > 0 ? (float)m->query_scale : 1.0f / sqrtf((float)S);

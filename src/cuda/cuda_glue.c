@@ -54,6 +54,9 @@ static void g_io_line(void *impl, char *buf, size_t cap)
     int n = snprintf(buf, cap, "%.2f GB streamed per pass; last pass's copies busy %.3f s (%.1f GB/s)",
                      (double)st.streamed_bytes_per_pass / 1e9, st.last_h2d_busy_s,
                      st.last_h2d_busy_s > 0 ? (double)st.streamed_bytes_per_pass / 1e9 / st.last_h2d_busy_s : 0.0);
+    if (st.pinned_bytes && n > 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "; at open, pinning %.1f GB took %.1f s and %d threads read it in %.1f s",
+                      (double)st.pinned_bytes / 1e9, st.pin_alloc_s, st.pin_readers, st.pin_read_s);
     if (st.from_disk && n > 0 && (size_t)n < cap)
         snprintf(buf + n, cap - (size_t)n,
                  "; read %.2f GB from disk (%.2f GB/s per busy reader), passes waited %.1f s for reads",
@@ -76,7 +79,8 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
      * every pass must copy).  With KV worth more than layers the prefix is empty — ZeRO-Inference's
      * finding.  --gpu-mem caps the HBM planned with (and so emulates a smaller GPU). */
     uint64_t hbm = o->gpu_mem && o->gpu_mem < freeb ? o->gpu_mem : freeb;
-    uint64_t page = kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens, KV_GPU_ELEM_BYTES);
+    int kvt = o->kv_dtype == KV_I8 ? KV_I8 : KV_BF16;
+    uint64_t page = kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens, kvt);
     uint64_t margin = hbm / 4 < (4ull << 30) ? hbm / 4 : 4ull << 30; /* activations, dequant scratch, cuBLAS */
     int L = m->n_layers > 0 ? m->n_layers : 1, slots = o->stream_slots >= 2 ? o->stream_slots : 3;
     uint64_t layers_total = 0, layer_max = 0, cur = 0;
@@ -141,6 +145,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     co.max_pass_seqs = o->max_pass_seqs;
     co.page_tokens = o->page_tokens;
     co.kv_pages = pages;
+    co.kv_dtype = kvt;
     co.streamed = streamed;
     co.resident_layers = streamed ? lr : 0;
     co.ring_slots = o->stream_slots;
@@ -156,17 +161,17 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     if (co.streamed && st.from_disk)
         snprintf(out->name, sizeof out->name,
                  "GPU %.40s, HBM plan %.1f GB: %d of %d layers streamed from disk (%.1f GB pinned slots), %d "
-                 "resident, KV %.1f GB",
+                 "resident, KV %.1f GB %s",
                  name, (double)hbm / 1e9, st.n_streamed, m->n_layers, (double)st.disk_ring_bytes / 1e9,
-                 m->n_layers - st.n_streamed, (double)pages * (double)page / 1e9);
+                 m->n_layers - st.n_streamed, (double)pages * (double)page / 1e9, kv_dtype_name(kvt));
     else if (co.streamed)
         snprintf(out->name, sizeof out->name,
-                 "GPU %.40s, HBM plan %.1f GB: %d of %d layers streamed from pinned RAM, %d resident, KV %.1f GB",
+                 "GPU %.40s, HBM plan %.1f GB: %d of %d layers streamed from pinned RAM, %d resident, KV %.1f GB %s",
                  name, (double)hbm / 1e9, st.n_streamed, m->n_layers, m->n_layers - st.n_streamed,
-                 (double)pages * (double)page / 1e9);
+                 (double)pages * (double)page / 1e9, kv_dtype_name(kvt));
     else
-        snprintf(out->name, sizeof out->name, "GPU %.40s, HBM plan %.1f GB: weights resident, KV %.1f GB", name,
-                 (double)hbm / 1e9, (double)pages * (double)page / 1e9);
+        snprintf(out->name, sizeof out->name, "GPU %.40s, HBM plan %.1f GB: weights resident, KV %.1f GB %s", name,
+                 (double)hbm / 1e9, (double)pages * (double)page / 1e9, kv_dtype_name(kvt));
     out->weight_bytes = st.resident_weight_bytes;
     out->forward = g_forward;
     out->forward_pick = g_forward_pick;

@@ -159,7 +159,7 @@ int cuda_op_act_mul(float *g, const float *u, int64_t n, bool gelu, char *err, s
     return op_done(c, 0);
 }
 
-int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S,
+int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S, int kv_dtype,
                       const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
                       int32_t n_table, int n_seqs, int window, float scale, float softcap, int tile_min_run,
                       float *out, char *err, size_t errlen)
@@ -187,10 +187,16 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
     }
     size_t an = (size_t)n_pages * 2 * (size_t)K * (size_t)P * (size_t)S;
     void *dkv32;
+    kv_geom g;
+    g.P = P;
+    g.Kh = K;
+    g.S = S;
+    g.kvt = kv_dtype == KV_I8 ? KV_I8 : KV_BF16;
     TRY(op_up(c, &dq, q, qn * 4));
     TRY(op_up(c, &dkv32, kv_arena, an * 4));
-    TRY(op_up(c, &dkv, NULL, an * 2));
-    cudaError_t ce = k_to_bf16((const float *)dkv32, (bf16 *)dkv, (int64_t)an, 0); /* as the engine stores KV */
+    TRY(op_up(c, &dkv, NULL, (size_t)n_pages * (size_t)kv_block_bytes(P, K, S, g.kvt)));
+    g.layer_base = (uint8_t *)dkv;
+    cudaError_t ce = k_kv_pack(g, (const float *)dkv32, n_pages, 0); /* as the engine stores KV */
     if (ce != cudaSuccess)
         return op_done(c, op_fail(c, ce, "kernel launch"));
     TRY(op_up(c, &dpos, pos, (size_t)T * 4));
@@ -198,11 +204,6 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
     TRY(op_up(c, &dpt, pt_off, (size_t)n_seqs * 4));
     TRY(op_up(c, &dpg, pages, (size_t)n_table * 4));
     TRY(op_up(c, &dout, NULL, qn * 4));
-    kv_geom g;
-    g.layer_base = (bf16 *)dkv;
-    g.P = P;
-    g.Kh = K;
-    g.S = S;
     TRY(op_down(c,
                 k_attention(g, (float *)dq, (int32_t *)dpos, (int32_t *)dseq, (int32_t *)dpt, (int32_t *)dpg, T, H,
                             window, scale, softcap, (const int32_t *)dtiles, n_tiles, (const int32_t *)dsingles,
@@ -213,7 +214,7 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
 
 int cuda_op_kv_write(const float *k, const float *v, int64_t T, const int32_t *pos, const int32_t *seq,
                      const int32_t *pt_off, const int32_t *pages, int32_t n_table, int n_seqs, int32_t n_pages, int P,
-                     int K, int S, float *arena, char *err, size_t errlen)
+                     int K, int S, int kv_dtype, float *arena, char *err, size_t errlen)
 {
     OP_BEGIN;
     void *dk, *dv, *dpos, *dseq, *dpt, *dpg, *dkv, *dout;
@@ -224,19 +225,21 @@ int cuda_op_kv_write(const float *k, const float *v, int64_t T, const int32_t *p
     TRY(op_up(c, &dseq, seq, (size_t)T * 4));
     TRY(op_up(c, &dpt, pt_off, (size_t)n_seqs * 4));
     TRY(op_up(c, &dpg, pages, (size_t)n_table * 4));
-    TRY(op_up(c, &dkv, NULL, an * 2));
-    TRY(op_up(c, &dout, NULL, an * 4));
-    cudaError_t ce = cudaMemset(dkv, 0, an * 2);
     kv_geom g;
-    g.layer_base = (bf16 *)dkv;
     g.P = P;
     g.Kh = K;
     g.S = S;
+    g.kvt = kv_dtype == KV_I8 ? KV_I8 : KV_BF16;
+    size_t bytes = (size_t)n_pages * (size_t)kv_block_bytes(P, K, S, g.kvt);
+    TRY(op_up(c, &dkv, NULL, bytes));
+    TRY(op_up(c, &dout, NULL, an * 4));
+    cudaError_t ce = cudaMemset(dkv, 0, bytes);
+    g.layer_base = (uint8_t *)dkv;
     if (ce == cudaSuccess)
         ce = k_kv_write(g, (const float *)dk, (const float *)dv, (const int32_t *)dpos, (const int32_t *)dseq,
                         (const int32_t *)dpt, (const int32_t *)dpg, T, 0);
     if (ce == cudaSuccess)
-        ce = k_from_bf16((const bf16 *)dkv, (float *)dout, (int64_t)an, 0);
+        ce = k_kv_unpack(g, (float *)dout, n_pages, 0);
     TRY(op_down(c, ce, arena, dout, an * 4));
     return op_done(c, 0);
 }

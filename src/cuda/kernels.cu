@@ -308,18 +308,6 @@ cudaError_t k_to_bf16(const float *x, bf16 *out, int64_t n, cudaStream_t s)
     return cudaGetLastError();
 }
 
-__global__ void from_bf16_kernel(const bf16 *x, float *out, int64_t n)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = __bfloat162float(x[i]);
-}
-
-cudaError_t k_from_bf16(const bf16 *x, float *out, int64_t n, cudaStream_t s)
-{
-    from_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, out, n);
-    return cudaGetLastError();
-}
-
 /* One thread per (token, head, pair); the angle in fp32 as cpu_rope_apply computes it. */
 __global__ void rope_kernel(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int half,
                             int style, float attn_scale)
@@ -397,31 +385,160 @@ cudaError_t k_gather(float *dst, const float *x, const int32_t *rows, int R, int
 
 /* ---------------------------------------------------------------- paged KV and attention */
 
-__device__ __forceinline__ int64_t kv_off(const kv_geom &g, int32_t page, int kh, int32_t pos)
+/* Where one key vector (row r = kh * P + pos % P of page `page`) lives; its value vector is `vs` values (and
+ * for int8, one scale) further. */
+struct kv_loc {
+    const uint8_t *blk;
+    int r;
+};
+
+__device__ __forceinline__ kv_loc kv_at(const kv_geom &g, int32_t page, int kh, int32_t pos)
 {
-    return (int64_t)page * 2 * g.Kh * g.P * g.S + ((int64_t)kh * g.P + pos % g.P) * g.S;
+    kv_loc L;
+    L.blk = g.layer_base + (int64_t)page * kv_block_bytes(g.P, g.Kh, g.S, g.kvt);
+    L.r = kh * g.P + pos % g.P;
+    return L;
 }
 
+/* Value d of the key (v = 0) or value (v = 1) vector at L, widened to fp32. */
+template <int KVT>
+__device__ __forceinline__ float kv_get(const kv_geom &g, kv_loc L, int v, int d)
+{
+    const int64_t KPS = (int64_t)g.Kh * g.P * g.S;
+    if (KVT == 2) {
+        const int8_t *c = (const int8_t *)L.blk + v * KPS + (int64_t)L.r * g.S;
+        const float *sc = (const float *)(L.blk + 2 * KPS);
+        return (float)c[d] * sc[v * g.Kh * g.P + L.r];
+    }
+    return __bfloat162float(((const bf16 *)L.blk)[v * KPS + (int64_t)L.r * g.S + d]);
+}
+
+/* Values [d, d + 8) of one vector (d % 8 == 0, S % 8 == 0): one 16-byte (bf16) or 8-byte (int8) load. */
+template <int KVT>
+__device__ __forceinline__ void kv_get8(const kv_geom &g, kv_loc L, int v, int d, float (&x)[8])
+{
+    const int64_t KPS = (int64_t)g.Kh * g.P * g.S;
+    if (KVT == 2) {
+        uint2 raw = *(const uint2 *)((const int8_t *)L.blk + v * KPS + (int64_t)L.r * g.S + d);
+        float sc = ((const float *)(L.blk + 2 * KPS))[v * g.Kh * g.P + L.r];
+        const int8_t *c = (const int8_t *)&raw;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            x[e] = (float)c[e] * sc;
+    } else {
+        uint4 raw = *(const uint4 *)((const bf16 *)L.blk + v * KPS + (int64_t)L.r * g.S + d);
+        const bf16 *h = (const bf16 *)&raw;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            x[e] = __bfloat162float(h[e]);
+    }
+}
+
+__device__ __forceinline__ float warp_max(float x)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+/* Stores the S values of src (a key or value vector) at L's slot v in the layout of g: one warp, lanes stride
+ * the dims.  int8: amax over the vector, scale = amax / 127, code = rint(x / scale) (0 when amax is 0). */
+template <int KVT>
+__device__ __forceinline__ void kv_store_vec(const kv_geom &g, uint8_t *blk, int r, int v, const float *src, int lane)
+{
+    const int64_t KPS = (int64_t)g.Kh * g.P * g.S;
+    if (KVT == 2) {
+        float amax = 0.0f;
+        for (int d = lane; d < g.S; d += 32)
+            amax = fmaxf(amax, fabsf(src[d]));
+        amax = warp_max(amax);
+        float sc = __fdiv_rn(amax, 127.0f);
+        int8_t *c = (int8_t *)blk + v * KPS + (int64_t)r * g.S;
+        for (int d = lane; d < g.S; d += 32) {
+            float q = sc > 0.0f ? rintf(__fdiv_rn(src[d], sc)) : 0.0f;
+            c[d] = (int8_t)fmaxf(-127.0f, fminf(127.0f, q));
+        }
+        if (lane == 0)
+            ((float *)(blk + 2 * KPS))[v * g.Kh * g.P + r] = sc;
+    } else {
+        bf16 *h = (bf16 *)blk + v * KPS + (int64_t)r * g.S;
+        for (int d = lane; d < g.S; d += 32)
+            h[d] = __float2bfloat16_rn(src[d]);
+    }
+}
+
+/* One warp per (token, kv head): its key and value vectors into the token's page. */
+template <int KVT>
 __global__ void kv_write_kernel(kv_geom g, const float *k, const float *v, const int32_t *pos, const int32_t *seq,
                                 const int32_t *pt_off, const int32_t *pages, int64_t T)
 {
-    int64_t KS = (int64_t)g.Kh * g.S, total = T * KS;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t = i / KS;
-        int kh = (int)((i % KS) / g.S), d = (int)(i % g.S);
-        int32_t p = pos[t];
-        int32_t page = pages[pt_off[seq[t]] + p / g.P];
-        bf16 *dst = g.layer_base + kv_off(g, page, kh, p) + d;
-        dst[0] = __float2bfloat16_rn(k[i]);
-        dst[(int64_t)g.Kh * g.P * g.S] = __float2bfloat16_rn(v[i]);
-    }
+    int64_t w = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (w >= T * g.Kh)
+        return;
+    int64_t t = w / g.Kh;
+    int kh = (int)(w % g.Kh);
+    int32_t p = pos[t];
+    kv_loc L = kv_at(g, pages[pt_off[seq[t]] + p / g.P], kh, p);
+    kv_store_vec<KVT>(g, (uint8_t *)L.blk, L.r, 0, k + w * g.S, lane);
+    kv_store_vec<KVT>(g, (uint8_t *)L.blk, L.r, 1, v + w * g.S, lane);
 }
 
 cudaError_t k_kv_write(kv_geom g, const float *k, const float *v, const int32_t *pos, const int32_t *seq,
                        const int32_t *pt_off, const int32_t *pages, int64_t T, cudaStream_t s)
 {
-    kv_write_kernel<<<grid_for(T * g.Kh * g.S, 256), 256, 0, s>>>(g, k, v, pos, seq, pt_off, pages, T);
+    int64_t warps = T * g.Kh;
+    if (warps <= 0)
+        return cudaSuccess;
+    unsigned blocks = (unsigned)((warps + 7) / 8);
+    if (g.kvt == 2)
+        kv_write_kernel<2><<<blocks, 256, 0, s>>>(g, k, v, pos, seq, pt_off, pages, T);
+    else
+        kv_write_kernel<1><<<blocks, 256, 0, s>>>(g, k, v, pos, seq, pt_off, pages, T);
     return cudaGetLastError();
+}
+
+/* Vector i of an fp32 host-layout arena (page, k/v, kh, slot; S values at arena + i*S) to or from g's format:
+ * one warp per vector. */
+template <int KVT>
+__global__ void kv_pack_kernel(kv_geom g, float *arena, int64_t n_vec, bool unpack)
+{
+    int64_t i = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (i >= n_vec)
+        return;
+    int64_t per_page = 2 * (int64_t)g.Kh * g.P;
+    int32_t page = (int32_t)(i / per_page);
+    int rem = (int)(i % per_page), v = rem / (g.Kh * g.P), r = rem % (g.Kh * g.P);
+    kv_loc L;
+    L.blk = g.layer_base + (int64_t)page * kv_block_bytes(g.P, g.Kh, g.S, g.kvt);
+    L.r = r;
+    if (unpack)
+        for (int d = lane; d < g.S; d += 32)
+            arena[i * g.S + d] = kv_get<KVT>(g, L, v, d);
+    else
+        kv_store_vec<KVT>(g, (uint8_t *)L.blk, r, v, arena + i * g.S, lane);
+}
+
+static cudaError_t kv_pack_launch(kv_geom g, float *arena, int32_t n_pages, bool unpack, cudaStream_t s)
+{
+    int64_t n_vec = (int64_t)n_pages * 2 * g.Kh * g.P;
+    unsigned blocks = (unsigned)((n_vec + 7) / 8);
+    if (g.kvt == 2)
+        kv_pack_kernel<2><<<blocks, 256, 0, s>>>(g, arena, n_vec, unpack);
+    else
+        kv_pack_kernel<1><<<blocks, 256, 0, s>>>(g, arena, n_vec, unpack);
+    return cudaGetLastError();
+}
+
+cudaError_t k_kv_pack(kv_geom g, const float *arena, int32_t n_pages, cudaStream_t s)
+{
+    return kv_pack_launch(g, (float *)arena, n_pages, false, s);
+}
+
+cudaError_t k_kv_unpack(kv_geom g, float *arena, int32_t n_pages, cudaStream_t s)
+{
+    return kv_pack_launch(g, arena, n_pages, true, s);
 }
 
 /* out[d] = acc[c] * inv for this lane's dims d = lane + 32c < S. */
@@ -438,29 +555,27 @@ __device__ __forceinline__ void store_row(float *o, const float (&acc)[DPL], flo
 
 /* Stages keys/values [kb, kb + nk) of one kv head (positions past plast as zeros) into shared rows of
  * strides kstride / vstride, each value widened to fp32 and passed through cv (identity, or a TF32 rounding,
- * exact on bf16 values).  Head sizes that are multiples of 8 move 8 values (16 bytes) per load. */
-template <typename T, typename Conv>
+ * exact on bf16 values).  Head sizes that are multiples of 8 move 8 values per load. */
+template <int KVT, typename T, typename Conv>
 __device__ __forceinline__ void stage_kv(const kv_geom &g, const int32_t *pt, int kh, int32_t kb, int32_t plast, int nk,
                                          T *Ks, int kstride, T *Vs, int vstride, Conv cv)
 {
     const int S = g.S;
-    const int64_t voff = (int64_t)g.Kh * g.P * S;
     if (S % 8 == 0) {
         const int C = S / 8;
         for (int idx = threadIdx.x; idx < nk * C; idx += blockDim.x) {
             int jj = idx / C, d = (idx % C) * 8;
             int32_t j = kb + jj;
-            uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
+            float kk[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (j <= plast) {
-                const bf16 *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j) + d;
-                kk = *(const uint4 *)kr;
-                vv = *(const uint4 *)(kr + voff);
+                kv_loc L = kv_at(g, pt[j / g.P], kh, j);
+                kv_get8<KVT>(g, L, 0, d, kk);
+                kv_get8<KVT>(g, L, 1, d, vv);
             }
-            const bf16 *k8 = (const bf16 *)&kk, *v8 = (const bf16 *)&vv;
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                Ks[jj * kstride + d + e] = cv(__bfloat162float(k8[e]));
-                Vs[jj * vstride + d + e] = cv(__bfloat162float(v8[e]));
+                Ks[jj * kstride + d + e] = cv(kk[e]);
+                Vs[jj * vstride + d + e] = cv(vv[e]);
             }
         }
         return;
@@ -470,9 +585,9 @@ __device__ __forceinline__ void stage_kv(const kv_geom &g, const int32_t *pt, in
         int32_t j = kb + jj;
         float kk = 0.0f, vv = 0.0f;
         if (j <= plast) {
-            const bf16 *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j);
-            kk = __bfloat162float(kr[d]);
-            vv = __bfloat162float(kr[voff + d]);
+            kv_loc L = kv_at(g, pt[j / g.P], kh, j);
+            kk = kv_get<KVT>(g, L, 0, d);
+            vv = kv_get<KVT>(g, L, 1, d);
         }
         Ks[jj * kstride + d] = cv(kk);
         Vs[jj * vstride + d] = cv(vv);
@@ -488,7 +603,7 @@ struct keep_f32 {
 /* One warp per (token, kv head, chunk of up to ATT_GC query heads of that
  * group): each key/value row is loaded once for the chunk's heads (GQA), each
  * lane holds DPL of the S dims.  Online softmax per head in fp32. */
-template <int DPL>
+template <int DPL, int KVT>
 __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq,
                                  const int32_t *pt_off, const int32_t *pages, int64_t T, const int32_t *tok_list,
                                  int H, int window, float scale, float softcap, float *out)
@@ -518,15 +633,14 @@ __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, 
         mx[i] = -INFINITY;
         l[i] = 0.0f;
     }
-    int64_t vstride = (int64_t)g.Kh * g.P * S;
     for (int32_t j = lo; j <= p; j++) {
-        const bf16 *kr = g.layer_base + kv_off(g, pt[j / g.P], kh, j), *vr = kr + vstride;
+        kv_loc L = kv_at(g, pt[j / g.P], kh, j);
         float kk[DPL], vv[DPL];
 #pragma unroll
         for (int c = 0; c < DPL; c++) {
             int d = lane + 32 * c;
-            kk[c] = d < S ? __bfloat162float(kr[d]) : 0.0f;
-            vv[c] = d < S ? __bfloat162float(vr[d]) : 0.0f;
+            kk[c] = d < S ? kv_get<KVT>(g, L, 0, d) : 0.0f;
+            vv[c] = d < S ? kv_get<KVT>(g, L, 1, d) : 0.0f;
         }
 #pragma unroll
         for (int i = 0; i < ATT_GC; i++) {
@@ -567,7 +681,7 @@ __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, 
 #define TQ_WARPS 4
 #define TK 32
 
-template <int DPL, int RW>
+template <int DPL, int RW, int KVT>
 __global__ void __launch_bounds__(TQ_WARPS * 32)
     attention_tile_kernel(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
                           const int32_t *pages, const int32_t *tiles, int H, int window, float scale, float softcap,
@@ -603,7 +717,7 @@ __global__ void __launch_bounds__(TQ_WARPS * 32)
     }
     for (int32_t kb = lo; kb <= plast; kb += TK) {
         __syncthreads(); /* the previous block's K, V and P are consumed (and Q is staged) */
-        stage_kv(g, pt, kh, kb, plast, TK, Ks, SP, Vs, SP, keep_f32());
+        stage_kv<KVT>(g, pt, kh, kb, plast, TK, Ks, SP, Vs, SP, keep_f32());
         __syncthreads();
         const int32_t j = kb + lane;
         float sc[RW];
@@ -695,7 +809,7 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int NS>
+template <int NS, int KVT>
 __global__ void __launch_bounds__(TQ_WARPS * 32)
     attention_mma_kernel(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
                          const int32_t *pages, const int32_t *tiles, int H, int window, float scale, float softcap,
@@ -730,7 +844,7 @@ __global__ void __launch_bounds__(TQ_WARPS * 32)
     uint32_t *P = Ps + warp * 16 * PP;
     for (int32_t kb = lo; kb <= plast; kb += MK) {
         __syncthreads(); /* the previous block's K and V are consumed */
-        stage_kv(g, pt, kh, kb, plast, MK, Ks, SPK, Vs, SPV, round_tf32());
+        stage_kv<KVT>(g, pt, kh, kb, plast, MK, Ks, SPK, Vs, SPV, round_tf32());
         __syncthreads();
         float sc[4][4];
 #pragma unroll
@@ -886,21 +1000,20 @@ int k_attention_plan(const int32_t *seq, const int32_t *pos, int64_t T, int bq, 
     return 0;
 }
 
-cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
-                        const int32_t *pages, int64_t T, int H, int window, float scale, float softcap,
-                        const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, float *out,
-                        cudaStream_t s)
+template <int KVT>
+static cudaError_t attention_launch(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq,
+                                    const int32_t *pt_off, const int32_t *pages, int64_t T, int H, int window,
+                                    float scale, float softcap, const int32_t *tiles, int n_tiles,
+                                    const int32_t *singles, int64_t n_singles, float *out, cudaStream_t s)
 {
-    if (g.S > 256 || g.Kh <= 0 || H % g.Kh)
-        return cudaErrorInvalidValue;
     int64_t n_warp_tok = tiles || singles ? n_singles : T;
     const int32_t *tok_list = tiles || singles ? singles : NULL;
     if (n_warp_tok > 0) {
         int warps = 4, chunks = (H / g.Kh + ATT_GC - 1) / ATT_GC;
         unsigned blocks = (unsigned)((n_warp_tok * g.Kh * chunks + warps - 1) / warps);
 #define ATT_LAUNCH(dpl)                                                                                                \
-    attention_kernel<dpl><<<blocks, 32 * warps, 0, s>>>(g, q, pos, seq, pt_off, pages, n_warp_tok, tok_list, H, window, \
-                                                        scale, softcap, out)
+    attention_kernel<dpl, KVT><<<blocks, 32 * warps, 0, s>>>(g, q, pos, seq, pt_off, pages, n_warp_tok, tok_list, H,   \
+                                                             window, scale, softcap, out)
         if (g.S <= 32)
             ATT_LAUNCH(1);
         else if (g.S <= 64)
@@ -918,8 +1031,8 @@ cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int
         size_t smem = ((size_t)MK * (g.S + 4) + (size_t)MK * (g.S + 8) + (size_t)TQ_WARPS * 16 * (MK + 4)) * 4;
         dim3 grid((unsigned)n_tiles, (unsigned)g.Kh);
 #define MMA_LAUNCH(ns)                                                                                                 \
-    attention_mma_kernel<ns><<<grid, TQ_WARPS * 32, smem, s>>>(g, q, pos, seq, pt_off, pages, tiles, H, window, scale, \
-                                                               softcap, out)
+    attention_mma_kernel<ns, KVT><<<grid, TQ_WARPS * 32, smem, s>>>(g, q, pos, seq, pt_off, pages, tiles, H, window,  \
+                                                                    scale, softcap, out)
         switch (g.S / 8) {
         case 4:
             MMA_LAUNCH(4);
@@ -951,14 +1064,14 @@ fp32_tiles:
     do {                                                                                                               \
         static bool attr_set;                                                                                          \
         if (!attr_set) {                                                                                               \
-            cudaError_t ae = cudaFuncSetAttribute(attention_tile_kernel<dpl, rw_>,                                     \
+            cudaError_t ae = cudaFuncSetAttribute(attention_tile_kernel<dpl, rw_, KVT>,                                \
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);            \
             if (ae != cudaSuccess)                                                                                     \
                 return ae;                                                                                             \
             attr_set = true;                                                                                           \
         }                                                                                                              \
-        attention_tile_kernel<dpl, rw_><<<grid, TQ_WARPS * 32, smem, s>>>(g, q, pos, seq, pt_off, pages, tiles, H,    \
-                                                                          window, scale, softcap, out);              \
+        attention_tile_kernel<dpl, rw_, KVT><<<grid, TQ_WARPS * 32, smem, s>>>(g, q, pos, seq, pt_off, pages, tiles,  \
+                                                                               H, window, scale, softcap, out);      \
     } while (0)
         if (g.S <= 32)
             TILE_LAUNCH(1, 16);
@@ -972,6 +1085,19 @@ fp32_tiles:
         return cudaGetLastError();
     }
     return cudaSuccess;
+}
+
+cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
+                        const int32_t *pages, int64_t T, int H, int window, float scale, float softcap,
+                        const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, float *out,
+                        cudaStream_t s)
+{
+    if (g.S > 256 || g.Kh <= 0 || H % g.Kh || (g.kvt != 1 && g.kvt != 2))
+        return cudaErrorInvalidValue;
+    return g.kvt == 2 ? attention_launch<2>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap, tiles, n_tiles,
+                                            singles, n_singles, out, s)
+                      : attention_launch<1>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap, tiles, n_tiles,
+                                            singles, n_singles, out, s);
 }
 
 /* ---------------------------------------------------------------- greedy picks */

@@ -39,8 +39,6 @@ cudaError_t k_add(float *y, const float *x, int64_t n, cudaStream_t s);
 
 /* out_b(n) = bf16(x) */
 cudaError_t k_to_bf16(const float *x, bf16 *out, int64_t n, cudaStream_t s);
-/* out(n) = float(x), exact */
-cudaError_t k_from_bf16(const bf16 *x, float *out, int64_t n, cudaStream_t s);
 
 /* x(T, H, S) rotated in place at positions pos(T). */
 cudaError_t k_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int n_rot, int style,
@@ -55,17 +53,31 @@ cudaError_t k_softcap(float *y, int64_t n, float cap, cudaStream_t s);
 /* dst(R, D) = x(rows[r], D) */
 cudaError_t k_gather(float *dst, const float *x, const int32_t *rows, int R, int64_t D, cudaStream_t s);
 
-/* Paged KV geometry of one layer: block of page p at layer_base + p * 2*Kh*P*S bf16 values (kv.h's layout,
- * bf16 in HBM: keys and values are rounded to nearest-even when written; attention reads them back exactly
- * and computes in fp32). */
+/* Paged KV geometry of one layer (kv.h's layout): the block of page p at layer_base + p * kv_block_bytes.
+ * kvt KV_BF16: 2*Kh*P*S bf16 values, rounded to nearest even when written.  KV_I8: K codes then V codes
+ * (Kh*P*S int8 each), then Kh*P fp32 key scales and Kh*P value scales; value = code * scale.  Attention
+ * widens either to fp32 and computes in fp32. */
 typedef struct kv_geom {
-    bf16 *layer_base; /* arena + l * n_pages * 2*Kh*P*S */
+    uint8_t *layer_base; /* arena + l * n_pages * kv_block_bytes */
     int P, Kh, S;
+    int kvt; /* KV_BF16 or KV_I8 (kv.h) */
 } kv_geom;
 
-/* Writes k, v (T, Kh*S) of every token into its row's page at pos[t], rounded to bf16. */
+/* Bytes of one page's block in one layer. */
+static inline __host__ __device__ int64_t kv_block_bytes(int P, int Kh, int S, int kvt)
+{
+    return kvt == 2 ? 2 * (int64_t)Kh * P * S + 8 * (int64_t)Kh * P : 4 * (int64_t)Kh * P * S;
+}
+
+/* Writes k, v (T, Kh*S) of every token into its row's page at pos[t] (bf16, or int8 codes with the vector's
+ * scale amax/127: code = rint(x / scale), the division and rounding IEEE round-to-nearest-even). */
 cudaError_t k_kv_write(kv_geom g, const float *k, const float *v, const int32_t *pos, const int32_t *seq,
                        const int32_t *pt_off, const int32_t *pages, int64_t T, cudaStream_t s);
+
+/* A host-layout fp32 KV arena of n_pages (kv.h, one layer) into the device format of g (as k_kv_write would
+ * store each vector), and back (widened); for the op tests. */
+cudaError_t k_kv_pack(kv_geom g, const float *arena, int32_t n_pages, cudaStream_t s);
+cudaError_t k_kv_unpack(kv_geom g, float *arena, int32_t n_pages, cudaStream_t s);
 
 /* out(T, H*S) = causal attention of q(T, H*S) over each token's row's cached
  * positions [max(0, pos-window+1), pos] (window 0 = full); GQA by H/Kh.

@@ -25,10 +25,14 @@
  *    (1 + tanh cancels for negative inputs): |dy| <= 1e-6 (|g u| + |y|).
  *  - attention: fp32 online softmax against a double-precision two-pass
  *    reference; values in [-1, 1], scores O(1): |dy| <= 2e-5.  The engine
- *    keeps KV in bf16, so the test's keys and values are bf16 values: the
- *    device's rounding of them is exact and the bound is the kernels' alone.
+ *    keeps KV in bf16 (or int8 codes with a scale per vector), so the test's
+ *    keys and values are values that format holds (kv_round below): the
+ *    device's storing of them is exact and the bound is the kernels' alone.
  *  - KV write: bf16(x) rounded to nearest even, bit-identical to
- *    quant_fp32_to_bf16, at the right page and slot; every other slot stays 0.
+ *    quant_fp32_to_bf16; int8: scale = amax/127 and code = rint(x / scale),
+ *    widened as code * scale, bit-identical to kv_round's host arithmetic (IEEE
+ *    division and rounding on both sides); at the right page and slot, every
+ *    other slot 0.
  * Every output buffer is poisoned with NaN before the GPU writes it, and a NaN
  * never passes a comparison.
  */
@@ -290,15 +294,38 @@ static void test_act(void)
     free(g), free(u), free(gc);
 }
 
-/* x rounded to the nearest bf16 value (what the engine's KV pages hold). */
-static float bf16_value(float x)
+/* The n values of one key or value vector as the engine's KV pages hold them: bf16 (round to nearest even), or
+ * int8 codes rint(x / (amax/127)) times that scale. */
+static void kv_round(const float *x, float *out, int n, int dtype)
 {
-    return quant_bf16_to_fp32(quant_fp32_to_bf16(x));
+    if (dtype != KV_I8) {
+        for (int i = 0; i < n; i++)
+            out[i] = quant_bf16_to_fp32(quant_fp32_to_bf16(x[i]));
+        return;
+    }
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    float sc = amax / 127.0f;
+    for (int i = 0; i < n; i++) {
+        float q = sc > 0.0f ? rintf(x[i] / sc) : 0.0f;
+        q = fmaxf(-127.0f, fminf(127.0f, q));
+        out[i] = q * sc;
+    }
+}
+
+/* A random arena of vectors of S values in [-1, 1], each as the KV pages of dtype hold it. */
+static void kv_random_arena(float *arena, size_t an, int S, int dtype)
+{
+    for (size_t i = 0; i < an; i++)
+        arena[i] = frand(-1, 1);
+    for (size_t i = 0; i < an; i += (size_t)S)
+        kv_round(arena + i, arena + i, S, dtype);
 }
 
 /* KV write into pages: three rows' tokens (a decode token, a chunk, a prefill) in shuffled pages; the arena read
  * back must hold exactly bf16(k), bf16(v) at (page, kv head, slot) and zeros everywhere else. */
-static void test_kv_write(void)
+static void test_kv_write(int dtype)
 {
     enum { P = 4, NP = 16, K = 2, S = 80, T = 10 };
     int32_t pos[T] = {8, 9, 10, 11, 12, 0, 1, 2, 3, 4}, seq[T] = {0, 1, 1, 1, 1, 2, 2, 2, 2, 2};
@@ -313,21 +340,23 @@ static void test_kv_write(void)
     k[6] = 1.0f + 3.0f / 256; /* a tie: rounds to even (1 + 4/256) */
     for (size_t i = 0; i < an; i++)
         arena[i] = NAN;
+    for (int i = 0; i < S; i++) /* token 3, head 1: every key value 0 (scale 0) */
+        k[(3 * K + 1) * S + i] = 0.0f;
     for (int t = 0; t < T; t++)
-        for (int kh = 0; kh < K; kh++)
-            for (int d = 0; d < S; d++) {
-                size_t off = (size_t)pages[pt_off[seq[t]] + pos[t] / P] * 2 * K * P * S +
-                             ((size_t)kh * P + (size_t)(pos[t] % P)) * S + (size_t)d;
-                want[off] = quant_bf16_to_fp32(quant_fp32_to_bf16(k[((size_t)t * K + kh) * S + d]));
-                want[off + (size_t)K * P * S] = quant_bf16_to_fp32(quant_fp32_to_bf16(v[((size_t)t * K + kh) * S + d]));
-            }
+        for (int kh = 0; kh < K; kh++) {
+            size_t off = (size_t)pages[pt_off[seq[t]] + pos[t] / P] * 2 * K * P * S +
+                         ((size_t)kh * P + (size_t)(pos[t] % P)) * S;
+            kv_round(k + ((size_t)t * K + kh) * S, want + off, S, dtype);
+            kv_round(v + ((size_t)t * K + kh) * S, want + off + (size_t)K * P * S, S, dtype);
+        }
     char err[SPILL_ERRLEN];
-    int rc = cuda_op_kv_write(k, v, T, pos, seq, pt_off, pages, 9, 3, NP, P, K, S, arena, err, sizeof err);
+    int rc = cuda_op_kv_write(k, v, T, pos, seq, pt_off, pages, 9, 3, NP, P, K, S, dtype, arena, err, sizeof err);
     CHECK(rc == 0, "kv write: %s", err);
     size_t bad = 0;
     for (size_t i = 0; i < an; i++)
         bad += memcmp(&arena[i], &want[i], 4) != 0;
-    CHECK(rc == 0 && bad == 0, "kv write: %zu of %zu arena values differ from bf16(k), bf16(v) in place", bad, an);
+    CHECK(rc == 0 && bad == 0, "kv write (%s): %zu of %zu arena values differ from the host's rounding in place",
+          kv_dtype_name(dtype), bad, an);
     free(k), free(v), free(arena), free(want);
 }
 
@@ -380,7 +409,7 @@ static double att_tol(int kind, int S)
 
 /* One attention case on the GPU against attention_ref: the largest |difference|, or -1 (with a failed check)
  * when the op fails. */
-static double attention_case(const float *q, const float *arena, int NP, int P, int H, int K, int S,
+static double attention_case(const float *q, const float *arena, int NP, int P, int H, int K, int S, int dtype,
                              const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off,
                              const int32_t *pages, int n_table, int n_seqs, int window, float scale, float softcap,
                              int tile_min_run)
@@ -390,7 +419,7 @@ static double attention_case(const float *q, const float *arena, int NP, int P, 
     float *y = malloc(qn * 4), *yr = malloc(qn * 4);
     for (size_t i = 0; i < qn; i++)
         y[i] = NAN;
-    int rc = cuda_op_attention(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, n_table, n_seqs, window, scale,
+    int rc = cuda_op_attention(q, arena, NP, P, H, K, S, dtype, pos, seq, T, pt_off, pages, n_table, n_seqs, window, scale,
                                softcap, tile_min_run, y, err, sizeof err);
     CHECK(rc == 0, "attention: %s", err);
     attention_ref(q, arena, P, H, K, S, pos, seq, T, pt_off, pages, window, scale, softcap, yr);
@@ -403,7 +432,7 @@ static double attention_case(const float *q, const float *arena, int NP, int P, 
     return rc ? -1 : worst;
 }
 
-static void test_attention(void)
+static void test_attention(int dt)
 {
     enum { P = 4, NP = 16 };
     /* (H, K, S): GQA groups of 2, 8 (two warps' chunks), 5 (a partial chunk), MHA, MQA; S not a multiple of 32 */
@@ -416,8 +445,7 @@ static void test_attention(void)
         int H = cfgs[ci][0], K = cfgs[ci][1], S = cfgs[ci][2];
         size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
         float *arena = malloc(an * 4), *q = malloc(qn * 4);
-        for (size_t i = 0; i < an; i++)
-            arena[i] = bf16_value(frand(-1, 1));
+        kv_random_arena(arena, an, S, dt);
         for (size_t i = 0; i < qn; i++)
             q[i] = frand(-1, 1) * 2;
         /* variants 0-2: every token through the per-token kernel; 3-5: every run (even a lone decode token) in
@@ -426,10 +454,11 @@ static void test_attention(void)
             int window = variant % 3 == 1 ? 3 : 0, tiled = variant >= 3;
             cuda_attention_kind(variant >= 6 ? 2 : 1);
             float softcap = variant % 3 == 2 ? 2.0f : 0.0f, scale = 1.0f / sqrtf((float)S) * 3;
-            double worst = attention_case(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, 9, 3, window, scale,
-                                          softcap, tiled);
+            double worst = attention_case(q, arena, NP, P, H, K, S, dt, pos, seq, T, pt_off, pages, 9, 3, window,
+                                          scale, softcap, tiled);
             CHECK(worst >= 0 && worst <= att_tol(variant >= 6 ? 2 : 1, S),
-                  "attention H=%d K=%d S=%d variant %d: max |dy| %.3g", H, K, S, variant, worst);
+                  "attention (%s KV) H=%d K=%d S=%d variant %d: max |dy| %.3g", kv_dtype_name(dt), H, K, S, variant,
+                  worst);
         }
         free(arena), free(q);
     }
@@ -439,7 +468,7 @@ static void test_attention(void)
 /* Longer rows through the tiled kernel: a 100-token prompt from position 0 (several tiles, several key blocks),
  * a 33-token chunk at positions 40..72 of a second row, a decode token at 150 of a third, with sliding windows
  * that cut inside key blocks.  Same 2e-5 bound as above: fp32 sums of at most ~150 terms in another order. */
-static void test_attention_long(void)
+static void test_attention_long(int dt)
 {
     enum { P = 16, NP = 40 };
     static const int cfgs[][3] = {{32, 8, 128}, {8, 1, 64}, {16, 2, 256}, {10, 2, 80}, {4, 4, 32}};
@@ -457,21 +486,22 @@ static void test_attention_long(void)
         int H = cfgs[ci][0], K = cfgs[ci][1], S = cfgs[ci][2];
         size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
         float *arena = malloc(an * 4), *q = malloc(qn * 4);
-        for (size_t i = 0; i < an; i++)
-            arena[i] = bf16_value(frand(-1, 1));
+        kv_random_arena(arena, an, S, dt);
         for (size_t i = 0; i < qn; i++)
             q[i] = frand(-1, 1) * 2;
         for (int variant = 0; variant < 6; variant++) {
             int window = variant % 3 == 1 ? 37 : variant % 3 == 2 ? 5 : 0, kind = variant < 3 ? 1 : 2;
             float scale = 1.0f / sqrtf((float)S) * 2;
             cuda_attention_kind(kind);
-            double worst = attention_case(q, arena, NP, P, H, K, S, pos, seq, T, pt_off, pages, 22, 3, window, scale,
-                                          0.0f, 8);
-            CHECK(worst >= 0 && worst <= att_tol(kind, S), "attention (long, %s) H=%d K=%d S=%d window %d: max |dy| %.3g",
-                  kind == 2 ? "tf32" : "fp32", H, K, S, window, worst);
+            double worst = attention_case(q, arena, NP, P, H, K, S, dt, pos, seq, T, pt_off, pages, 22, 3, window,
+                                          scale, 0.0f, 8);
+            CHECK(worst >= 0 && worst <= att_tol(kind, S),
+                  "attention (long, %s, %s KV) H=%d K=%d S=%d window %d: max |dy| %.3g", kind == 2 ? "tf32" : "fp32",
+                  kv_dtype_name(dt), H, K, S, window, worst);
             if (variant % 3 == 0)
-                fprintf(stderr, "attention tiled %s H=%d K=%d S=%d (%d tokens a tile): max |dy| %.2e\n",
-                        kind == 2 && S <= 128 ? "tf32" : "fp32", H, K, S, (S <= 128 ? 64 : 32) / (H / K), worst);
+                fprintf(stderr, "attention tiled %s, %s KV, H=%d K=%d S=%d (%d tokens a tile): max |dy| %.2e\n",
+                        kind == 2 && S <= 128 ? "tf32" : "fp32", kv_dtype_name(dt), H, K, S,
+                        (S <= 128 ? 64 : 32) / (H / K), worst);
         }
         free(arena), free(q);
     }
@@ -594,9 +624,11 @@ int main(void)
     test_rmsnorm();
     test_rope();
     test_act();
-    test_kv_write();
-    test_attention();
-    test_attention_long();
+    for (int dt = KV_BF16; dt <= KV_I8; dt++) {
+        test_kv_write(dt);
+        test_attention(dt);
+        test_attention_long(dt);
+    }
     test_pick();
     cpu_pool_free(pool);
     return test_finish("test_cuda_ops");
