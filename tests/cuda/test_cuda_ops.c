@@ -309,8 +309,8 @@ static void kv_round(const float *x, float *out, int n, int dtype)
     float sc = amax / 127.0f;
     for (int i = 0; i < n; i++) {
         float q = sc > 0.0f ? rintf(x[i] / sc) : 0.0f;
-        q = fmaxf(-127.0f, fminf(127.0f, q));
-        out[i] = q * sc;
+        int8_t code = (int8_t)fmaxf(-127.0f, fminf(127.0f, q)); /* an integer code: rint's -0 is stored as 0 */
+        out[i] = (float)code * sc;
     }
 }
 
