@@ -99,6 +99,10 @@ typedef struct cuda_engine_stats {
  * says what to lower), or CUDA_ENGINE_EDEVICE. */
 int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out, char *err, size_t errlen);
 
+/* HBM the pass buffers of an engine opened with o take (activations for max_pass_tokens, logits, the dequant
+ * scratch, cuBLAS workspace): what an HBM plan must leave beside the weights and the KV arena. */
+uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o);
+
 /* Frees everything; safe on NULL and on a poisoned context. */
 void cuda_engine_close(cuda_engine *e);
 

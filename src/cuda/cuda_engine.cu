@@ -732,6 +732,34 @@ static int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errle
     return 0;
 }
 
+/* HBM of the pass buffers alloc_pass takes for these caps (less the KV arena and the page table), so the plan
+ * can leave exactly that beside KV.  The dequant scratch is sized for the largest non-bf16 matrix of the model
+ * (alloc_pass sizes it from the bound matrices: never more). */
+static size_t pass_bytes(const model_desc *m, size_t T, size_t B, size_t R)
+{
+    size_t D = (size_t)m->d_model, V = (size_t)m->vocab;
+    size_t HS = (size_t)m->n_heads * m->head_dim, KS = (size_t)m->n_kv_heads * m->head_dim, F = (size_t)m->ffn_dim;
+    size_t wide = D > HS ? D : HS;
+    wide = wide > F ? wide : F;
+    size_t scratch = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        if (t->n_dims == 2 && t->dtype != GGML_BF16 && (size_t)(t->ne[0] * t->ne[1]) > scratch)
+            scratch = (size_t)(t->ne[0] * t->ne[1]);
+    }
+    size_t meta = 3 * T + R + B + 3 * T;
+    return T * (2 * D + 2 * HS + 2 * KS + 2 * F) * 4 + T * wide * 2 + R * (D * 4 + V * 4 + D * 2) + scratch * 2 +
+           meta * 4 + (32u << 20) + R * (4 + sizeof(pick_out));
+}
+
+uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o)
+{
+    size_t T = o->max_pass_tokens > 0 ? (size_t)o->max_pass_tokens : 512;
+    size_t B = o->max_pass_seqs > 0 ? (size_t)o->max_pass_seqs : T;
+    size_t R = o->max_logit_rows > 0 ? (size_t)o->max_logit_rows : B;
+    return pass_bytes(m, T, B, R);
+}
+
 static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
 {
     const model_desc *m = e->m;

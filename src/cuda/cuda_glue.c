@@ -81,7 +81,12 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     uint64_t hbm = o->gpu_mem && o->gpu_mem < freeb ? o->gpu_mem : freeb;
     int kvt = o->kv_dtype == KV_I8 ? KV_I8 : KV_BF16;
     uint64_t page = kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens, kvt);
-    uint64_t margin = hbm / 4 < (4ull << 30) ? hbm / 4 : 4ull << 30; /* activations, dequant scratch, cuBLAS */
+    /* beside weights and KV: the pass buffers at these caps, exactly as the engine will allocate them, and
+     * 1 GiB for the CUDA context, cuBLAS and allocation granularity */
+    cuda_engine_opts caps = {0};
+    caps.max_pass_tokens = o->max_pass_tokens;
+    caps.max_pass_seqs = o->max_pass_seqs;
+    uint64_t margin = cuda_engine_pass_bytes(m, &caps) + (1ull << 30);
     int L = m->n_layers > 0 ? m->n_layers : 1, slots = o->stream_slots >= 2 ? o->stream_slots : 3;
     uint64_t layers_total = 0, layer_max = 0, cur = 0;
     int cur_l = -2;
@@ -104,9 +109,11 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     if (streamed) {
         if (globals + ring + margin + 2 * page > hbm)
             return util_errf(err, errlen,
-                             "%.1f GB of GPU memory cannot hold this model's global tensors (%.1f GB) and a "
-                             "streaming ring of %d layers (%.1f GB); raise --gpu-mem or use a larger GPU.",
-                             (double)hbm / 1e9, (double)globals / 1e9, slots, (double)ring / 1e9);
+                             "%.1f GB of GPU memory cannot hold this model's global tensors (%.1f GB), a "
+                             "streaming ring of %d layers (%.1f GB) and pass buffers for %d tokens (%.1f GB); lower "
+                             "--prefill-chunk or --batch, raise --gpu-mem or use a larger GPU.",
+                             (double)hbm / 1e9, (double)globals / 1e9, slots, (double)ring / 1e9,
+                             o->max_pass_tokens, (double)margin / 1e9);
         uint64_t avail = hbm - margin - globals - ring;
         uint64_t kv = want_kv < avail ? want_kv : avail;
         pages = (int32_t)(kv / page);
