@@ -50,3 +50,5 @@ cuda: build/cuda/libspillcuda.a $(CUDA_TESTS) build/cuda/bench_pass build/cuda/s
 
 test-cuda: cuda
 	@set -e; for t in $(CUDA_TESTS); do echo "== $$t"; $$t; done
+	@echo "== build/cuda/test_cuda_engine, CUDA-core prompt attention"; SPILL_CUDA_ATT=fp32 build/cuda/test_cuda_engine
+	@echo "== build/cuda/test_cuda_engine, int8 KV pages"; SPILL_TEST_KV=int8 build/cuda/test_cuda_engine
