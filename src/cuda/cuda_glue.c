@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "../engine.h"
+#include "../hbm_plan.h"
 #include "../plan.h"
 #include "../sample.h"
 #include "../util.h"
@@ -73,11 +74,11 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     int rc = cuda_device_info(0, name, sizeof name, &total, &freeb, err, errlen);
     if (rc)
         return rc == CUDA_ENGINE_EDEVICE ? -75 : -1;
-    /* The HBM plan.  KV first, up to what the host plan says the batch can use (more pages would sit
-     * idle); the weights stay resident when they fit beside it; otherwise layers stream from pinned RAM
-     * through a ring and whatever HBM is left holds a resident prefix of layers (each one cuts the bytes
-     * every pass must copy).  With KV worth more than layers the prefix is empty — ZeRO-Inference's
-     * finding.  --gpu-mem caps the HBM planned with (and so emulates a smaller GPU). */
+    /* The HBM plan (hbm_plan.h): the weights stay resident when they fit beside the KV pages the batch
+     * can use (what the host plan asked for; more would sit idle); otherwise layers stream from pinned RAM
+     * through a ring and the split between a resident prefix of layers and KV pages is the one with the
+     * most modelled rows per second — often an empty prefix (ZeRO-Inference's finding).  --gpu-mem caps
+     * the HBM planned with (and so emulates a smaller GPU). */
     uint64_t hbm = o->gpu_mem && o->gpu_mem < freeb ? o->gpu_mem : freeb;
     int kvt = o->kv_dtype == KV_I8 ? KV_I8 : KV_BF16;
     uint64_t page = kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens, kvt);
@@ -103,35 +104,32 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     uint64_t globals = m->total_bytes > layers_total ? m->total_bytes - layers_total : 0;
     uint64_t layer_avg = layers_total / (uint64_t)L, ring = layer_max * (uint64_t)(slots < L ? slots : L);
     int32_t pages = o->kv_pages > 0 ? o->kv_pages : 256;
-    uint64_t want_kv = page * (uint64_t)pages;
-    bool streamed = o->stream || m->total_bytes + want_kv + margin > hbm;
-    int lr = L;
-    if (streamed) {
-        if (globals + ring + margin + 2 * page > hbm)
-            return util_errf(err, errlen,
-                             "%.1f GB of GPU memory cannot hold this model's global tensors (%.1f GB), a "
-                             "streaming ring of %d layers (%.1f GB) and pass buffers for %d tokens (%.1f GB); lower "
-                             "--prefill-chunk or --batch, raise --gpu-mem or use a larger GPU.",
-                             (double)hbm / 1e9, (double)globals / 1e9, slots, (double)ring / 1e9,
-                             o->max_pass_tokens, (double)margin / 1e9);
-        uint64_t avail = hbm - margin - globals - ring;
-        uint64_t kv = want_kv < avail ? want_kv : avail;
-        pages = (int32_t)(kv / page);
-        if (resident_layers >= 0)
-            lr = resident_layers < L ? resident_layers : L;
-        else
-            lr = layer_avg ? (int)((avail - (uint64_t)pages * page) / layer_avg) : 0;
-        if (lr > L - 1)
-            lr = L - 1; /* streaming was chosen: at least one layer streams */
-        if (lr < 0)
-            lr = 0;
-        /* a resident prefix the user asked for must still leave room for two pages */
-        if ((uint64_t)lr * layer_avg + 2 * page > avail)
-            lr = (int)((avail - 2 * page) / (layer_avg ? layer_avg : 1));
-        uint64_t left = avail - (uint64_t)lr * layer_avg;
-        if ((uint64_t)pages * page > left)
-            pages = (int32_t)(left / page);
+    /* FLOPs a token costs: 2 × the parameters of every matrix it multiplies (the embedding is a gather) */
+    double params = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        if (t->n_dims == 2 && strcmp(t->name, "token_embd.weight"))
+            params += (double)t->ne[0] * (double)t->ne[1];
     }
+    /* the rates: the H200's, measured (bench/results: pinned copies 55 GB/s, bf16 GEMMs 520-770 TFLOP/s in
+     * B3's profile); HBM at 4 TB/s of its 4.8 peak */
+    hbm_need need = {hbm, margin, globals, layer_avg, ring, L, page, pages,
+                     o->max_pass_seqs > 0 ? o->max_pass_seqs : 1, 55e9, 4.0e12, 650e12, 2 * params, o->stream, -1};
+    hbm_plan fit;
+    bool fits = hbm_plan_eval(&need, L, &fit) && fit.pages >= pages;
+    if (resident_layers >= 0 && (o->stream || !fits))
+        need.fixed_resident = resident_layers; /* --resident-layers applies when layers stream */
+    hbm_plan plan;
+    if (hbm_plan_choose(&need, &plan))
+        return util_errf(err, errlen,
+                         "%.1f GB of GPU memory cannot hold this model's global tensors (%.1f GB), a "
+                         "streaming ring of %d layers (%.1f GB) and pass buffers for %d tokens (%.1f GB); lower "
+                         "--prefill-chunk or --batch, raise --gpu-mem or use a larger GPU.",
+                         (double)hbm / 1e9, (double)globals / 1e9, slots, (double)ring / 1e9, o->max_pass_tokens,
+                         (double)margin / 1e9);
+    bool streamed = plan.streamed;
+    int lr = plan.resident;
+    pages = plan.pages;
     if (pages < 2)
         pages = 2;
     /* Host tier: the streamed layers are cached pinned when they fit the host RAM allowed (read from

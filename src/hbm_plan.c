@@ -1,0 +1,69 @@
+/*
+ * hbm_plan.c — the GPU memory split that maximises modelled rows per second
+ * (see hbm_plan.h for the model).
+ */
+#include "hbm_plan.h"
+
+#include <string.h>
+
+bool hbm_plan_eval(const hbm_need *n, int r, hbm_plan *out)
+{
+    int L = n->n_layers > 0 ? n->n_layers : 1;
+    memset(out, 0, sizeof *out);
+    if (r < 0 || r > L || n->page_bytes == 0)
+        return false;
+    bool streamed = r < L;
+    uint64_t model = n->globals + (uint64_t)L * n->layer_bytes;
+    uint64_t fixed = n->margin + n->globals + (streamed ? n->ring : 0) + (uint64_t)r * n->layer_bytes;
+    if (fixed + 2 * n->page_bytes > n->hbm)
+        return false;
+    uint64_t room = (n->hbm - fixed) / n->page_bytes;
+    int64_t want = n->want_pages > 2 ? n->want_pages : 2;
+    int64_t pages = (int64_t)room < want ? (int64_t)room : want;
+    if (pages > INT32_MAX)
+        pages = INT32_MAX;
+    double rows = (double)(n->rows > 0 ? n->rows : 1) * (double)pages / (double)want;
+    double stream = streamed && n->h2d_bps > 0 ? (double)(L - r) * (double)n->layer_bytes / n->h2d_bps : 0.0;
+    double compute = n->flops > 0 ? rows * n->flops_per_token / n->flops : 0.0;
+    double memory = n->hbm_bps > 0 ? ((double)model + (double)pages * (double)n->page_bytes) / n->hbm_bps : 0.0;
+    double device = compute > memory ? compute : memory;
+    double pass = stream > device ? stream : device;
+    out->streamed = streamed;
+    out->resident = r;
+    out->pages = (int32_t)pages;
+    out->rows = rows;
+    out->pass_s = pass;
+    out->rows_per_s = pass > 0 ? rows / pass : 0.0;
+    return true;
+}
+
+int hbm_plan_choose(const hbm_need *n, hbm_plan *out)
+{
+    int L = n->n_layers > 0 ? n->n_layers : 1;
+    if (n->fixed_resident >= 0) { /* the user's prefix: the rest of HBM to KV */
+        int r = n->fixed_resident < L - 1 ? n->fixed_resident : L - 1;
+        for (; r >= 0; r--) /* a prefix that leaves no room for two pages shrinks */
+            if (hbm_plan_eval(n, r, out))
+                return 0;
+        return -1;
+    }
+    hbm_plan cur;
+    if (!n->force_stream && hbm_plan_eval(n, L, &cur) && cur.pages >= n->want_pages) {
+        *out = cur; /* the model and the batch's KV fit: nothing streams */
+        return 0;
+    }
+    /* the best modelled rate among streamed splits, then the most resident layers within 0.1% of it */
+    double top = -1.0;
+    int end = L - 1;
+    for (int r = 0; r <= end; r++)
+        if (hbm_plan_eval(n, r, &cur) && cur.rows_per_s > top)
+            top = cur.rows_per_s;
+    if (top < 0)
+        return -1;
+    for (int r = end; r >= 0; r--)
+        if (hbm_plan_eval(n, r, &cur) && cur.rows_per_s >= top * 0.999) {
+            *out = cur;
+            return 0;
+        }
+    return -1;
+}
