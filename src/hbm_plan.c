@@ -6,6 +6,55 @@
 
 #include <string.h>
 
+#include "kv.h"
+
+void hbm_need_for(const model_desc *m, const engine_opts *o, uint64_t hbm, uint64_t margin, int resident_layers,
+                  hbm_need *out)
+{
+    memset(out, 0, sizeof *out);
+    int L = m->n_layers > 0 ? m->n_layers : 1, slots = o->stream_slots >= 2 ? o->stream_slots : 3;
+    uint64_t layers_total = 0, layer_max = 0, cur = 0;
+    int cur_l = -2;
+    for (size_t i = 0; i < m->n_ranges; i++) { /* ranges come in layer order, a layer's ranges together */
+        const layer_range *r = &m->ranges[i];
+        if (r->layer < 0)
+            continue;
+        if (r->layer != cur_l)
+            cur = 0, cur_l = r->layer;
+        cur += r->bytes;
+        layers_total += r->bytes;
+        layer_max = cur > layer_max ? cur : layer_max;
+    }
+    /* FLOPs a token costs: 2 × the parameters of every matrix it multiplies (the embedding is a gather) */
+    double params = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        if (t->n_dims == 2 && strcmp(t->name, "token_embd.weight"))
+            params += (double)t->ne[0] * (double)t->ne[1];
+    }
+    int kvt = o->kv_dtype == KV_I8 ? KV_I8 : KV_BF16;
+    out->hbm = hbm;
+    out->margin = margin;
+    out->globals = m->total_bytes > layers_total ? m->total_bytes - layers_total : 0;
+    out->layer_bytes = layers_total / (uint64_t)L;
+    out->ring_slots = slots < L ? slots : L;
+    out->ring = layer_max * (uint64_t)out->ring_slots;
+    out->n_layers = L;
+    out->page_bytes = kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens, kvt);
+    out->want_pages = o->kv_pages > 0 ? o->kv_pages : 256;
+    out->rows = o->max_pass_seqs > 0 ? o->max_pass_seqs : 1;
+    out->h2d_bps = 55e9;
+    out->hbm_bps = 4.0e12;
+    out->flops = 650e12;
+    out->flops_per_token = 2 * params;
+    out->force_stream = o->stream;
+    out->fixed_resident = -1;
+    hbm_plan fit;
+    bool fits = hbm_plan_eval(out, L, &fit) && fit.pages >= out->want_pages;
+    if (resident_layers >= 0 && (o->stream || !fits))
+        out->fixed_resident = resident_layers;
+}
+
 bool hbm_plan_eval(const hbm_need *n, int r, hbm_plan *out)
 {
     int L = n->n_layers > 0 ? n->n_layers : 1;

@@ -36,6 +36,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine.h"
+#include "model.h"
+
 typedef struct hbm_need {
     uint64_t hbm;         /* memory to plan with (--gpu-mem or what is free) */
     uint64_t margin;      /* pass buffers, CUDA context, cuBLAS */
@@ -52,6 +55,7 @@ typedef struct hbm_need {
     double flops_per_token; /* 2 × the layer matrices' parameters */
     bool force_stream;    /* --stream: at least one layer streams */
     int fixed_resident;   /* --resident-layers N (streaming), -1 = choose */
+    int ring_slots;       /* layers the ring holds (ring = ring_slots × the largest layer) */
 } hbm_need;
 
 typedef struct hbm_plan {
@@ -62,6 +66,14 @@ typedef struct hbm_plan {
     double pass_s;        /* modelled pass time */
     double rows_per_s;    /* rows(r) / pass(r): decode tokens per second */
 } hbm_plan;
+
+/* The need of model m under engine options o (page_tokens, kv_pages, kv_dtype, max_pass_seqs, stream,
+ * stream_slots) with hbm bytes to plan with and margin bytes for the pass buffers and the runtime;
+ * resident_layers is --resident-layers (-1 = choose; it applies when layers stream).  The rates are the
+ * H200's, measured: pinned copies at 55 GB/s (B1: passes at 1.00 × bytes / 55 GB/s), bf16 GEMMs at
+ * 520-770 TFLOP/s (B3's profile: 650 taken), HBM at 4 TB/s of its 4.8 peak. */
+void hbm_need_for(const model_desc *m, const engine_opts *o, uint64_t hbm, uint64_t margin, int resident_layers,
+                  hbm_need *out);
 
 /* 0 with the chosen split, -1 when even the globals, a ring and the pass buffers do not fit. */
 int hbm_plan_choose(const hbm_need *n, hbm_plan *out);

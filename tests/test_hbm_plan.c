@@ -8,6 +8,8 @@
 #include <math.h>
 
 #include "hbm_plan.h"
+#include "kv.h"
+#include "model.h"
 #include "test.h"
 
 #define GB 1e9
@@ -159,8 +161,67 @@ static void test_random(void)
     CHECK(planned > 5000, "random needs: only %d planned", planned);
 }
 
+/* hbm_need_for on a real (tiny) model: the byte split matches the files, FLOPs per token count every matrix
+ * but the embedding, and the options reach the need. */
+static void test_need_for(void)
+{
+    char err[256];
+    model_desc *m;
+    int rc = model_open("tests/data/ref/llama_gqa_s64", &m, err, sizeof err);
+    CHECK(rc == 0, "model_open: %s", err);
+    if (rc)
+        return;
+    engine_opts o = {.page_tokens = 16, .kv_pages = 40, .max_pass_seqs = 8};
+    hbm_need n;
+    hbm_need_for(m, &o, 1ull << 30, 1u << 20, -1, &n);
+    int L = m->n_layers;
+    uint64_t layers = 0, layer0 = 0;
+    double params = 0;
+    for (size_t i = 0; i < m->n_ranges; i++)
+        if (m->ranges[i].layer >= 0) {
+            layers += m->ranges[i].bytes;
+            layer0 += m->ranges[i].layer == 0 ? m->ranges[i].bytes : 0;
+        }
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].n_dims == 2 && strcmp(m->tensors[i].name, "token_embd.weight"))
+            params += (double)m->tensors[i].ne[0] * (double)m->tensors[i].ne[1];
+    CHECK(n.n_layers == L && n.globals + layers == m->total_bytes && n.layer_bytes == layers / (uint64_t)L,
+          "need: %d layers of %llu, globals %llu, total %llu", n.n_layers, (unsigned long long)n.layer_bytes,
+          (unsigned long long)n.globals, (unsigned long long)m->total_bytes);
+    CHECK(n.ring == 3 * layer0 || L < 3, "need: ring %llu for 3 slots of %llu", (unsigned long long)n.ring,
+          (unsigned long long)layer0);
+    CHECK(n.page_bytes == (uint64_t)L * 2 * m->n_kv_heads * 16 * m->head_dim * 2 && n.want_pages == 40 && n.rows == 8,
+          "need: page %llu, want %lld, rows %d", (unsigned long long)n.page_bytes, (long long)n.want_pages, n.rows);
+    CHECK(params > 0 && n.flops_per_token == 2 * params, "need: %.0f FLOPs a token, want %.0f", n.flops_per_token,
+          2 * params);
+    hbm_plan p;
+    CHECK(hbm_plan_choose(&n, &p) == 0 && !p.streamed && p.pages == 40, "1 GiB: streamed %d, %d pages", p.streamed,
+          p.pages);
+    /* int8 pages: 1 byte a value plus a 4-byte scale a vector */
+    o.kv_dtype = KV_I8;
+    hbm_need_for(m, &o, 1ull << 30, 1u << 20, -1, &n);
+    CHECK(n.page_bytes == (uint64_t)L * 2 * m->n_kv_heads * 16 * (m->head_dim + 4), "int8 page %llu",
+          (unsigned long long)n.page_bytes);
+    /* --resident-layers applies only when something streams: ignored while all fits, kept with --stream */
+    hbm_need_for(m, &o, 1ull << 30, 1u << 20, 1, &n);
+    CHECK(n.fixed_resident == -1, "fits: fixed %d", n.fixed_resident);
+    o.stream = true;
+    hbm_need_for(m, &o, 1ull << 30, 1u << 20, 1, &n);
+    CHECK(n.fixed_resident == 1 && n.force_stream && hbm_plan_choose(&n, &p) == 0 && p.streamed && p.resident == 1,
+          "--stream --resident-layers 1: streamed %d, %d resident", p.streamed, p.resident);
+    /* HBM that holds the globals, a ring and a few pages but not the model beside the 40 pages wanted: layers
+     * stream */
+    o.stream = false;
+    uint64_t tight = n.margin + n.globals + n.ring + 4 * n.page_bytes;
+    hbm_need_for(m, &o, tight, 1u << 20, -1, &n);
+    CHECK(hbm_plan_choose(&n, &p) == 0 && p.streamed && p.pages >= 2 && p.pages < 40 && used(&n, &p) <= tight,
+          "tight HBM: streamed %d, %d resident, %d pages", p.streamed, p.resident, p.pages);
+    model_close(m);
+}
+
 int main(void)
 {
+    test_need_for();
     test_shapes();
     test_random();
     return test_finish("test_hbm_plan");

@@ -88,37 +88,10 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     caps.max_pass_tokens = o->max_pass_tokens;
     caps.max_pass_seqs = o->max_pass_seqs;
     uint64_t margin = cuda_engine_pass_bytes(m, &caps) + (1ull << 30);
-    int L = m->n_layers > 0 ? m->n_layers : 1, slots = o->stream_slots >= 2 ? o->stream_slots : 3;
-    uint64_t layers_total = 0, layer_max = 0, cur = 0;
-    int cur_l = -2;
-    for (size_t i = 0; i < m->n_ranges; i++) {
-        const layer_range *r = &m->ranges[i];
-        if (r->layer < 0)
-            continue;
-        if (r->layer != cur_l)
-            cur = 0, cur_l = r->layer;
-        cur += r->bytes;
-        layers_total += r->bytes;
-        layer_max = cur > layer_max ? cur : layer_max;
-    }
-    uint64_t globals = m->total_bytes > layers_total ? m->total_bytes - layers_total : 0;
-    uint64_t layer_avg = layers_total / (uint64_t)L, ring = layer_max * (uint64_t)(slots < L ? slots : L);
-    int32_t pages = o->kv_pages > 0 ? o->kv_pages : 256;
-    /* FLOPs a token costs: 2 × the parameters of every matrix it multiplies (the embedding is a gather) */
-    double params = 0;
-    for (size_t i = 0; i < m->n_tensors; i++) {
-        const model_tensor *t = &m->tensors[i];
-        if (t->n_dims == 2 && strcmp(t->name, "token_embd.weight"))
-            params += (double)t->ne[0] * (double)t->ne[1];
-    }
-    /* the rates: the H200's, measured (bench/results: pinned copies 55 GB/s, bf16 GEMMs 520-770 TFLOP/s in
-     * B3's profile); HBM at 4 TB/s of its 4.8 peak */
-    hbm_need need = {hbm, margin, globals, layer_avg, ring, L, page, pages,
-                     o->max_pass_seqs > 0 ? o->max_pass_seqs : 1, 55e9, 4.0e12, 650e12, 2 * params, o->stream, -1};
-    hbm_plan fit;
-    bool fits = hbm_plan_eval(&need, L, &fit) && fit.pages >= pages;
-    if (resident_layers >= 0 && (o->stream || !fits))
-        need.fixed_resident = resident_layers; /* --resident-layers applies when layers stream */
+    hbm_need need;
+    hbm_need_for(m, o, hbm, margin, resident_layers, &need);
+    uint64_t globals = need.globals, ring = need.ring;
+    int slots = need.ring_slots;
     hbm_plan plan;
     if (hbm_plan_choose(&need, &plan))
         return util_errf(err, errlen,
@@ -129,7 +102,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
                          (double)margin / 1e9);
     bool streamed = plan.streamed;
     int lr = plan.resident;
-    pages = plan.pages;
+    int32_t pages = plan.pages;
     if (pages < 2)
         pages = 2;
     /* Host tier: the streamed layers are cached pinned when they fit the host RAM allowed (read from
