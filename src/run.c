@@ -1,8 +1,7 @@
 /*
  * run.c — `spill run` and `spill resume`: the job runner and its scheduler.
  *
- * Owns: turning an input file into rows (parse, template, tokenize), the
- * pass loop (admission, prefill chunks mixed with decode steps, sampling,
+ * Owns: the pass loop (admission, prefill chunks mixed with decode steps, sampling,
  * detokenization, stop handling), preemption when KV pages run out, durable
  * output through job.c (one group commit per pass), and what the user sees
  * (pre-run line, progress line, live tail, plain log lines when stdout is not
@@ -11,6 +10,10 @@
  * It drives whichever backend the binary has (engine.h spill_backend: the CPU
  * engine, or the GPU engine that build/cuda/spill-cuda registers), and prices
  * passes for the ETA from the calibration store (calib.c).
+ *
+ * Beside it: run_rows.c (input lines into rows: parse, template,
+ * tokenize), run_opts.c (the command line), run_internal.h (the types they
+ * share).
  *
  * Does not own: the forward pass (forward.c, src/cuda/), kernels, sampling
  * maths (sample.c), stop-string matching (stop.c), line formats (output.c),
@@ -52,142 +55,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "calib.h"
-#include "plan.h"
-#include "cpu.h"
-#include "engine.h"
-#include "job.h"
-#include "model.h"
-#include "output.h"
-#include "request.h"
-#include "sample.h"
-#include "stop.h"
-#include "template.h"
-#include "tokenizer.h"
+#include "run_internal.h"
 #include "util.h"
-
-#define SPILL_VERSION "spill 0.1"
-#define EX_OK 0
-#define EX_USAGE_ 2
-#define EX_DATAERR_ 65
-#define EX_NOINPUT_ 66
-#define EX_SOFTWARE_ 70
-#define EX_TEMPFAIL_ 75
-#define TAIL_SLOTS 8
-
-typedef struct run_opts {
-    const char *model_spec, *input, *out_dir;
-    int threads, batch, prefill_chunk, page_tokens, stream_slots;
-    int mode;            /* 0 auto, 1 --stream, 2 --resident */
-    uint64_t kv_bytes, mem_budget;
-    int device;          /* 0 auto (GPU when built in), 1 --cpu, 2 --gpu */
-    int resident_layers; /* GPU: layers kept in HBM when streaming (-1 = planner) */
-    uint64_t gpu_mem;    /* GPU: HBM to plan with (0 = all free) */
-    bool from_disk;      /* GPU: streamed layers read from storage every pass (no pinned host cache) */
-    int kv_dtype;        /* GPU: KV_I8 (--kv-dtype int8) or 0 (the backend's default: bf16 on the GPU) */
-    const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
-    bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
-} run_opts;
-
-enum row_state { ROW_PENDING, ROW_ACTIVE, ROW_DONE };
-
-typedef struct choice {
-    kv_row kv;
-    sample_state ss;
-    tok_stream *ts;
-    stop_matcher sm;
-    int32_t fed;         /* positions in the KV cache (prompt progress, then generated tokens fed back) */
-    int32_t next;        /* sampled token waiting to be fed, -1 when none */
-    int32_t n_gen;       /* generated tokens kept (stop tokens excluded) */
-    char *text;          /* emitted text so far */
-    size_t text_len, text_cap;
-    out_token *lp;       /* (n_gen) when logprobs */
-    out_alt *alts;       /* (n_gen * top) */
-    bool done;
-    out_finish finish;
-} choice;
-
-typedef struct row {
-    char *custom_id, *model;
-    req_endpoint endpoint;
-    size_t line;
-    int32_t *prompt;
-    int32_t n_prompt;
-    int64_t max_new;
-    int n_choices;
-    sample_params sp;
-    bool has_seed;
-    int64_t seed;
-    int n_stop;
-    char *stop[REQ_MAX_STOP];
-    size_t stop_len[REQ_MAX_STOP];
-    int32_t *bias_id;
-    float *bias;
-    enum row_state state;
-    choice *ch;          /* (n_choices) while active */
-    uint64_t admitted;   /* admission serial, for picking preemption victims */
-    int preempted;
-} row;
-
-typedef struct runner {
-    run_opts o;
-    model_desc *m;
-    tokenizer *tok;
-    tmpl_t *tmpl;        /* the chat template, compiled once */
-    spill_backend be;    /* be.impl NULL until opened */
-    job *j;
-    char fingerprint[65];
-    char sys_fp[16];     /* OpenAI system_fingerprint: "fp_" + the model fingerprint's first 10 hex digits */
-    out_stamp stamp;
-    uint64_t job_seed;
-
-    row *rows;
-    size_t n_rows;
-    size_t *queue;       /* pending row indices, longest first; head at q_head */
-    size_t q_head, q_len;
-    size_t *active;      /* admitted rows in admission order */
-    size_t n_active;
-    uint64_t admit_serial;
-
-    sample_scratch sc;   /* sequential sampling (n > 1 choices sharing a prompt) */
-    cpu_pool *spool;     /* sampling threads: rows of a pass are sampled in parallel */
-    sample_scratch *scs; /* (threads) one scratch per sampling thread */
-    sample_result *sres; /* (max seqs) this pass's draws */
-    int *sidx;           /* (max seqs) sequence index of each logits row */
-    int *src;            /* (max seqs) per-draw status */
-    int32_t *want;       /* (max seqs) per logits row: -2 sampled here, else picked by the backend (forward_pick) */
-    int *cidx;           /* (max seqs) logits rows sampled here */
-    int max_seqs;        /* sequences one pass may carry: batch + the largest n */
-    float *logits;       /* (max seqs, V) */
-    fwd_seq *seqs;
-    int *seq_row, *seq_choice;
-
-    /* calibration: the stored fit for this model|backend|machine, and this run's passes */
-    calib cal_stored, cal_run;
-    char cal_path[4096];
-    double eta_prerun;   /* seconds, < 0 when uncalibrated */
-    double eta_val, eta_at; /* the live estimate and when (job clock) it was made */
-
-    /* memory: the plan, this run's observations of it, the stored fit of the excess */
-    mem_plan plan;
-    uint64_t page_bytes, kv_fixed_model; /* KV page, and what the plan priced besides KV and slack */
-    int32_t kv_peak_used;                /* pages ever touched (the free list is a stack) */
-    mem_fit mem_run, mem_stored;
-    char mem_path[4096];
-    uint64_t guard_pauses;
-    uint64_t stall_preemptions;          /* preemptions that broke a prefill deadlock */
-    uint64_t plan_ring;                  /* stream ring bytes (+ global tensors) when streamed */
-
-    /* progress */
-    uint64_t rows_total, rows_done, rows_failed, tokens_generated, prompt_tokens, preemptions;
-    double t_start;
-    size_t tail[TAIL_SLOTS];
-    int n_tail;
-    bool tty;
-    double last_log;
-    int drawn_lines;
-    FILE *pass_log;
-} runner;
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = sig; }
@@ -236,273 +105,6 @@ static void row_free(row *w)
         free(w->stop[i]);
     free(w->bias_id);
     free(w->bias);
-}
-
-static int append_error_line(runner *r, const char *custom_id, const char *message, const char *param,
-                             const char *code, char *err, size_t errlen)
-{
-    out_http_error he = {custom_id, 400, message, "invalid_request_error", param, code, &r->stamp};
-    char *line;
-    size_t len;
-    if (output_http_error_line(&he, NULL, &line, &len, err, errlen))
-        return -1;
-    int rc = job_append_error(r->j, line, len, err, errlen);
-    free(line);
-    if (rc == 0)
-        r->rows_failed++;
-    return rc;
-}
-
-/* Renders and tokenizes one request into prompt ids.  Returns 0, or 1 with a
- * per-row message in msg (the row fails, the job goes on). */
-static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen, const char **code)
-{
-    char err[SPILL_ERRLEN];
-    size_t n = 0;
-    *code = "invalid_request";
-    if (q->endpoint == REQ_EP_CHAT) {
-        if (!r->tmpl) {
-            snprintf(msg, msglen, "The model %s has no chat template; send this row to /v1/completions instead.",
-                     r->o.model_spec);
-            return 1;
-        }
-        json_t *extra = json_object();
-        size_t pl;
-        const char *p;
-        int32_t bos = tokenizer_special(r->tok, TOK_BOS), eos = tokenizer_special(r->tok, TOK_EOS);
-        if (r->m->bos_id >= 0)
-            bos = r->m->bos_id;
-        if (r->m->eos_id >= 0)
-            eos = r->m->eos_id;
-        if (bos >= 0 && (p = tokenizer_piece(r->tok, bos, &pl)))
-            json_object_set_new(extra, "bos_token", json_stringn(p, pl));
-        if (eos >= 0 && (p = tokenizer_piece(r->tok, eos, &pl)))
-            json_object_set_new(extra, "eos_token", json_stringn(p, pl));
-        char *text = NULL;
-        size_t tl = 0;
-        int rc = chat_template_apply(r->tmpl, q->messages, q->tools, extra, true, 0, &text, &tl, err, sizeof err);
-        json_decref(extra);
-        if (rc != 0) {
-            snprintf(msg, msglen, "The chat template rejected this conversation: %.400s", err);
-            return 1;
-        }
-        rc = tokenizer_encode(r->tok, text, tl, false, &w->prompt, &n, err, sizeof err);
-        free(text);
-        if (rc) {
-            snprintf(msg, msglen, "%s", err);
-            return 1;
-        }
-    } else {
-        json_t *p = q->prompt;
-        if (q->n_prompts != 1) {
-            snprintf(msg, msglen, "A /v1/completions row with %zu prompts is not supported yet; give one prompt per row.",
-                     q->n_prompts);
-            return 1;
-        }
-        if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
-            p = json_array_get(p, 0);
-        if (json_is_string(p)) {
-            if (tokenizer_encode(r->tok, json_string_value(p), json_string_length(p), true, &w->prompt, &n, err,
-                                 sizeof err)) {
-                snprintf(msg, msglen, "%s", err);
-                return 1;
-            }
-        } else {
-            if (json_is_array(p) && json_array_size(p) == 1 && json_is_array(json_array_get(p, 0)))
-                p = json_array_get(p, 0);
-            n = json_array_size(p);
-            w->prompt = malloc((n ? n : 1) * sizeof *w->prompt);
-            if (!w->prompt) {
-                snprintf(msg, msglen, "Out of memory reading the prompt.");
-                return 1;
-            }
-            for (size_t i = 0; i < n; i++) {
-                json_int_t id = json_integer_value(json_array_get(p, i));
-                if (id < 0 || id >= r->m->vocab) {
-                    snprintf(msg, msglen, "prompt[%zu] is token id %lld, outside this model's vocabulary of %d.", i,
-                             (long long)id, r->m->vocab);
-                    return 1;
-                }
-                w->prompt[i] = (int32_t)id;
-            }
-        }
-    }
-    if (n == 0) {
-        snprintf(msg, msglen, "The prompt is empty after templating; give a non-empty prompt.");
-        return 1;
-    }
-    if ((int64_t)n >= r->m->ctx_len) {
-        *code = "context_length_exceeded";
-        snprintf(msg, msglen,
-                 "The prompt is %zu tokens, but this model's context is %d tokens; shorten it to leave room for the "
-                 "answer.",
-                 n, r->m->ctx_len);
-        return 1;
-    }
-    w->n_prompt = (int32_t)n;
-    int64_t room = r->m->ctx_len - (int64_t)n;
-    w->max_new = q->s.max_tokens < 0 || q->s.max_tokens > room ? room : q->s.max_tokens;
-    return 0;
-}
-
-/* Copies what the runner needs out of a parsed request (which is then freed). */
-static int take_request(runner *r, request *q, row *w, char *msg, size_t msglen)
-{
-    w->model = strdup(q->model ? q->model : r->o.model_spec);
-    w->endpoint = q->endpoint;
-    w->n_choices = q->s.n;
-    w->has_seed = q->s.has_seed;
-    w->seed = q->s.seed;
-    w->n_stop = q->s.n_stop;
-    for (int i = 0; i < q->s.n_stop; i++) {
-        w->stop[i] = strndup(q->s.stop[i], q->s.stop_len[i]);
-        w->stop_len[i] = q->s.stop_len[i];
-        if (!w->stop[i])
-            return snprintf(msg, msglen, "Out of memory."), -1;
-    }
-    w->bias_id = q->s.logit_bias_id;
-    w->bias = q->s.logit_bias;
-    q->s.logit_bias_id = NULL;
-    q->s.logit_bias = NULL;
-    w->sp = (sample_params){
-        .temperature = (float)q->s.temperature,
-        .top_p = (float)q->s.top_p,
-        .top_k = 0,
-        .frequency_penalty = (float)q->s.frequency_penalty,
-        .presence_penalty = (float)q->s.presence_penalty,
-        .n_logit_bias = q->s.n_logit_bias,
-        .logit_bias_id = w->bias_id,
-        .logit_bias = w->bias,
-        .logprobs = q->s.logprobs,
-        .n_top_logprobs = q->s.logprobs ? q->s.top_logprobs : 0,
-    };
-    q->s.n_logit_bias = 0;
-    char err[SPILL_ERRLEN];
-    if (sample_params_check(&w->sp, r->m->vocab, err, sizeof err)) {
-        snprintf(msg, msglen, "%s", err);
-        return 1;
-    }
-    return 0;
-}
-
-/* Counts the rows of the input (non-blank lines) so the job knows its total before it starts. */
-static int count_rows(const char *path, uint64_t *n, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return util_errf(err, errlen, "%s: cannot open: %s.", path, strerror(errno));
-    jsonl_reader rd;
-    int rc = jsonl_open(&rd, f, path, 0, err, errlen);
-    const char *line;
-    size_t len;
-    *n = 0;
-    while (rc == 0) {
-        jsonl_status st = jsonl_next(&rd, &line, &len, err, errlen);
-        if (st == JSONL_EOF)
-            break;
-        if (st == JSONL_IO_ERROR)
-            rc = -1;
-        else if (st == JSONL_TOO_LONG || len > 0)
-            (*n)++;
-    }
-    jsonl_close(&rd);
-    fclose(f);
-    return rc;
-}
-
-/* Reads the whole input: parses, templates and tokenizes every row not done yet;
- * bad rows go to errors.jsonl at once. */
-static int load_rows(runner *r, char *err, size_t errlen)
-{
-    FILE *f = fopen(r->o.input, "rb");
-    if (!f)
-        return util_errf(err, errlen, "%s: cannot open: %s.", r->o.input, strerror(errno));
-    jsonl_reader rd;
-    if (jsonl_open(&rd, f, r->o.input, 0, err, errlen)) {
-        fclose(f);
-        return -1;
-    }
-    int rc = 0;
-    size_t cap = 0;
-    const char *line;
-    size_t len;
-    for (;;) {
-        jsonl_status st = jsonl_next(&rd, &line, &len, err, errlen);
-        if (st == JSONL_EOF)
-            break;
-        if (st == JSONL_IO_ERROR) {
-            rc = -1;
-            break;
-        }
-        if (st == JSONL_LINE && len == 0)
-            continue; /* blank lines carry no row */
-        if (r->n_rows == cap) {
-            cap = cap ? cap * 2 : 256;
-            row *nr = realloc(r->rows, cap * sizeof *nr);
-            if (!nr) {
-                rc = util_errf(err, errlen, "out of memory reading %s.", r->o.input);
-                break;
-            }
-            r->rows = nr;
-        }
-        row *w = &r->rows[r->n_rows];
-        memset(w, 0, sizeof *w);
-        w->line = rd.lineno;
-        char msg[SPILL_ERRLEN], cid[64];
-        const char *code = "invalid_request", *param = NULL;
-        request q = {0};
-        int bad = 0;
-        if (st == JSONL_TOO_LONG) {
-            snprintf(msg, sizeof msg, "%s line %zu: the line is longer than %u bytes; split the request.", r->o.input,
-                     rd.lineno, REQ_MAX_LINE_BYTES);
-            bad = 1;
-        } else if (request_parse_line(line, len, rd.lineno, r->o.input, &q, msg, sizeof msg)) {
-            code = q.err_code ? q.err_code : "invalid_request";
-            param = q.err_param[0] ? q.err_param : NULL;
-            bad = 1;
-        }
-        snprintf(cid, sizeof cid, "line-%zu", rd.lineno);
-        const char *id = q.custom_id ? q.custom_id : cid;
-        /* A custom_id seen before cannot own a second line: name the duplicate by its line. */
-        for (size_t i = 0; i < r->n_rows && !bad; i++)
-            if (!strcmp(r->rows[i].custom_id, id)) {
-                snprintf(msg, sizeof msg, "%s line %zu: custom_id '%s' was already used on line %zu; custom_ids must be unique.",
-                         r->o.input, rd.lineno, id, r->rows[i].line);
-                code = "duplicate_custom_id";
-                id = cid;
-                bad = 1;
-            }
-        w->custom_id = strdup(id);
-        r->n_rows++;
-        r->rows_total++;
-        if (job_is_done(r->j, w->custom_id)) {
-            w->state = ROW_DONE;
-            request_free(&q);
-            continue;
-        }
-        if (!bad)
-            bad = take_request(r, &q, w, msg, sizeof msg);
-        if (!bad)
-            bad = build_prompt(r, &q, w, msg, sizeof msg, &code);
-        request_free(&q);
-        if (bad < 0) {
-            rc = util_errf(err, errlen, "%s", msg);
-            break;
-        }
-        if (bad) {
-            w->state = ROW_DONE;
-            if (append_error_line(r, w->custom_id, msg, param, code, err, errlen)) {
-                rc = -1;
-                break;
-            }
-            continue;
-        }
-        w->state = ROW_PENDING;
-        r->prompt_tokens += (uint64_t)w->n_prompt;
-    }
-    jsonl_close(&rd);
-    fclose(f);
-    return rc;
 }
 
 /* ---------------------------------------------------------------- scheduling */
@@ -1302,123 +904,6 @@ static int run_passes(runner *r, char *err, size_t errlen)
 
 /* ---------------------------------------------------------------- entry points */
 
-static int parse_bytes(const char *s, uint64_t *out)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v <= 0)
-        return -1;
-    double mul = 1;
-    if (*end == 'K' || *end == 'k')
-        mul = 1024;
-    else if (*end == 'M' || *end == 'm')
-        mul = 1024.0 * 1024;
-    else if (*end == 'G' || *end == 'g')
-        mul = 1024.0 * 1024 * 1024;
-    else if (*end)
-        return -1;
-    *out = (uint64_t)(v * mul);
-    return 0;
-}
-
-static int parse_opts(int argc, char **argv, run_opts *o, bool resume)
-{
-    o->resident_layers = -1;
-    const char *pos[2];
-    int np = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        bool has = i + 1 < argc;
-        if (!strcmp(a, "-o") && has && !resume)
-            o->out_dir = argv[++i];
-        else if (!strcmp(a, "--threads") && has)
-            o->threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--batch") && has)
-            o->batch = atoi(argv[++i]);
-        else if (!strcmp(a, "--prefill-chunk") && has)
-            o->prefill_chunk = atoi(argv[++i]);
-        else if (!strcmp(a, "--page-tokens") && has)
-            o->page_tokens = atoi(argv[++i]);
-        else if (!strcmp(a, "--kv-mem") && has) {
-            if (parse_bytes(argv[++i], &o->kv_bytes))
-                return -1;
-        } else if (!strcmp(a, "--mem-budget") && has) {
-            if (parse_bytes(argv[++i], &o->mem_budget))
-                return -1;
-        } else if (!strcmp(a, "--stream"))
-            o->mode = 1;
-        else if (!strcmp(a, "--resident"))
-            o->mode = 2;
-        else if (!strcmp(a, "--stream-slots") && has)
-            o->stream_slots = atoi(argv[++i]);
-        else if (!strcmp(a, "--cpu"))
-            o->device = 1;
-        else if (!strcmp(a, "--gpu"))
-            o->device = 2;
-        else if (!strcmp(a, "--gpu-mem") && has) {
-            if (parse_bytes(argv[++i], &o->gpu_mem))
-                return -1;
-        } else if (!strcmp(a, "--from-disk"))
-            o->from_disk = true;
-        else if (!strcmp(a, "--kv-dtype") && has) {
-            const char *v = argv[++i];
-            if (strcmp(v, "bf16") && strcmp(v, "int8")) {
-                fprintf(stderr, "spill: --kv-dtype takes bf16 (the GPU's default) or int8 (twice the rows per GB of "
-                                "KV), not \"%s\".\n", v);
-                return -1;
-            }
-            o->kv_dtype = !strcmp(v, "int8") ? KV_I8 : KV_BF16;
-        }
-        else if (!strcmp(a, "--resident-layers") && has)
-            o->resident_layers = atoi(argv[++i]);
-        else if (!strcmp(a, "--exact"))
-            o->exact = true;
-        else if (!strcmp(a, "--q8-activations"))
-            o->q8 = true;
-        else if (!strcmp(a, "--pass-log") && has)
-            o->pass_log = argv[++i];
-        else if (!strcmp(a, "--quiet") || !strcmp(a, "-q"))
-            o->quiet = true;
-        else if (a[0] != '-' && np < 2)
-            pos[np++] = a;
-        else
-            return -1;
-    }
-    if (np != (resume ? 1 : 2) || o->batch < 0 || o->prefill_chunk < 0 || o->page_tokens < 0 || o->threads < 0)
-        return -1;
-    if (resume)
-        o->out_dir = pos[0];
-    else
-        o->model_spec = pos[0], o->input = pos[1];
-    return 0;
-}
-
-static json_t *opts_json(const run_opts *o)
-{
-    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b,s:b,s:i}", "threads", o->threads, "batch",
-                     o->batch, "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
-                     (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "gpu_mem",
-                     (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
-                     "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype", o->kv_dtype);
-}
-
-static void defaults(run_opts *o)
-{
-    if (!o->batch)
-        o->batch = 32;
-    if (!o->prefill_chunk)
-        /* prompt tokens per pass: a CPU pass costs its FLOPs, so chunks stay small; a GPU pass costs the
-         * weights' trip over PCIe whatever it carries, so it takes big ones (device_plan.sh: 256-token
-         * chunks spent 100 of 125 passes prefilling 52k prompt tokens) */
-        o->prefill_chunk = o->device != 1 && spill_gpu_open ? 8192 : 256;
-    if (!o->page_tokens)
-        o->page_tokens = 16;
-    if (!o->mem_budget) /* three quarters of physical RAM: the prototype's knee was 75-85% */
-        o->mem_budget = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 4 * 3;
-    if (!o->stream_slots)
-        o->stream_slots = 3;
-}
-
 static void runner_free(runner *r)
 {
     if (r->pass_log)
@@ -1491,7 +976,7 @@ static int setup_passes(runner *r, char *err, size_t errlen)
                          "This row needs %d KV pages to finish but the cache holds %d; raise --kv-mem or lower max_tokens.", need,
                          r->be.kv(r->be.impl)->n_pages);
                 r->rows[i].state = ROW_DONE;
-                if (append_error_line(r, r->rows[i].custom_id, msg, NULL, "insufficient_memory", err, errlen))
+                if (run_append_error_line(r, r->rows[i].custom_id, msg, NULL, "insufficient_memory", err, errlen))
                     return -1;
                 continue;
             }
@@ -1530,7 +1015,7 @@ static int run_job(runner *r, bool resuming)
         goto fail;
     model_fingerprint(r->m, r->fingerprint);
     snprintf(r->sys_fp, sizeof r->sys_fp, "fp_%.10s", r->fingerprint);
-    defaults(&r->o);
+    run_defaults(&r->o);
     r->page_bytes = kv_page_bytes(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens);
     if (getrandom(&r->job_seed, sizeof r->job_seed, 0) != sizeof r->job_seed)
         r->job_seed = (uint64_t)time(NULL);
@@ -1550,10 +1035,10 @@ static int run_job(runner *r, bool resuming)
             goto fail;
         }
     } else {
-        json_t *oj = opts_json(&r->o);
+        json_t *oj = run_opts_json(&r->o);
         json_object_set_new(oj, "model", json_string(r->o.model_spec));
         uint64_t total = 0;
-        int rc = count_rows(r->o.input, &total, err, sizeof err);
+        int rc = run_count_rows(r->o.input, &total, err, sizeof err);
         job_info ji = {"run", r->o.input, oj, r->o.model_spec, r->fingerprint, SPILL_VERSION, total};
         if (rc == 0)
             rc = job_create(r->o.out_dir, &ji, NULL, &r->j, err, sizeof err);
@@ -1562,7 +1047,7 @@ static int run_job(runner *r, bool resuming)
             goto fail;
     }
     r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->m->quant_summary, NULL};
-    if (load_rows(r, err, sizeof err))
+    if (run_load_rows(r, err, sizeof err))
         goto fail_job;
     /* sequences per pass: every active choice (admission keeps them under batch + the largest n) */
     int max_n = 1;
@@ -1762,7 +1247,7 @@ out:
 int run_main(int argc, char **argv)
 {
     runner r = {0};
-    if (parse_opts(argc, argv, &r.o, false)) {
+    if (run_parse_opts(argc, argv, &r.o, false)) {
         fprintf(stderr, "usage: spill run MODEL INPUT.jsonl [-o DIR] [--batch N] [--threads N] [--kv-mem BYTES] "
                         "[--mem-budget BYTES] [--stream|--resident] [--stream-slots N] [--prefill-chunk N] "
                         "[--page-tokens N] [--q8-activations] [--cpu|--gpu] [--gpu-mem BYTES] [--resident-layers N] "
@@ -1788,7 +1273,7 @@ int run_main(int argc, char **argv)
 int resume_main(int argc, char **argv)
 {
     runner r = {0};
-    if (parse_opts(argc, argv, &r.o, true)) {
+    if (run_parse_opts(argc, argv, &r.o, true)) {
         fprintf(stderr, "usage: spill resume JOB_DIR|JOB_ID [--threads N] [--quiet]\n");
         return EX_USAGE_;
     }

@@ -1,0 +1,128 @@
+/*
+ * run_opts.c — `spill run` / `spill resume` command lines: options into
+ * run_opts, the defaults, and the subset a job's manifest keeps so a resumed
+ * job runs as it started.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "run_internal.h"
+
+static int parse_bytes(const char *s, uint64_t *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v <= 0)
+        return -1;
+    double mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024.0 * 1024;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024.0 * 1024 * 1024;
+    else if (*end)
+        return -1;
+    *out = (uint64_t)(v * mul);
+    return 0;
+}
+
+int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
+{
+    o->resident_layers = -1;
+    const char *pos[2];
+    int np = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        bool has = i + 1 < argc;
+        if (!strcmp(a, "-o") && has && !resume)
+            o->out_dir = argv[++i];
+        else if (!strcmp(a, "--threads") && has)
+            o->threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--batch") && has)
+            o->batch = atoi(argv[++i]);
+        else if (!strcmp(a, "--prefill-chunk") && has)
+            o->prefill_chunk = atoi(argv[++i]);
+        else if (!strcmp(a, "--page-tokens") && has)
+            o->page_tokens = atoi(argv[++i]);
+        else if (!strcmp(a, "--kv-mem") && has) {
+            if (parse_bytes(argv[++i], &o->kv_bytes))
+                return -1;
+        } else if (!strcmp(a, "--mem-budget") && has) {
+            if (parse_bytes(argv[++i], &o->mem_budget))
+                return -1;
+        } else if (!strcmp(a, "--stream"))
+            o->mode = 1;
+        else if (!strcmp(a, "--resident"))
+            o->mode = 2;
+        else if (!strcmp(a, "--stream-slots") && has)
+            o->stream_slots = atoi(argv[++i]);
+        else if (!strcmp(a, "--cpu"))
+            o->device = 1;
+        else if (!strcmp(a, "--gpu"))
+            o->device = 2;
+        else if (!strcmp(a, "--gpu-mem") && has) {
+            if (parse_bytes(argv[++i], &o->gpu_mem))
+                return -1;
+        } else if (!strcmp(a, "--from-disk"))
+            o->from_disk = true;
+        else if (!strcmp(a, "--kv-dtype") && has) {
+            const char *v = argv[++i];
+            if (strcmp(v, "bf16") && strcmp(v, "int8")) {
+                fprintf(stderr, "spill: --kv-dtype takes bf16 (the GPU's default) or int8 (twice the rows per GB of "
+                                "KV), not \"%s\".\n", v);
+                return -1;
+            }
+            o->kv_dtype = !strcmp(v, "int8") ? KV_I8 : KV_BF16;
+        }
+        else if (!strcmp(a, "--resident-layers") && has)
+            o->resident_layers = atoi(argv[++i]);
+        else if (!strcmp(a, "--exact"))
+            o->exact = true;
+        else if (!strcmp(a, "--q8-activations"))
+            o->q8 = true;
+        else if (!strcmp(a, "--pass-log") && has)
+            o->pass_log = argv[++i];
+        else if (!strcmp(a, "--quiet") || !strcmp(a, "-q"))
+            o->quiet = true;
+        else if (a[0] != '-' && np < 2)
+            pos[np++] = a;
+        else
+            return -1;
+    }
+    if (np != (resume ? 1 : 2) || o->batch < 0 || o->prefill_chunk < 0 || o->page_tokens < 0 || o->threads < 0)
+        return -1;
+    if (resume)
+        o->out_dir = pos[0];
+    else
+        o->model_spec = pos[0], o->input = pos[1];
+    return 0;
+}
+
+json_t *run_opts_json(const run_opts *o)
+{
+    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b,s:b,s:i}", "threads", o->threads, "batch",
+                     o->batch, "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
+                     (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "gpu_mem",
+                     (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
+                     "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype", o->kv_dtype);
+}
+
+void run_defaults(run_opts *o)
+{
+    if (!o->batch)
+        o->batch = 32;
+    if (!o->prefill_chunk)
+        /* prompt tokens per pass: a CPU pass costs its FLOPs, so chunks stay small; a GPU pass costs the
+         * weights' trip over PCIe whatever it carries, so it takes big ones (device_plan.sh: 256-token
+         * chunks spent 100 of 125 passes prefilling 52k prompt tokens) */
+        o->prefill_chunk = o->device != 1 && spill_gpu_open ? 8192 : 256;
+    if (!o->page_tokens)
+        o->page_tokens = 16;
+    if (!o->mem_budget) /* three quarters of physical RAM: the prototype's knee was 75-85% */
+        o->mem_budget = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 4 * 3;
+    if (!o->stream_slots)
+        o->stream_slots = 3;
+}
