@@ -12,14 +12,18 @@
  * then rounds to nearest even.  One thread per element: the block header is
  * re-read by each of its elements from L1, and stores are coalesced.
  *
+ * KV pages: k_kv_write stores each token's key and value vectors in bf16 or
+ * as int8 codes with a per-vector scale (kv.h); attention widens them to fp32
+ * (kv_get / kv_get8), every kernel templated on the page format.
+ *
  * Attention: decode tokens (and short runs) take one warp per (token, kv
  * head, up to 4 of its query heads), online softmax over the token's row's
  * pages, each K/V row read once for the heads of its group.  Prompt runs of
  * >= 8 positions go in tiles of 64 query rows (consecutive tokens × the query
  * heads of one kv head) that share each 32-key block through shared memory:
- * fp32 on CUDA cores by default, or TF32 mma.sync on the tensor cores
- * (SPILL_CUDA_ATT=tf32; not yet run on a GPU).  k_attention_plan splits a
- * pass's tokens between the two.
+ * TF32 mma.sync on the tensor cores by default, fp32 on CUDA cores with
+ * SPILL_CUDA_ATT=fp32 or head sizes the MMA kernel lacks.  k_attention_plan
+ * splits a pass's tokens between the two.
  *
  * Greedy picks (k_pick): argmax, log-sum-exp and the top-64 alternatives of a
  * logits row with sample.c's cleaning and ties, so only token ids and
@@ -405,7 +409,7 @@ template <int KVT>
 __device__ __forceinline__ float kv_get(const kv_geom &g, kv_loc L, int v, int d)
 {
     const int64_t KPS = (int64_t)g.Kh * g.P * g.S;
-    if (KVT == 2) {
+    if (KVT == KV_I8) {
         const int8_t *c = (const int8_t *)L.blk + v * KPS + (int64_t)L.r * g.S;
         const float *sc = (const float *)(L.blk + 2 * KPS);
         return (float)c[d] * sc[v * g.Kh * g.P + L.r];
@@ -418,7 +422,7 @@ template <int KVT>
 __device__ __forceinline__ void kv_get8(const kv_geom &g, kv_loc L, int v, int d, float (&x)[8])
 {
     const int64_t KPS = (int64_t)g.Kh * g.P * g.S;
-    if (KVT == 2) {
+    if (KVT == KV_I8) {
         uint2 raw = *(const uint2 *)((const int8_t *)L.blk + v * KPS + (int64_t)L.r * g.S + d);
         float sc = ((const float *)(L.blk + 2 * KPS))[v * g.Kh * g.P + L.r];
         const int8_t *c = (const int8_t *)&raw;
@@ -447,7 +451,7 @@ template <int KVT>
 __device__ __forceinline__ void kv_store_vec(const kv_geom &g, uint8_t *blk, int r, int v, const float *src, int lane)
 {
     const int64_t KPS = (int64_t)g.Kh * g.P * g.S;
-    if (KVT == 2) {
+    if (KVT == KV_I8) {
         float amax = 0.0f;
         for (int d = lane; d < g.S; d += 32)
             amax = fmaxf(amax, fabsf(src[d]));
@@ -491,10 +495,10 @@ cudaError_t k_kv_write(kv_geom g, const float *k, const float *v, const int32_t 
     if (warps <= 0)
         return cudaSuccess;
     unsigned blocks = (unsigned)((warps + 7) / 8);
-    if (g.kvt == 2)
-        kv_write_kernel<2><<<blocks, 256, 0, s>>>(g, k, v, pos, seq, pt_off, pages, T);
+    if (g.kvt == KV_I8)
+        kv_write_kernel<KV_I8><<<blocks, 256, 0, s>>>(g, k, v, pos, seq, pt_off, pages, T);
     else
-        kv_write_kernel<1><<<blocks, 256, 0, s>>>(g, k, v, pos, seq, pt_off, pages, T);
+        kv_write_kernel<KV_BF16><<<blocks, 256, 0, s>>>(g, k, v, pos, seq, pt_off, pages, T);
     return cudaGetLastError();
 }
 
@@ -524,10 +528,10 @@ static cudaError_t kv_pack_launch(kv_geom g, float *arena, int32_t n_pages, bool
 {
     int64_t n_vec = (int64_t)n_pages * 2 * g.Kh * g.P;
     unsigned blocks = (unsigned)((n_vec + 7) / 8);
-    if (g.kvt == 2)
-        kv_pack_kernel<2><<<blocks, 256, 0, s>>>(g, arena, n_vec, unpack);
+    if (g.kvt == KV_I8)
+        kv_pack_kernel<KV_I8><<<blocks, 256, 0, s>>>(g, arena, n_vec, unpack);
     else
-        kv_pack_kernel<1><<<blocks, 256, 0, s>>>(g, arena, n_vec, unpack);
+        kv_pack_kernel<KV_BF16><<<blocks, 256, 0, s>>>(g, arena, n_vec, unpack);
     return cudaGetLastError();
 }
 
@@ -1092,11 +1096,11 @@ cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int
                         const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, float *out,
                         cudaStream_t s)
 {
-    if (g.S > 256 || g.Kh <= 0 || H % g.Kh || (g.kvt != 1 && g.kvt != 2))
+    if (g.S > 256 || g.Kh <= 0 || H % g.Kh || (g.kvt != KV_BF16 && g.kvt != KV_I8))
         return cudaErrorInvalidValue;
-    return g.kvt == 2 ? attention_launch<2>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap, tiles, n_tiles,
+    return g.kvt == KV_I8 ? attention_launch<KV_I8>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap, tiles, n_tiles,
                                             singles, n_singles, out, s)
-                      : attention_launch<1>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap, tiles, n_tiles,
+                      : attention_launch<KV_BF16>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap, tiles, n_tiles,
                                             singles, n_singles, out, s);
 }
 

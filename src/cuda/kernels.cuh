@@ -14,6 +14,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+extern "C" {
+#include "../kv.h" /* the page formats (KV_BF16, KV_I8) */
+}
+
 typedef __nv_bfloat16 bf16;
 
 /* Whether the GPU dequantizer knows `type` (enum ggml_type). */
@@ -66,7 +70,7 @@ typedef struct kv_geom {
 /* Bytes of one page's block in one layer. */
 static inline __host__ __device__ int64_t kv_block_bytes(int P, int Kh, int S, int kvt)
 {
-    return kvt == 2 ? 2 * (int64_t)Kh * P * S + 8 * (int64_t)Kh * P : 4 * (int64_t)Kh * P * S;
+    return kvt == KV_I8 ? 2 * (int64_t)Kh * P * S + 8 * (int64_t)Kh * P : 4 * (int64_t)Kh * P * S;
 }
 
 /* Writes k, v (T, Kh*S) of every token into its row's page at pos[t] (bf16, or int8 codes with the vector's
