@@ -1020,6 +1020,12 @@ static int run_job(runner *r, bool resuming)
     if (getrandom(&r->job_seed, sizeof r->job_seed, 0) != sizeof r->job_seed)
         r->job_seed = (uint64_t)time(NULL);
 
+    if (r->o.kv_dtype && (r->o.device == 1 || !spill_gpu_open)) { /* refused before a job exists */
+        util_errf(err, sizeof err, "--kv-dtype %s needs the GPU engine (the CPU engine keeps fp32 KV); drop it or "
+                                   "run spill-cuda on a GPU.", kv_dtype_name(r->o.kv_dtype));
+        code = EX_USAGE_;
+        goto fail;
+    }
     if (resuming) {
         if (job_open_resume(r->o.out_dir, NULL, &r->j, err, sizeof err))
             goto fail;
@@ -1093,9 +1099,9 @@ static int run_job(runner *r, bool resuming)
         eo.kv_pages = r->plan.kv_pages;
         eo.stream = r->plan.stream;
     }
-    if (brc && r->o.kv_dtype == KV_I8) {
-        util_errf(err, sizeof err, "--kv-dtype int8 needs the GPU engine (the CPU engine keeps fp32 KV); drop it or "
-                                   "run spill-cuda on a GPU.");
+    if (brc && r->o.kv_dtype) {
+        util_errf(err, sizeof err, "--kv-dtype %s needs the GPU engine (the CPU engine keeps fp32 KV); drop it or "
+                                   "run spill-cuda on a GPU.", kv_dtype_name(r->o.kv_dtype));
         code = EX_USAGE_;
         goto fail_job;
     }

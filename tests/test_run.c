@@ -325,6 +325,14 @@ int main(void)
              ref);
     CHECK(system(cmd) == 0, "output lines do not validate against the openai types (%s); run tools/setup.sh", cmd);
 
+    /* --kv-dtype is the GPU engine's: on the CPU it is refused (usage, exit 2) before a job exists, and an
+     * unknown type is a usage error too */
+    snprintf(d, sizeof d, "%s/kvi8", tmp);
+    char *a_kvd[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--cpu", "--kv-dtype", "int8", NULL};
+    CHECK(spawn(a_kvd, 0, 0, NULL) == 2 && access(d, F_OK) != 0, "--kv-dtype int8 on the CPU: not refused up front");
+    char *a_kvx[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--kv-dtype", "fp8", NULL};
+    CHECK(spawn(a_kvx, 0, 0, NULL) == 2 && access(d, F_OK) != 0, "--kv-dtype fp8: not a usage error");
+
     snprintf(d, sizeof d, "%s/stream", tmp);
     char *a_st[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--stream", "--stream-slots", "2", NULL};
     CHECK(spawn(a_st, 0, 0, NULL) == 0, "streamed run failed");
