@@ -3,11 +3,11 @@
  * (spill_gpu_open in engine.h).  Linked only into build/cuda/spill-cuda; the
  * CPU-only `spill` never sees it.
  *
- * The tier plan lives here: everything resident in HBM when weights + KV +
- * a margin fit the free device memory; otherwise layers stream over PCIe each
- * pass, from pinned host RAM when they fit there (read from disk once) and
- * else from disk every pass (O_DIRECT into a few pinned slots), with a
- * resident prefix of layers in whatever HBM the KV cache leaves.
+ * The tier plan is applied here: the HBM split comes from hbm_plan.c (the
+ * device's free memory and the engine's pass buffers are the inputs only
+ * this file can measure); streamed layers come from pinned host RAM when
+ * they fit there (read from disk once) and else from disk every pass
+ * (O_DIRECT into a few pinned slots).
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -81,7 +81,6 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
      * the HBM planned with (and so emulates a smaller GPU). */
     uint64_t hbm = o->gpu_mem && o->gpu_mem < freeb ? o->gpu_mem : freeb;
     int kvt = o->kv_dtype == KV_I8 ? KV_I8 : KV_BF16;
-    uint64_t page = kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens, kvt);
     /* beside weights and KV: the pass buffers at these caps, exactly as the engine will allocate them, and
      * 1 GiB for the CUDA context, cuBLAS and allocation granularity */
     cuda_engine_opts caps = {0};
@@ -90,21 +89,18 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     uint64_t margin = cuda_engine_pass_bytes(m, &caps) + (1ull << 30);
     hbm_need need;
     hbm_need_for(m, o, hbm, margin, resident_layers, &need);
-    uint64_t globals = need.globals, ring = need.ring;
-    int slots = need.ring_slots;
+    uint64_t page = need.page_bytes;
     hbm_plan plan;
     if (hbm_plan_choose(&need, &plan))
         return util_errf(err, errlen,
                          "%.1f GB of GPU memory cannot hold this model's global tensors (%.1f GB), a "
                          "streaming ring of %d layers (%.1f GB) and pass buffers for %d tokens (%.1f GB); lower "
                          "--prefill-chunk or --batch, raise --gpu-mem or use a larger GPU.",
-                         (double)hbm / 1e9, (double)globals / 1e9, slots, (double)ring / 1e9, o->max_pass_tokens,
-                         (double)margin / 1e9);
+                         (double)hbm / 1e9, (double)need.globals / 1e9, need.ring_slots, (double)need.ring / 1e9,
+                         o->max_pass_tokens, (double)margin / 1e9);
     bool streamed = plan.streamed;
     int lr = plan.resident;
-    int32_t pages = plan.pages;
-    if (pages < 2)
-        pages = 2;
+    int32_t pages = plan.pages; /* at least 2 */
     /* Host tier: the streamed layers are cached pinned when they fit the host RAM allowed (read from
      * disk once), else read from disk every pass. */
     uint64_t streamed_bytes = 0;
