@@ -101,18 +101,23 @@ int hbm_plan_choose(const hbm_need *n, hbm_plan *out)
         *out = cur; /* the model and the batch's KV fit: nothing streams */
         return 0;
     }
-    /* the best modelled rate among streamed splits, then the most resident layers within 0.1% of it */
+    /* the best modelled rate among streamed splits; within 0.1% of it, the most rows (memory on batch beats
+     * memory on weights where the model cannot tell them apart), then the most resident layers */
     double top = -1.0;
-    int end = L - 1;
-    for (int r = 0; r <= end; r++)
+    for (int r = 0; r < L; r++)
         if (hbm_plan_eval(n, r, &cur) && cur.rows_per_s > top)
             top = cur.rows_per_s;
     if (top < 0)
         return -1;
-    for (int r = end; r >= 0; r--)
-        if (hbm_plan_eval(n, r, &cur) && cur.rows_per_s >= top * 0.999) {
+    bool found = false;
+    for (int r = 0; r < L; r++) {
+        if (!hbm_plan_eval(n, r, &cur) || cur.rows_per_s < top * 0.999)
+            continue;
+        if (!found || cur.rows > out->rows * (1 + 1e-12)) {
             *out = cur;
-            return 0;
-        }
-    return -1;
+            found = true;
+        } else if (cur.rows >= out->rows * (1 - 1e-12))
+            *out = cur; /* as many rows, more layers resident */
+    }
+    return found ? 0 : -1;
 }

@@ -19,9 +19,11 @@
  * Streaming passes cost the copies, so a layer kept resident buys 1/L of the
  * pass back while its bytes cost KV rows: for a 70B on one H200 every layer
  * is worth fewer rows than it costs (zero resident, ZeRO-Inference's
- * finding); a small model whose batch wants more KV than fits stays resident
- * (streaming it would only slow the pass).  Among splits within 0.1% of the
- * best the one with more resident layers wins (less PCIe and pinned RAM).
+ * finding); a small model whose batch wants more KV than fits keeps nearly
+ * every layer resident (streaming them would only slow the pass).  Among
+ * splits within 0.1% of the best, the one with the most rows wins (the
+ * ZeRO-Inference finding, where the model cannot tell them apart), and among
+ * those the one with the most resident layers (less PCIe and pinned RAM).
  * The rates are the H200's measured ones unless the caller has better.
  * Full residency with fewer KV pages than the batch wants is not weighed
  * against streaming: the device term above prices small-batch passes at the

@@ -83,12 +83,17 @@ static void test_shapes(void)
           "70B prefix 79: %d resident, %d pages", p.resident, p.pages);
 
     /* 8B, 32 layers of 0.436 GB + 2.1 GB globals; 8,192 rows of 256 tokens want 275 GB of KV: streaming all
-     * of it (0.25 s of copies a pass) to give KV 14 GB more is worth less than streaming one layer (8 ms) */
+     * of it (0.25 s of copies a pass) for 14 GB more KV loses to keeping most layers resident; the passes are
+     * compute-bound (~3,800 rows × 14 GFLOP), so the plan streams only as many layers as the compute hides and
+     * gives the rest to rows */
     uint64_t page8 = 32ull * 2 * 8 * 16 * 128 * 2;
     hbm_need m = h200((uint64_t)(2.1 * GB), (uint64_t)(0.436 * GB), 32, page8, 8192 * 16, 8192, 7.0e9);
     CHECK(hbm_plan_choose(&m, &p) == 0, "8B: no plan");
-    CHECK(p.streamed && p.resident >= 28, "8B big batch: %d resident (streamed %d), want nearly all", p.resident,
+    CHECK(p.streamed && p.resident >= 16, "8B big batch: %d resident (streamed %d), want most", p.resident,
           p.streamed);
+    hbm_plan more;
+    CHECK(!hbm_plan_eval(&m, p.resident - 1, &more) || more.rows_per_s < p.rows_per_s * 0.999,
+          "8B big batch: one more streamed layer (%d) still in the band", p.resident - 1);
     CHECK(used(&m, &p) <= m.hbm && used(&m, &p) + page8 > m.hbm, "8B: KV does not take the rest");
     hbm_plan zero;
     CHECK(hbm_plan_eval(&m, 0, &zero) && p.rows_per_s > 2 * zero.rows_per_s,
@@ -152,10 +157,16 @@ static void test_random(void)
         }
         if (!p.streamed)
             bad += p.pages < n.want_pages; /* full residency only with every wanted page */
-        else
+        else {
+            double top = 0;
             for (int r = 0; r < L; r++)
-                if (hbm_plan_eval(&n, r, &q) && q.rows_per_s > p.rows_per_s / 0.999 + 1e-9)
-                    bad++;
+                if (hbm_plan_eval(&n, r, &q)) {
+                    bad += q.rows_per_s > p.rows_per_s / 0.999 + 1e-9; /* never beaten beyond the band */
+                    top = q.rows_per_s > top ? q.rows_per_s : top;
+                }
+            for (int r = 0; r < L; r++) /* within the band, no split holds more rows */
+                bad += hbm_plan_eval(&n, r, &q) && q.rows_per_s >= top * 0.999 && q.rows > p.rows * (1 + 1e-9);
+        }
     }
     CHECK(bad == 0, "random needs: %d violations over %d plans", bad, planned);
     CHECK(planned > 5000, "random needs: only %d planned", planned);
