@@ -184,17 +184,22 @@ int cuda_op_act_mul(float *g, const float *u, int64_t n, bool gelu, char *err, s
 /* Attention over a host paged KV arena (kv.h layout, one layer, fp32 here; stored on the device in kv_dtype's
  * format (KV_BF16 or KV_I8) as the engine stores KV, so values that format represents reach the kernels
  * exactly): q (T, H, S), token t belongs to sequence seq[t] at position pos[t]; sequence s's page table is
- * pages[pt_off[s] ...]; out (T, H, S). */
+ * pages[pt_off[s] ...]; out (T, H, S).  tile_min_run > 0 plans prompt tiles as the engine does; split lets
+ * long per-token rows split their keys over warps as the engine does. */
 int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S, int kv_dtype,
                       const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
                       int32_t n_table, int n_seqs, int window, float scale, float softcap, int tile_min_run,
-                      float *out, char *err, size_t errlen);
+                      bool split, float *out, char *err, size_t errlen);
 
 /* k, v (T, K*S) written into a zeroed device KV arena of n_pages (kv.h layout, one layer, kv_dtype KV_BF16 or
  * KV_I8) at each token's page and position, then widened back into arena (fp32, n_pages * 2*K*P*S values). */
 int cuda_op_kv_write(const float *k, const float *v, int64_t T, const int32_t *pos, const int32_t *seq,
                      const int32_t *pt_off, const int32_t *pages, int32_t n_table, int n_seqs, int32_t n_pages, int P,
                      int K, int S, int kv_dtype, float *arena, char *err, size_t errlen);
+
+/* Test hook: the parts the last attention call split its long per-token rows into (1 = none; the op splits
+ * only with split true, as the engine always may). */
+int cuda_attention_last_split(void);
 
 /* Test hook: the kernel prompt tiles use (2 TF32 tensor cores, the default; 1 fp32 CUDA cores). */
 void cuda_attention_kind(int kind);

@@ -137,6 +137,8 @@ struct cuda_engine {
     uint64_t copies_issued, computes_freed;
     int att_tiles;          /* this pass's attention plan (build_meta) */
     int64_t att_singles;
+    int32_t att_max_len; /* the longest per-token row's positions this pass (pos + 1) */
+    float *att_part;     /* split decode attention's parts (k_attention_part_floats) */
 
     /* disk tier */
     stream *disk;
@@ -749,7 +751,7 @@ static size_t pass_bytes(const model_desc *m, size_t T, size_t B, size_t R)
     }
     size_t meta = 3 * T + R + B + 3 * T;
     return T * (2 * D + 2 * HS + 2 * KS + 2 * F) * 4 + T * wide * 2 + R * (D * 4 + V * 4 + D * 2) + scratch * 2 +
-           meta * 4 + (32u << 20) + R * (4 + sizeof(pick_out));
+           meta * 4 + (32u << 20) + R * (4 + sizeof(pick_out)) + k_attention_part_floats(m->head_dim) * 4;
 }
 
 uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o)
@@ -795,6 +797,7 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
         dalloc(e, (void **)&e->lastb, R * D * 2, "pass buffers", err, errlen) ||
         (scratch && dalloc(e, (void **)&e->wscratch, scratch * 2, "the dequant scratch", err, errlen)) ||
         dalloc(e, (void **)&e->d_meta, meta * 4, "pass metadata", err, errlen) ||
+        dalloc(e, (void **)&e->att_part, k_attention_part_floats(m->head_dim) * 4, "attention parts", err, errlen) ||
         dalloc(e, &e->blas_ws, 32u << 20, "the cuBLAS workspace", err, errlen))
         return -1;
     CU(cudaMemset(e->d_kv, 0, kv_bytes)); /* pages never hold garbage, even before their first write */
@@ -1150,7 +1153,8 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     MARK(3);
     float scale = m->query_scale > 0 ? (float)m->query_scale : 1.0f / sqrtf((float)S);
     CU(k_attention(g, e->q, pm->pos, pm->seq, pm->pt_off, pm->pages, T, (int)H, sliding ? m->sliding_window : 0, scale,
-                   (float)m->attn_softcap, pm->tiles, pm->n_tiles, pm->singles, pm->n_singles, e->att, s));
+                   (float)m->attn_softcap, pm->tiles, pm->n_tiles, pm->singles, pm->n_singles, e->att_max_len,
+                   e->att_part, e->att, s));
     CU(k_to_bf16(e->att, e->xb, T * HS, s));
     MARK(4);
     if ((rc = gemm(e, &w->m[M_O], base, e->xb, T, e->h, err, errlen)))
@@ -1237,6 +1241,9 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
     /* attention: runs of >= 8 consecutive positions (prompt chunks) in tiles, the rest token by token */
     k_attention_plan(seq, pos, T, k_attention_tile_tokens(m->n_heads, m->n_kv_heads, m->head_dim), 8, tiles, singles,
                      &e->att_tiles, &e->att_singles);
+    e->att_max_len = 0;
+    for (int64_t i = 0; i < e->att_singles; i++)
+        e->att_max_len = pos[singles[i]] + 1 > e->att_max_len ? pos[singles[i]] + 1 : e->att_max_len;
     *T_out = T;
     *R_out = R;
     *n_ints = (size_t)(pages + npt - e->h_meta);

@@ -162,14 +162,17 @@ int cuda_op_act_mul(float *g, const float *u, int64_t n, bool gelu, char *err, s
 int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S, int kv_dtype,
                       const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
                       int32_t n_table, int n_seqs, int window, float scale, float softcap, int tile_min_run,
-                      float *out, char *err, size_t errlen)
+                      bool split, float *out, char *err, size_t errlen)
 {
     OP_BEGIN;
     void *dq, *dkv, *dpos, *dseq, *dpt, *dpg, *dout, *dtiles = NULL, *dsingles = NULL;
     size_t qn = (size_t)T * (size_t)H * (size_t)S;
     int n_tiles = 0;
     int64_t n_singles = 0;
+    int32_t max_len = 0; /* the per-token kernel's longest row */
     int bq = k_attention_tile_tokens(H, K, S);
+    for (int64_t t = 0; t < T; t++)
+        max_len = pos[t] + 1 > max_len ? pos[t] + 1 : max_len;
     if (tile_min_run > 0 && bq > 0) {
         int32_t *tiles = (int32_t *)malloc((size_t)T * 2 * 4), *singles = (int32_t *)malloc((size_t)T * 4);
         if (!tiles || !singles) {
@@ -178,6 +181,9 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
             return op_done(c, util_errf(err, errlen, "out of host memory."));
         }
         k_attention_plan(seq, pos, T, bq, tile_min_run, tiles, singles, &n_tiles, &n_singles);
+        max_len = 0;
+        for (int64_t i = 0; i < n_singles; i++)
+            max_len = pos[singles[i]] + 1 > max_len ? pos[singles[i]] + 1 : max_len;
         int up = op_up(c, &dtiles, tiles, (size_t)T * 2 * 4);
         if (up == 0)
             up = op_up(c, &dsingles, singles, (size_t)T * 4);
@@ -195,6 +201,9 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
     TRY(op_up(c, &dq, q, qn * 4));
     TRY(op_up(c, &dkv32, kv_arena, an * 4));
     TRY(op_up(c, &dkv, NULL, (size_t)n_pages * (size_t)kv_block_bytes(P, K, S, g.kvt)));
+    void *dpart = NULL;
+    if (split)
+        TRY(op_up(c, &dpart, NULL, k_attention_part_floats(S) * 4));
     g.layer_base = (uint8_t *)dkv;
     cudaError_t ce = k_kv_pack(g, (const float *)dkv32, n_pages, 0); /* as the engine stores KV */
     if (ce != cudaSuccess)
@@ -207,7 +216,7 @@ int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, in
     TRY(op_down(c,
                 k_attention(g, (float *)dq, (int32_t *)dpos, (int32_t *)dseq, (int32_t *)dpt, (int32_t *)dpg, T, H,
                             window, scale, softcap, (const int32_t *)dtiles, n_tiles, (const int32_t *)dsingles,
-                            n_singles, (float *)dout, 0),
+                            n_singles, max_len, (float *)dpart, (float *)dout, 0),
                 out, dout, qn * 4));
     return op_done(c, 0);
 }
@@ -247,6 +256,11 @@ int cuda_op_kv_write(const float *k, const float *v, int64_t T, const int32_t *p
 void cuda_attention_kind(int kind)
 {
     k_attention_set_kind(kind);
+}
+
+int cuda_attention_last_split(void)
+{
+    return k_attention_last_split();
 }
 
 int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, cuda_pick *out, char *err, size_t errlen)

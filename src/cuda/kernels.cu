@@ -18,7 +18,10 @@
  *
  * Attention: decode tokens (and short runs) take one warp per (token, kv
  * head, up to 4 of its query heads), online softmax over the token's row's
- * pages, each K/V row read once for the heads of its group.  Prompt runs of
+ * pages, each K/V row read once for the heads of its group; when a pass has
+ * few such tokens and their rows are long (>= 512 keys), each token's keys
+ * are split over up to K_ATT_SPLIT_WARPS warps in all and a merge kernel
+ * combines the parts (flash-decoding).  Prompt runs of
  * >= 8 positions go in tiles of 64 query rows (consecutive tokens × the query
  * heads of one kv head) that share each 32-key block through shared memory:
  * TF32 mma.sync on the tensor cores by default, fp32 on CUDA cores with
@@ -610,19 +613,25 @@ struct keep_f32 {
 template <int DPL, int KVT>
 __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq,
                                  const int32_t *pt_off, const int32_t *pages, int64_t T, const int32_t *tok_list,
-                                 int H, int window, float scale, float softcap, float *out)
+                                 int H, int window, float scale, float softcap, int nsplit, int span, float *part,
+                                 float *out)
 {
     int G = H / g.Kh, chunks = (G + ATT_GC - 1) / ATT_GC, S = g.S;
     int64_t w = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
-    if (w >= T * g.Kh * chunks)
+    if (w >= T * nsplit * g.Kh * chunks)
         return;
-    int64_t t = w / (g.Kh * chunks);
-    if (tok_list)
-        t = tok_list[t];
-    int rem = (int)(w % (g.Kh * chunks)), kh = rem / chunks, h0 = kh * G + (rem % chunks) * ATT_GC;
+    int64_t ti = w / (nsplit * g.Kh * chunks), t = tok_list ? tok_list[ti] : ti;
+    int rem = (int)(w % (nsplit * g.Kh * chunks)), part_i = rem / (g.Kh * chunks);
+    rem %= g.Kh * chunks;
+    int kh = rem / chunks, h0 = kh * G + (rem % chunks) * ATT_GC;
     int gc = kh * G + G - h0 < ATT_GC ? kh * G + G - h0 : ATT_GC; /* warp-uniform */
     int32_t p = pos[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    if (nsplit > 1) { /* this warp's part of the keys: [lo + part_i*span, lo + (part_i+1)*span) */
+        int32_t hi = lo + (part_i + 1) * span - 1;
+        lo += part_i * span;
+        p = hi < p ? hi : p; /* may leave no key: m = -inf, l = 0 */
+    }
     const int32_t *pt = pages + pt_off[seq[t]];
     float qv[ATT_GC][DPL], acc[ATT_GC][DPL], mx[ATT_GC], l[ATT_GC];
 #pragma unroll
@@ -672,8 +681,67 @@ __global__ void attention_kernel(kv_geom g, const float *q, const int32_t *pos, 
     for (int i = 0; i < ATT_GC; i++) {
         if (i >= gc)
             break;
-        store_row<DPL>(out + (t * H + h0 + i) * S, acc[i], 1.0f / l[i], lane, S);
+        if (nsplit == 1) {
+            store_row<DPL>(out + (t * H + h0 + i) * S, acc[i], 1.0f / l[i], lane, S);
+            continue;
+        }
+        float *pr = part + ((ti * nsplit + part_i) * H + h0 + i) * (int64_t)(S + 2); /* acc unscaled, m, l */
+        store_row<DPL>(pr, acc[i], 1.0f, lane, S);
+        if (lane == 0) {
+            pr[S] = mx[i];
+            pr[S + 1] = l[i];
+        }
     }
+}
+
+/* Merges the nsplit parts of each split token's attention: one warp per (token, query head), the parts'
+ * maxima rescaled to the largest (a part with no key has m = -inf and weighs 0). */
+__global__ void attention_merge_kernel(const float *part, const int32_t *tok_list, int64_t n, int H, int S,
+                                       int nsplit, float *out)
+{
+    int64_t w = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (w >= n * H)
+        return;
+    int64_t ti = w / H, t = tok_list ? tok_list[ti] : ti;
+    int h = (int)(w % H);
+    const float *pr = part + (ti * nsplit * H + h) * (int64_t)(S + 2);
+    int64_t stride = (int64_t)H * (S + 2);
+    float M = -INFINITY, L = 0.0f;
+    for (int c = 0; c < nsplit; c++)
+        M = fmaxf(M, pr[c * stride + S]);
+    for (int c = 0; c < nsplit; c++) {
+        float mc = pr[c * stride + S];
+        L += mc == -INFINITY ? 0.0f : pr[c * stride + S + 1] * expf(mc - M);
+    }
+    for (int d = lane; d < S; d += 32) {
+        float a = 0.0f;
+        for (int c = 0; c < nsplit; c++) {
+            float mc = pr[c * stride + S];
+            a += mc == -INFINITY ? 0.0f : pr[c * stride + d] * expf(mc - M);
+        }
+        out[(t * H + h) * S + d] = a / L;
+    }
+}
+
+/* Decode tokens whose rows are long split their keys over several warps when the pass has too few tokens to
+ * fill the GPU (flash-decoding): a part per warp, then attention_merge_kernel.  Parts of at least 256 keys,
+ * at most K_ATT_SPLIT_WARPS warps in all (the part buffer's size); 1 = no split. */
+static int split_parts(int64_t n_tok, int Kh, int chunks, int32_t max_keys)
+{
+    int64_t base = n_tok * Kh * chunks;
+    if (base <= 0 || max_keys < 512 || base >= K_ATT_SPLIT_WARPS / 2)
+        return 1;
+    int64_t by_len = (max_keys + 255) / 256, by_room = K_ATT_SPLIT_WARPS / base;
+    int64_t n = by_len < by_room ? by_len : by_room;
+    return n >= 2 ? (int)n : 1;
+}
+
+static int g_last_split = 1;
+
+int k_attention_last_split(void)
+{
+    return g_last_split;
 }
 
 /* Prompt attention in tiles: one block of TQ_WARPS warps takes RW query rows per warp — BQ consecutive
@@ -1008,16 +1076,21 @@ template <int KVT>
 static cudaError_t attention_launch(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq,
                                     const int32_t *pt_off, const int32_t *pages, int64_t T, int H, int window,
                                     float scale, float softcap, const int32_t *tiles, int n_tiles,
-                                    const int32_t *singles, int64_t n_singles, float *out, cudaStream_t s)
+                                    const int32_t *singles, int64_t n_singles, int32_t max_len, float *part,
+                                    float *out, cudaStream_t s)
 {
     int64_t n_warp_tok = tiles || singles ? n_singles : T;
     const int32_t *tok_list = tiles || singles ? singles : NULL;
     if (n_warp_tok > 0) {
         int warps = 4, chunks = (H / g.Kh + ATT_GC - 1) / ATT_GC;
-        unsigned blocks = (unsigned)((n_warp_tok * g.Kh * chunks + warps - 1) / warps);
+        int32_t max_keys = window > 0 && window < max_len ? window : max_len;
+        int nsplit = part ? split_parts(n_warp_tok, g.Kh, chunks, max_keys) : 1;
+        int span = nsplit > 1 ? (max_keys + nsplit - 1) / nsplit : 0;
+        g_last_split = nsplit;
+        unsigned blocks = (unsigned)((n_warp_tok * nsplit * g.Kh * chunks + warps - 1) / warps);
 #define ATT_LAUNCH(dpl)                                                                                                \
     attention_kernel<dpl, KVT><<<blocks, 32 * warps, 0, s>>>(g, q, pos, seq, pt_off, pages, n_warp_tok, tok_list, H,   \
-                                                             window, scale, softcap, out)
+                                                             window, scale, softcap, nsplit, span, part, out)
         if (g.S <= 32)
             ATT_LAUNCH(1);
         else if (g.S <= 64)
@@ -1027,6 +1100,9 @@ static cudaError_t attention_launch(kv_geom g, const float *q, const int32_t *po
         else
             ATT_LAUNCH(8);
 #undef ATT_LAUNCH
+        if (nsplit > 1)
+            attention_merge_kernel<<<(unsigned)((n_warp_tok * H + 3) / 4), 128, 0, s>>>(part, tok_list, n_warp_tok, H,
+                                                                                        g.S, nsplit, out);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess)
             return e;
@@ -1093,15 +1169,15 @@ fp32_tiles:
 
 cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
                         const int32_t *pages, int64_t T, int H, int window, float scale, float softcap,
-                        const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, float *out,
-                        cudaStream_t s)
+                        const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, int32_t max_len,
+                        float *part, float *out, cudaStream_t s)
 {
     if (g.S > 256 || g.Kh <= 0 || H % g.Kh || (g.kvt != KV_BF16 && g.kvt != KV_I8))
         return cudaErrorInvalidValue;
-    return g.kvt == KV_I8 ? attention_launch<KV_I8>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap, tiles, n_tiles,
-                                            singles, n_singles, out, s)
-                      : attention_launch<KV_BF16>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap, tiles, n_tiles,
-                                            singles, n_singles, out, s);
+    return g.kvt == KV_I8 ? attention_launch<KV_I8>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap,
+                                                    tiles, n_tiles, singles, n_singles, max_len, part, out, s)
+                          : attention_launch<KV_BF16>(g, q, pos, seq, pt_off, pages, T, H, window, scale, softcap,
+                                                      tiles, n_tiles, singles, n_singles, max_len, part, out, s);
 }
 
 /* ---------------------------------------------------------------- greedy picks */

@@ -92,8 +92,19 @@ cudaError_t k_kv_unpack(kv_geom g, float *arena, int32_t n_pages, cudaStream_t s
  * the per-token one (k_attention_plan makes the two lists). */
 cudaError_t k_attention(kv_geom g, const float *q, const int32_t *pos, const int32_t *seq, const int32_t *pt_off,
                         const int32_t *pages, int64_t T, int H, int window, float scale, float softcap,
-                        const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, float *out,
-                        cudaStream_t s);
+                        const int32_t *tiles, int n_tiles, const int32_t *singles, int64_t n_singles, int32_t max_len,
+                        float *part, float *out, cudaStream_t s);
+
+/* The per-token kernel's split over long rows: with part (device scratch of k_attention_part_floats(S)
+ * floats) and max_len (the longest per-token row's positions, pos + 1), tokens of rows of >= 512 keys split
+ * their keys over several warps when the pass has few of them, and a merge kernel combines the parts. */
+#define K_ATT_SPLIT_WARPS 8192
+static inline size_t k_attention_part_floats(int S)
+{
+    return (size_t)K_ATT_SPLIT_WARPS * 4 * (size_t)(S + 2); /* 4 = query heads a warp takes (ATT_GC) */
+}
+/* Test hook: the parts the last k_attention call split its per-token rows into (1 = none). */
+int k_attention_last_split(void);
 
 /* Prompt tiles' kernel: 2 TF32 tensor cores (default; head sizes 32-128, multiples of 8), 1 fp32 CUDA cores
  * (SPILL_CUDA_ATT=fp32, and other head sizes). */

@@ -369,7 +369,7 @@ static void attention_ref(const float *q, const float *arena, int P, int H, int 
         for (int h = 0; h < H; h++) {
             int kh = h / (H / K);
             int32_t p = pos[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-            double sc[256], mx = -INFINITY, sum = 0, o[256] = {0};
+            double sc[4096], mx = -INFINITY, sum = 0, o[256] = {0}; /* keys of a row: <= 4,096 here */
             for (int32_t j = lo; j <= p; j++) {
                 const float *kr = arena + (size_t)pages[pt_off[seq[t]] + j / P] * 2 * K * P * S +
                                   ((size_t)kh * P + (size_t)(j % P)) * S;
@@ -412,7 +412,7 @@ static double att_tol(int kind, int S)
 static double attention_case(const float *q, const float *arena, int NP, int P, int H, int K, int S, int dtype,
                              const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off,
                              const int32_t *pages, int n_table, int n_seqs, int window, float scale, float softcap,
-                             int tile_min_run)
+                             int tile_min_run, bool split)
 {
     char err[SPILL_ERRLEN];
     size_t qn = (size_t)T * H * S;
@@ -420,7 +420,7 @@ static double attention_case(const float *q, const float *arena, int NP, int P, 
     for (size_t i = 0; i < qn; i++)
         y[i] = NAN;
     int rc = cuda_op_attention(q, arena, NP, P, H, K, S, dtype, pos, seq, T, pt_off, pages, n_table, n_seqs, window, scale,
-                               softcap, tile_min_run, y, err, sizeof err);
+                               softcap, tile_min_run, split, y, err, sizeof err);
     CHECK(rc == 0, "attention: %s", err);
     attention_ref(q, arena, P, H, K, S, pos, seq, T, pt_off, pages, window, scale, softcap, yr);
     double worst = 0;
@@ -455,7 +455,7 @@ static void test_attention(int dt)
             cuda_attention_kind(variant >= 6 ? 2 : 1);
             float softcap = variant % 3 == 2 ? 2.0f : 0.0f, scale = 1.0f / sqrtf((float)S) * 3;
             double worst = attention_case(q, arena, NP, P, H, K, S, dt, pos, seq, T, pt_off, pages, 9, 3, window,
-                                          scale, softcap, tiled);
+                                          scale, softcap, tiled, true);
             CHECK(worst >= 0 && worst <= att_tol(variant >= 6 ? 2 : 1, S),
                   "attention (%s KV) H=%d K=%d S=%d variant %d: max |dy| %.3g", kv_dtype_name(dt), H, K, S, variant,
                   worst);
@@ -494,7 +494,7 @@ static void test_attention_long(int dt)
             float scale = 1.0f / sqrtf((float)S) * 2;
             cuda_attention_kind(kind);
             double worst = attention_case(q, arena, NP, P, H, K, S, dt, pos, seq, T, pt_off, pages, 22, 3, window,
-                                          scale, 0.0f, 8);
+                                          scale, 0.0f, 8, true);
             CHECK(worst >= 0 && worst <= att_tol(kind, S),
                   "attention (long, %s, %s KV) H=%d K=%d S=%d window %d: max |dy| %.3g", kind == 2 ? "tf32" : "fp32",
                   kv_dtype_name(dt), H, K, S, window, worst);
@@ -506,6 +506,43 @@ static void test_attention_long(int dt)
         free(arena), free(q);
     }
     cuda_attention_kind(2); /* the default again */
+}
+
+/* Decode tokens of long rows split their keys over several warps (flash-decoding) when a pass has few of
+ * them: a token at position 1,999 (2,000 keys: 8 parts), one at 700 under windows of 0 and 600, one at 5
+ * (trailing parts empty), split and unsplit, against the reference.  Bound, decided before the first run:
+ * the parts and their merge sum up to 2,000 fp32 terms in another order than the reference; worst case
+ * n·2^-24 of outputs of magnitude <= 1 is 1.2e-4: 1e-4 (the random-walk size is ~3e-6). */
+static void test_attention_split(int dt)
+{
+    enum { P = 16, NP = 170 };
+    static const int cfgs[][3] = {{32, 8, 128}, {8, 1, 64}, {10, 2, 80}, {16, 2, 256}};
+    int32_t pos[3] = {1999, 700, 5}, seq[3] = {0, 1, 2}, pt_off[3] = {0, 125, 169}, pages[170];
+    for (int i = 0; i < 170; i++)
+        pages[i] = (i * 37 + 11) % NP;
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        int H = cfgs[ci][0], K = cfgs[ci][1], S = cfgs[ci][2];
+        size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)3 * H * S;
+        float *arena = malloc(an * 4), *q = malloc(qn * 4);
+        kv_random_arena(arena, an, S, dt);
+        for (size_t i = 0; i < qn; i++)
+            q[i] = frand(-1, 1) * 2;
+        for (int variant = 0; variant < 4; variant++) {
+            int window = variant % 2 ? 600 : 0;
+            bool split = variant < 2;
+            float scale = 1.0f / sqrtf((float)S) * 2;
+            double worst = attention_case(q, arena, NP, P, H, K, S, dt, pos, seq, 3, pt_off, pages, 170, 3, window,
+                                          scale, 0.0f, 8, split);
+            int parts = cuda_attention_last_split();
+            CHECK(worst >= 0 && worst <= 1e-4 && (split ? parts > 1 : parts == 1),
+                  "attention (split %d, %s KV) H=%d K=%d S=%d window %d: %d parts, max |dy| %.3g", split,
+                  kv_dtype_name(dt), H, K, S, window, parts, worst);
+            if (variant == 0)
+                fprintf(stderr, "attention split, %s KV, H=%d K=%d S=%d: %d parts, max |dy| %.2e\n", kv_dtype_name(dt),
+                        H, K, S, parts, worst);
+        }
+        free(arena), free(q);
+    }
 }
 
 /* Greedy picks on the GPU vs sample_next at temperature 0 on the same logits: the token and the top ids must
@@ -628,6 +665,7 @@ int main(void)
         test_kv_write(dt);
         test_attention(dt);
         test_attention_long(dt);
+        test_attention_split(dt);
     }
     test_pick();
     cpu_pool_free(pool);
