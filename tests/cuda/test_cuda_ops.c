@@ -314,13 +314,19 @@ static void kv_round(const float *x, float *out, int n, int dtype)
     }
 }
 
-/* A random arena of vectors of S values in [-1, 1], each as the KV pages of dtype hold it. */
-static void kv_random_arena(float *arena, size_t an, int S, int dtype)
+/* An attention case's inputs: an arena of NP pages (one layer, K kv heads of P positions of S values in
+ * [-1, 1], each vector as the KV pages of dtype hold it) and q (T, H, S) in [-2, 2]. */
+static void attention_inputs(int NP, int P, int K, int S, int H, int64_t T, int dtype, float **arena, float **q)
 {
+    size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
+    *arena = malloc(an * 4);
+    *q = malloc(qn * 4);
     for (size_t i = 0; i < an; i++)
-        arena[i] = frand(-1, 1);
+        (*arena)[i] = frand(-1, 1);
     for (size_t i = 0; i < an; i += (size_t)S)
-        kv_round(arena + i, arena + i, S, dtype);
+        kv_round(*arena + i, *arena + i, S, dtype);
+    for (size_t i = 0; i < qn; i++)
+        (*q)[i] = frand(-1, 1) * 2;
 }
 
 /* KV write into pages: three rows' tokens (a decode token, a chunk, a prefill) in shuffled pages; the arena read
@@ -443,11 +449,8 @@ static void test_attention(int dt)
     int64_t T = 10;
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         int H = cfgs[ci][0], K = cfgs[ci][1], S = cfgs[ci][2];
-        size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
-        float *arena = malloc(an * 4), *q = malloc(qn * 4);
-        kv_random_arena(arena, an, S, dt);
-        for (size_t i = 0; i < qn; i++)
-            q[i] = frand(-1, 1) * 2;
+        float *arena, *q;
+        attention_inputs(NP, P, K, S, H, T, dt, &arena, &q);
         /* variants 0-2: every token through the per-token kernel; 3-5: every run (even a lone decode token) in
          * fp32 tiles; 6-8: in TF32 tensor-core tiles (att_tol) */
         for (int variant = 0; variant < 9; variant++) {
@@ -484,11 +487,8 @@ static void test_attention_long(int dt)
         pages[i] = (i * 17 + 5) % NP;
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         int H = cfgs[ci][0], K = cfgs[ci][1], S = cfgs[ci][2];
-        size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)T * H * S;
-        float *arena = malloc(an * 4), *q = malloc(qn * 4);
-        kv_random_arena(arena, an, S, dt);
-        for (size_t i = 0; i < qn; i++)
-            q[i] = frand(-1, 1) * 2;
+        float *arena, *q;
+        attention_inputs(NP, P, K, S, H, T, dt, &arena, &q);
         for (int variant = 0; variant < 6; variant++) {
             int window = variant % 3 == 1 ? 37 : variant % 3 == 2 ? 5 : 0, kind = variant < 3 ? 1 : 2;
             float scale = 1.0f / sqrtf((float)S) * 2;
@@ -522,11 +522,8 @@ static void test_attention_split(int dt)
         pages[i] = (i * 37 + 11) % NP;
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         int H = cfgs[ci][0], K = cfgs[ci][1], S = cfgs[ci][2];
-        size_t an = (size_t)NP * 2 * K * P * S, qn = (size_t)3 * H * S;
-        float *arena = malloc(an * 4), *q = malloc(qn * 4);
-        kv_random_arena(arena, an, S, dt);
-        for (size_t i = 0; i < qn; i++)
-            q[i] = frand(-1, 1) * 2;
+        float *arena, *q;
+        attention_inputs(NP, P, K, S, H, 3, dt, &arena, &q);
         for (int variant = 0; variant < 4; variant++) {
             int window = variant % 2 ? 600 : 0;
             bool split = variant < 2;
