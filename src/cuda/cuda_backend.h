@@ -65,6 +65,7 @@ typedef struct cuda_engine_opts {
     bool disk_direct;    /* from_disk: O_DIRECT reads (falls back to buffered where refused) */
     cuda_weight_reader reader; /* NULL: pread from the model's files */
     void *reader_ctx;
+    bool attention_unsplit; /* decode attention never splits long rows over warps (tests compare the two) */
     int fail_alloc_at; /* test hook: the n-th device allocation (1-based) fails as out of memory; 0 = off */
 } cuda_engine_opts;
 

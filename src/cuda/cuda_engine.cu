@@ -1154,7 +1154,7 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     float scale = m->query_scale > 0 ? (float)m->query_scale : 1.0f / sqrtf((float)S);
     CU(k_attention(g, e->q, pm->pos, pm->seq, pm->pt_off, pm->pages, T, (int)H, sliding ? m->sliding_window : 0, scale,
                    (float)m->attn_softcap, pm->tiles, pm->n_tiles, pm->singles, pm->n_singles, e->att_max_len,
-                   e->att_part, e->att, s));
+                   e->o.attention_unsplit ? NULL : e->att_part, e->att, s));
     CU(k_to_bf16(e->att, e->xb, T * HS, s));
     MARK(4);
     if ((rc = gemm(e, &w->m[M_O], base, e->xb, T, e->h, err, errlen)))

@@ -1081,6 +1081,7 @@ static cudaError_t attention_launch(kv_geom g, const float *q, const int32_t *po
 {
     int64_t n_warp_tok = tiles || singles ? n_singles : T;
     const int32_t *tok_list = tiles || singles ? singles : NULL;
+    g_last_split = 1;
     if (n_warp_tok > 0) {
         int warps = 4, chunks = (H / g.Kh + ATT_GC - 1) / ATT_GC;
         int32_t max_keys = window > 0 && window < max_len ? window : max_len;

@@ -490,7 +490,7 @@ static int write_gguf(const char *path)
     kv_u32(f, "llama.attention.head_count", H);
     kv_u32(f, "llama.attention.head_count_kv", KH);
     kv_u32(f, "llama.feed_forward_length", F);
-    kv_u32(f, "llama.context_length", 256);
+    kv_u32(f, "llama.context_length", 1024);
     kv_f32(f, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
     kv_f32(f, "llama.rope.freq_base", 10000.0f);
     uint64_t off = 0;
@@ -515,6 +515,141 @@ static int write_gguf(const char *path)
 }
 
 /* CPU engine vs CUDA engines (resident and streamed with 3 ring slots) on the synthetic GGUF. */
+/* Long rows end to end: prompts of 600 and 90 tokens fed 32 at a time (the short one starts when the long
+ * one is at 512, so both finish their prompts in the same pass), then decode steps of one token each.  Two
+ * rows of a 2-kv-head model leave the GPU nearly empty, so each decode pass splits the rows' keys over
+ * several warps (flash-decoding) and merges the parts; the short row's trailing parts are empty.  A second
+ * GPU engine never splits (attention_unsplit); a third has the first one's options and must match it bit
+ * for bit (the multi-chunk prompt tiles and the split are deterministic).
+ * Bounds, decided before the runs: split vs unsplit 1e-2 — the split changes only the order of fp32 softmax
+ * sums (~1e-6 relative), which can flip single bf16 roundings of the attention output before the output
+ * projection (2^-8), a few 1e-3 after three layers; a wrong part weight or a lost part moves the
+ * attention of a 600-key row by O(0.1).  GPU vs CPU: twice the fixtures' bound — the first run held it to
+ * TOL_LOGSOFTMAX and measured 5.01e-2 (TF32) and 5.09e-2 (fp32 tiles) against 5e-2, with the synthetic
+ * model already at 4.1e-2 on 20-token rows; long rows round 600 keys' K and V to bf16 in every layer. */
+static void run_long_rows(model_desc *m)
+{
+    enum { R = 2, MAXLEN = 640, STEPS = 6 };
+    char err[SPILL_ERRLEN];
+    engine_opts co = {.threads = 4, .max_pass_tokens = 64, .max_pass_seqs = R, .page_tokens = 16, .kv_pages = 96};
+    cuda_engine_opts go = {
+        .max_pass_tokens = 64, .max_pass_seqs = R, .page_tokens = 16, .kv_pages = 96, .kv_dtype = g_kv_dtype};
+    cuda_engine_opts gu = go;
+    gu.attention_unsplit = true;
+    spill_engine *ce = NULL;
+    cuda_engine *ge = NULL, *ue = NULL, *re = NULL;
+    int rc = engine_open(m, &co, &ce, err, sizeof err);
+    CHECK(rc == 0, "long rows: engine_open: %s", err);
+    if (rc == 0 && (rc = cuda_engine_open(m, &go, &ge, err, sizeof err)))
+        CHECK(0, "long rows: cuda_engine_open: %s", err);
+    if (rc == 0 && (rc = cuda_engine_open(m, &gu, &ue, err, sizeof err)))
+        CHECK(0, "long rows: unsplit cuda_engine_open: %s", err);
+    if (rc == 0 && (rc = cuda_engine_open(m, &go, &re, err, sizeof err)))
+        CHECK(0, "long rows: second cuda_engine_open: %s", err);
+    int V = m->vocab;
+    static int32_t toks[R][MAXLEN];
+    int32_t plen[R] = {600, 90}, start[R] = {0, 510}, len[R] = {0, 0};
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < MAXLEN; i++)
+            toks[r][i] = (int32_t)(rnd() % (uint32_t)V);
+    kv_row kc[R] = {0}, kg[R] = {0}, ku[R] = {0}, kr[R] = {0};
+    float *lc = malloc((size_t)R * V * 4), *lg = malloc((size_t)R * V * 4), *lu = malloc((size_t)R * V * 4),
+          *lr = malloc((size_t)R * V * 4);
+    double w_cpu[R] = {0}, w_ucpu[R] = {0}, w_split = 0;
+    int mismatch = 0, compared = 0, split_passes = 0, max_split = 1, rerun_diff = 0;
+    while (rc == 0 && (len[0] < plen[0] + STEPS || len[1] < plen[1] + STEPS)) {
+        fwd_seq sc[R], sg[R], su[R], sr[R];
+        int ns = 0, idx[R];
+        for (int r = 0; r < R; r++) {
+            if (len[r] >= plen[r] + STEPS || len[0] < start[r])
+                continue;
+            int32_t n = len[r] < plen[r] ? (plen[r] - len[r] < 32 ? plen[r] - len[r] : 32) : 1;
+            CHECK(kv_row_reserve(engine_kv(ce), &kc[r], len[r] + n) == 0 &&
+                      kv_row_reserve(cuda_engine_kv(ge), &kg[r], len[r] + n) == 0 &&
+                      kv_row_reserve(cuda_engine_kv(ue), &ku[r], len[r] + n) == 0 &&
+                      kv_row_reserve(cuda_engine_kv(re), &kr[r], len[r] + n) == 0,
+                  "long rows: KV reserve");
+            bool last = len[r] + n >= plen[r];
+            sc[ns] = (fwd_seq){&kc[r], len[r], n, toks[r] + len[r], last, false};
+            sg[ns] = (fwd_seq){&kg[r], len[r], n, toks[r] + len[r], last, false};
+            su[ns] = (fwd_seq){&ku[r], len[r], n, toks[r] + len[r], last, false};
+            sr[ns] = (fwd_seq){&kr[r], len[r], n, toks[r] + len[r], last, false};
+            idx[ns++] = r;
+        }
+        if ((rc = engine_forward(ce, sc, ns, lc, err, sizeof err))) {
+            CHECK(0, "long rows: cpu forward: %s", err);
+            break;
+        }
+        if ((rc = cuda_engine_forward(ge, sg, ns, lg, err, sizeof err))) {
+            CHECK(0, "long rows: cuda forward: %s", err);
+            break;
+        }
+        int sp = cuda_attention_last_split();
+        if ((rc = cuda_engine_forward(ue, su, ns, lu, err, sizeof err))) {
+            CHECK(0, "long rows: unsplit cuda forward: %s", err);
+            break;
+        }
+        CHECK(cuda_attention_last_split() == 1, "long rows: the unsplit engine split a pass");
+        if ((rc = cuda_engine_forward(re, sr, ns, lr, err, sizeof err))) {
+            CHECK(0, "long rows: second cuda forward: %s", err);
+            break;
+        }
+        int n_logits = 0;
+        for (int i = 0; i < ns; i++)
+            n_logits += sc[i].want_logits;
+        rerun_diff += memcmp(lg, lr, (size_t)n_logits * V * 4) != 0;
+        split_passes += sp > 1;
+        max_split = sp > max_split ? sp : max_split;
+        int out = 0;
+        for (int i = 0; i < ns; i++) {
+            int r = idx[i];
+            len[r] += sc[i].n;
+            if (!sc[i].want_logits)
+                continue;
+            const float *g = lg + (size_t)out * V, *c = lc + (size_t)out * V, *u = lu + (size_t)out * V;
+            out++;
+            double d = compare(g, c, V), du = compare(u, c, V), ds = compare(g, u, V);
+            w_cpu[r] = !(d <= w_cpu[r]) ? d : w_cpu[r];
+            w_ucpu[r] = !(du <= w_ucpu[r]) ? du : w_ucpu[r];
+            w_split = !(ds <= w_split) ? ds : w_split;
+            float mg, mc;
+            int ga = argmax(g, V, &mg), cb = argmax(c, V, &mc);
+            mismatch += ga != cb && mc > MARGIN;
+            compared++;
+            if (len[r] < MAXLEN)
+                toks[r][len[r]] = cb; /* the CPU's greedy token feeds all three */
+        }
+    }
+    double worst = w_cpu[0] > w_cpu[1] ? w_cpu[0] : w_cpu[1];
+    CHECK(compared == R * (STEPS + 1), "long rows: %d positions compared, want %d", compared, R * (STEPS + 1));
+    CHECK(w_split <= 1e-2, "long rows: max |dlogsoftmax| split vs unsplit %.3g", w_split);
+    CHECK(rerun_diff == 0, "long rows: a second engine with the same options differs in %d passes", rerun_diff);
+    CHECK(worst <= 2 * TOL_LOGSOFTMAX, "long rows: max |dlogsoftmax| CUDA vs CPU %.3g", worst);
+    CHECK(mismatch == 0, "long rows: %d greedy tokens differ", mismatch);
+    CHECK(split_passes >= STEPS, "long rows: decode attention split in only %d passes", split_passes);
+    fprintf(stderr,
+            "long rows (600 and 90 tokens): %d positions, split passes %d (up to %d parts); max |dlogsoftmax| split "
+            "vs unsplit %.2e; vs CPU: split %.2e / %.2e, unsplit %.2e / %.2e (600-token row / 90-token row); a "
+            "second engine identical: %s\n",
+            compared, split_passes, max_split, w_split, w_cpu[0], w_cpu[1], w_ucpu[0], w_ucpu[1],
+            rerun_diff ? "NO" : "yes");
+    for (int r = 0; r < R; r++) {
+        if (ce)
+            kv_row_free(engine_kv(ce), &kc[r]);
+        if (ge)
+            kv_row_free(cuda_engine_kv(ge), &kg[r]);
+        if (ue)
+            kv_row_free(cuda_engine_kv(ue), &ku[r]);
+        if (re)
+            kv_row_free(cuda_engine_kv(re), &kr[r]);
+    }
+    free(lc), free(lg), free(lu), free(lr);
+    engine_close(ce);
+    cuda_engine_close(ge);
+    cuda_engine_close(ue);
+    cuda_engine_close(re);
+}
+
 static void run_gguf(void)
 {
     char path[] = "/tmp/spill_cuda_test_XXXXXX.gguf", err[SPILL_ERRLEN];
@@ -693,6 +828,7 @@ static void run_gguf(void)
     }
     cuda_device_info(0, name, sizeof name, &tot, &fr1, err, sizeof err);
     CHECK(fr1 + (4u << 20) >= fr0, "failed opens leaked %.1f MiB of GPU memory", ((double)fr0 - (double)fr1) / 1048576);
+    run_long_rows(m);
     model_close(m);
     unlink(path);
 }
