@@ -734,42 +734,77 @@ static int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errle
     return 0;
 }
 
-/* HBM of the pass buffers alloc_pass takes for these caps (less the KV arena and the page table), so the plan
- * can leave exactly that beside KV.  The dequant scratch is sized for the largest non-bf16 matrix of the model
- * (alloc_pass sizes it from the bound matrices: never more). */
-static size_t pass_bytes(const model_desc *m, size_t T, size_t B, size_t R)
+/* Bytes of each device pass buffer for caps T (tokens), B (sequences), R (logit rows): alloc_pass takes
+ * these, and cuda_engine_pass_bytes sums them so the HBM plan can leave exactly that beside KV. */
+#define BLAS_WS_BYTES (32u << 20)
+
+typedef struct pass_sizes {
+    size_t act_d;    /* x, h: T x D fp32 */
+    size_t act_hs;   /* q, att: T x heads*S fp32 */
+    size_t act_ks;   /* k, v: T x kv_heads*S fp32 */
+    size_t act_f;    /* g, u: T x F fp32 */
+    size_t last;     /* R x D fp32 */
+    size_t logits;   /* R x V fp32 (and its pinned host copy) */
+    size_t xb;       /* T x max(D, heads*S, F) bf16 */
+    size_t lastb;    /* R x D bf16 */
+    size_t scratch;  /* dequant scratch: the largest non-bf16 matrix, bf16 (0: none) */
+    size_t meta;     /* pass metadata (and its pinned host copy), less the page table */
+    size_t part;     /* split decode attention's parts */
+    size_t blas_ws;  /* cuBLAS workspace */
+    size_t want;     /* R x int32 (and host) */
+    size_t picks;    /* R x pick_out (and host) */
+} pass_sizes;
+
+static pass_sizes pass_sizes_for(const model_desc *m, size_t T, size_t B, size_t R, size_t scratch_elems)
 {
     size_t D = (size_t)m->d_model, V = (size_t)m->vocab;
     size_t HS = (size_t)m->n_heads * m->head_dim, KS = (size_t)m->n_kv_heads * m->head_dim, F = (size_t)m->ffn_dim;
     size_t wide = D > HS ? D : HS;
     wide = wide > F ? wide : F;
+    pass_sizes p;
+    p.act_d = T * D * 4;
+    p.act_hs = T * HS * 4;
+    p.act_ks = T * KS * 4;
+    p.act_f = T * F * 4;
+    p.last = R * D * 4;
+    p.logits = R * V * 4;
+    p.xb = T * wide * 2;
+    p.lastb = R * D * 2;
+    p.scratch = scratch_elems * 2;
+    p.meta = (3 * T + R + B + 3 * T) * 4; /* tok pos seq, rows, pt_off, tiles (2T) singles */
+    p.part = k_attention_part_floats(m->head_dim) * 4;
+    p.blas_ws = BLAS_WS_BYTES;
+    p.want = R * 4;
+    p.picks = R * sizeof(pick_out);
+    return p;
+}
+
+static size_t pass_sizes_total(const pass_sizes *p)
+{
+    return 2 * (p->act_d + p->act_hs + p->act_ks + p->act_f) + p->last + p->logits + p->xb + p->lastb + p->scratch +
+           p->meta + p->part + p->blas_ws + p->want + p->picks;
+}
+
+/* HBM of the pass buffers for these options (less the KV arena and its page table).  The dequant scratch is
+ * sized for the model's largest non-bf16 matrix (alloc_pass sizes it from the bound matrices: never more). */
+uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o)
+{
+    size_t T = o->max_pass_tokens > 0 ? (size_t)o->max_pass_tokens : 512;
+    size_t B = o->max_pass_seqs > 0 ? (size_t)o->max_pass_seqs : T;
+    size_t R = o->max_logit_rows > 0 ? (size_t)o->max_logit_rows : B;
     size_t scratch = 0;
     for (size_t i = 0; i < m->n_tensors; i++) {
         const model_tensor *t = &m->tensors[i];
         if (t->n_dims == 2 && t->dtype != GGML_BF16 && (size_t)(t->ne[0] * t->ne[1]) > scratch)
             scratch = (size_t)(t->ne[0] * t->ne[1]);
     }
-    size_t meta = 3 * T + R + B + 3 * T;
-    return T * (2 * D + 2 * HS + 2 * KS + 2 * F) * 4 + T * wide * 2 + R * (D * 4 + V * 4 + D * 2) + scratch * 2 +
-           meta * 4 + (32u << 20) + R * (4 + sizeof(pick_out)) + k_attention_part_floats(m->head_dim) * 4;
-}
-
-uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o)
-{
-    size_t T = o->max_pass_tokens > 0 ? (size_t)o->max_pass_tokens : 512;
-    size_t B = o->max_pass_seqs > 0 ? (size_t)o->max_pass_seqs : T;
-    size_t R = o->max_logit_rows > 0 ? (size_t)o->max_logit_rows : B;
-    return pass_bytes(m, T, B, R);
+    pass_sizes p = pass_sizes_for(m, T, B, R, scratch);
+    return pass_sizes_total(&p);
 }
 
 static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
-    size_t T = (size_t)e->max_T, B = (size_t)e->max_seqs, R = (size_t)e->max_rows, D = (size_t)m->d_model;
-    size_t V = (size_t)m->vocab;
-    size_t HS = (size_t)m->n_heads * m->head_dim, KS = (size_t)m->n_kv_heads * m->head_dim, F = (size_t)m->ffn_dim;
-    size_t wide = D > HS ? D : HS;
-    wide = wide > F ? wide : F;
     size_t scratch = 0; /* largest matrix that needs dequantizing */
     for (int l = 0; l < m->n_layers; l++)
         for (int i = 0; i < M_COUNT; i++)
@@ -777,37 +812,38 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
                 scratch = (size_t)(e->layers[l].m[i].n * e->layers[l].m[i].k);
     if (e->out.type != GGML_BF16 && (size_t)(e->out.n * e->out.k) > scratch)
         scratch = (size_t)(e->out.n * e->out.k);
-    size_t meta = 3 * T + R + B + 3 * T + (size_t)e->kv.n_pages; /* tok pos seq rows pt_off tiles(2T) singles pages */
+    pass_sizes p = pass_sizes_for(m, (size_t)e->max_T, (size_t)e->max_seqs, (size_t)e->max_rows, scratch);
+    size_t meta = p.meta + (size_t)e->kv.n_pages * 4; /* the page table rides with the metadata */
     size_t kv_bytes;
-    if (!ck_mul_size(kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens, e->kv.dtype), (size_t)e->kv.n_pages,
-                     &kv_bytes))
+    if (!ck_mul_size(kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens, e->kv.dtype),
+                     (size_t)e->kv.n_pages, &kv_bytes))
         return util_errf(err, errlen, "a KV arena of %d pages cannot be sized.", e->kv.n_pages);
     if (dalloc(e, (void **)&e->d_kv, kv_bytes, "the KV cache", err, errlen) ||
-        dalloc(e, (void **)&e->x, T * D * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->h, T * D * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->q, T * HS * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->k, T * KS * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->v, T * KS * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->att, T * HS * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->g, T * F * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->u, T * F * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->last, R * D * 4, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->logits, R * V * 4, "logits", err, errlen) ||
-        dalloc(e, (void **)&e->xb, T * wide * 2, "pass buffers", err, errlen) ||
-        dalloc(e, (void **)&e->lastb, R * D * 2, "pass buffers", err, errlen) ||
-        (scratch && dalloc(e, (void **)&e->wscratch, scratch * 2, "the dequant scratch", err, errlen)) ||
-        dalloc(e, (void **)&e->d_meta, meta * 4, "pass metadata", err, errlen) ||
-        dalloc(e, (void **)&e->att_part, k_attention_part_floats(m->head_dim) * 4, "attention parts", err, errlen) ||
-        dalloc(e, &e->blas_ws, 32u << 20, "the cuBLAS workspace", err, errlen))
+        dalloc(e, (void **)&e->x, p.act_d, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->h, p.act_d, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->q, p.act_hs, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->k, p.act_ks, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->v, p.act_ks, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->att, p.act_hs, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->g, p.act_f, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->u, p.act_f, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->last, p.last, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->logits, p.logits, "logits", err, errlen) ||
+        dalloc(e, (void **)&e->xb, p.xb, "pass buffers", err, errlen) ||
+        dalloc(e, (void **)&e->lastb, p.lastb, "pass buffers", err, errlen) ||
+        (p.scratch && dalloc(e, (void **)&e->wscratch, p.scratch, "the dequant scratch", err, errlen)) ||
+        dalloc(e, (void **)&e->d_meta, meta, "pass metadata", err, errlen) ||
+        dalloc(e, (void **)&e->att_part, p.part, "attention parts", err, errlen) ||
+        dalloc(e, &e->blas_ws, p.blas_ws, "the cuBLAS workspace", err, errlen))
         return -1;
     CU(cudaMemset(e->d_kv, 0, kv_bytes)); /* pages never hold garbage, even before their first write */
-    CU(cudaHostAlloc((void **)&e->h_meta, meta * 4, cudaHostAllocDefault));
-    CU(cudaHostAlloc((void **)&e->h_logits, R * V * 4, cudaHostAllocDefault));
-    if (dalloc(e, (void **)&e->d_want, R * 4, "pick buffers", err, errlen) ||
-        dalloc(e, (void **)&e->d_picks, R * sizeof(pick_out), "pick buffers", err, errlen))
+    CU(cudaHostAlloc((void **)&e->h_meta, meta, cudaHostAllocDefault));
+    CU(cudaHostAlloc((void **)&e->h_logits, p.logits, cudaHostAllocDefault));
+    if (dalloc(e, (void **)&e->d_want, p.want, "pick buffers", err, errlen) ||
+        dalloc(e, (void **)&e->d_picks, p.picks, "pick buffers", err, errlen))
         return -1;
-    CU(cudaHostAlloc((void **)&e->h_want, R * 4, cudaHostAllocDefault));
-    CU(cudaHostAlloc((void **)&e->h_picks, R * sizeof(pick_out), cudaHostAllocDefault));
+    CU(cudaHostAlloc((void **)&e->h_want, p.want, cudaHostAllocDefault));
+    CU(cudaHostAlloc((void **)&e->h_picks, p.picks, cudaHostAllocDefault));
     return 0;
 }
 
@@ -888,7 +924,7 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
     {
         cublasStatus_t s = cublasSetStream(e->blas, e->cs);
         if (s == CUBLAS_STATUS_SUCCESS)
-            s = cublasSetWorkspace(e->blas, e->blas_ws, 32u << 20);
+            s = cublasSetWorkspace(e->blas, e->blas_ws, BLAS_WS_BYTES);
         if (s != CUBLAS_STATUS_SUCCESS) {
             rc = blas_fail(s, "cublasSetStream/cublasSetWorkspace", __LINE__, err, errlen);
             goto out;
