@@ -90,6 +90,7 @@ typedef struct cuda_engine_stats {
     double pin_alloc_s;        /* open: seconds to allocate (pin) the host arena of streamed layers */
     double pin_read_s;         /* open: seconds to read the streamed layers into it */
     int pin_readers;           /* threads that read them */
+    bool pin_registered;       /* open: the arena was read first, then registered (cudaHostRegister) */
 } cuda_engine_stats;
 
 /* Loads the model onto the GPU: globals and resident layers into HBM, the

@@ -14,7 +14,8 @@
  *           streamed pack · KV arena (L, n_pages, 2, Kh, P, S) bf16 or int8 + scales (kv.h) ·
  *           pass buffers for max_T tokens · bf16 dequant scratch (largest
  *           non-bf16 matrix) · cuBLAS workspace.
- *   pinned: one cudaHostAlloc arena holding the Ls packs at exact size, or
+ *   pinned: one arena holding the Ls packs at exact size (anonymous memory read
+ *           into by several threads, then cudaHostRegister'd; or cudaHostAlloc), or
  *           with from_disk the disk ring: disk_slots × the largest layer's
  *           4 KiB-aligned file range (stream.h), one allocation.
  * A layer pack is its seven matrices (q, k, v, o, gate, up, down) in file
@@ -65,6 +66,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -123,6 +125,7 @@ struct cuda_engine {
     dlayer *layers;
     uint8_t *d_res;    /* resident packs */
     uint8_t *h_pinned; /* streamed packs */
+    size_t h_pinned_map; /* > 0: h_pinned is an anonymous mapping of this size (registered if st.pin_registered) */
     float *d_inv_freq, *d_inv_freq_local;
     cpu_rope rope, rope_local;
     float embed_scale;
@@ -591,6 +594,65 @@ static int open_disk_tier(cuda_engine *e, int lr, char *err, size_t errlen)
     return 0;
 }
 
+/* How the arena of streamed layers is pinned.  By default: anonymous memory that the reader threads fill (the
+ * kernel faults and zeroes its pages on those threads, in parallel), registered with the driver afterwards in
+ * one call.  cudaHostAlloc instead faults and zeroes every page on one thread before the reads start: 54-110 s
+ * for 137 GB on the H200 machine (bench/results/device-b1-80-*).  Measured on 68.5 GB, alternating
+ * (bench/results/device-pin-run15, tools/device_pin.sh): ready in 27.0 and 10.0 s registered, 39.1 and 36.6 s
+ * with cudaHostAlloc (pinning 1.8-4.7 s vs 28.1-31.3 s), identical answers.  SPILL_CUDA_PIN=alloc keeps
+ * cudaHostAlloc (for A/B measurements); it is also the fallback where the driver refuses to register. */
+static bool pin_by_register(void)
+{
+    const char *v = getenv("SPILL_CUDA_PIN");
+    return !(v && !strcmp(v, "alloc"));
+}
+
+static int pin_alloc(cuda_engine *e, size_t bytes, char *err, size_t errlen)
+{
+    cudaError_t c = cudaHostAlloc((void **)&e->h_pinned, bytes, cudaHostAllocDefault);
+    if (c == cudaSuccess)
+        return 0;
+    e->h_pinned = NULL;
+    if (c == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        return util_errf(err, errlen,
+                         "cannot pin %.2f GiB of host RAM for %d streamed layers; keep more layers resident or free "
+                         "host memory.",
+                         (double)bytes / (1 << 30), e->ns);
+    }
+    return cu_fail(c, "cudaHostAlloc", __LINE__, err, errlen);
+}
+
+/* Pins the filled anonymous arena in place; where the driver refuses (not out of memory), copies it into a
+ * cudaHostAlloc arena instead and moves the layers' host pointers there. */
+static int pin_register(cuda_engine *e, size_t bytes, char *err, size_t errlen)
+{
+    cudaError_t c = cudaHostRegister(e->h_pinned, bytes, cudaHostRegisterDefault);
+    if (c == cudaSuccess) {
+        e->st.pin_registered = true;
+        return 0;
+    }
+    cudaGetLastError();
+    if (c == cudaErrorMemoryAllocation)
+        return util_errf(err, errlen,
+                         "cannot pin %.2f GiB of host RAM for %d streamed layers; keep more layers resident or free "
+                         "host memory.",
+                         (double)bytes / (1 << 30), e->ns);
+    uint8_t *mapped = e->h_pinned;
+    e->h_pinned = NULL;
+    if (pin_alloc(e, bytes, err, errlen)) {
+        e->h_pinned = mapped; /* still owned as a mapping: close unmaps it */
+        return -1;
+    }
+    memcpy(e->h_pinned, mapped, bytes);
+    for (int l = 0; l < e->m->n_layers; l++)
+        if (e->layers[l].host)
+            e->layers[l].host = e->h_pinned + (e->layers[l].host - mapped);
+    munmap(mapped, bytes);
+    e->h_pinned_map = 0;
+    return 0;
+}
+
 /* Places layer packs: a resident prefix in one HBM arena, the rest in one pinned arena (exact size) or,
  * with from_disk, read every pass through the disk tier; plus the device ring. */
 static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
@@ -619,22 +681,22 @@ static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errle
         return -1;
     if (res_bytes && dalloc(e, (void **)&e->d_res, res_bytes, "resident layers", err, errlen))
         return -1;
+    bool reg = pin_bytes && pin_by_register();
     double t_pin = mono();
-    if (pin_bytes) {
-        cudaError_t c = cudaHostAlloc((void **)&e->h_pinned, pin_bytes, cudaHostAllocDefault);
-        if (c != cudaSuccess) {
-            e->h_pinned = NULL;
-            if (c == cudaErrorMemoryAllocation) {
-                cudaGetLastError();
-                return util_errf(err, errlen,
-                                 "cannot pin %.2f GiB of host RAM for %d streamed layers; keep more layers resident "
-                                 "or free host memory.",
-                                 (double)pin_bytes / (1 << 30), e->ns);
-            }
-            return cu_fail(c, "cudaHostAlloc", __LINE__, err, errlen);
-        }
-        e->st.pinned_bytes = pin_bytes;
+    if (reg) {
+        void *p = mmap(NULL, pin_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
+            return util_errf(err, errlen,
+                             "cannot map %.2f GiB of host RAM for %d streamed layers (%s); keep more layers resident or "
+                             "free host memory.",
+                             (double)pin_bytes / (1 << 30), e->ns, strerror(errno));
+        madvise(p, pin_bytes, MADV_HUGEPAGE); /* fewer faults and a shorter page list to pin; advisory */
+        e->h_pinned = (uint8_t *)p;
+        e->h_pinned_map = pin_bytes;
+    } else if (pin_bytes && pin_alloc(e, pin_bytes, err, errlen)) {
+        return -1;
     }
+    e->st.pinned_bytes = pin_bytes;
     e->st.pin_alloc_s = mono() - t_pin;
     uint8_t *bounce = NULL;
     size_t bounce_cap = 0;
@@ -662,11 +724,17 @@ static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errle
     }
     free(bounce);
     double t_read = mono();
-    e->st.pin_readers = jobs ? 4 : 1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    e->st.pin_readers = !jobs ? 1 : cores >= 16 ? 8 : 4;
     if (rc == 0 && jobs)
         rc = pin_fill_run(fr, jobs, nj, e->st.pin_readers, err, errlen);
     e->st.pin_read_s = mono() - t_read;
     free(jobs);
+    if (rc == 0 && reg) {
+        t_pin = mono();
+        rc = pin_register(e, pin_bytes, err, errlen);
+        e->st.pin_alloc_s += mono() - t_pin;
+    }
     if (rc)
         return rc;
     e->st.resident_weight_bytes += res_bytes;
@@ -1015,8 +1083,13 @@ void cuda_engine_close(cuda_engine *e)
     for (size_t i = 0; i < e->n_allocs; i++)
         cudaFree(e->allocs[i]);
     free(e->allocs);
-    if (e->h_pinned)
+    if (e->h_pinned && e->h_pinned_map) {
+        if (e->st.pin_registered)
+            cudaHostUnregister(e->h_pinned);
+        munmap(e->h_pinned, e->h_pinned_map);
+    } else if (e->h_pinned) {
         cudaFreeHost(e->h_pinned);
+    }
     if (e->h_meta)
         cudaFreeHost(e->h_meta);
     if (e->h_logits)

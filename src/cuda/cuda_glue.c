@@ -56,8 +56,14 @@ static void g_io_line(void *impl, char *buf, size_t cap)
                      (double)st.streamed_bytes_per_pass / 1e9, st.last_h2d_busy_s,
                      st.last_h2d_busy_s > 0 ? (double)st.streamed_bytes_per_pass / 1e9 / st.last_h2d_busy_s : 0.0);
     if (st.pinned_bytes && n > 0 && (size_t)n < cap)
-        n += snprintf(buf + n, cap - (size_t)n, "; at open, pinning %.1f GB took %.1f s and %d threads read it in %.1f s",
-                      (double)st.pinned_bytes / 1e9, st.pin_alloc_s, st.pin_readers, st.pin_read_s);
+        n += st.pin_registered
+                 ? snprintf(buf + n, cap - (size_t)n,
+                            "; at open, %d threads read %.1f GB into RAM in %.1f s, then pinning it (cudaHostRegister) "
+                            "took %.1f s",
+                            st.pin_readers, (double)st.pinned_bytes / 1e9, st.pin_read_s, st.pin_alloc_s)
+                 : snprintf(buf + n, cap - (size_t)n,
+                            "; at open, pinning %.1f GB (cudaHostAlloc) took %.1f s, then %d threads read it in %.1f s",
+                            (double)st.pinned_bytes / 1e9, st.pin_alloc_s, st.pin_readers, st.pin_read_s);
     if (st.from_disk && n > 0 && (size_t)n < cap)
         snprintf(buf + n, cap - (size_t)n,
                  "; read %.2f GB from disk (%.2f GB/s per busy reader), passes waited %.1f s for reads",
