@@ -607,6 +607,14 @@ static bool pin_by_register(void)
     return !(v && !strcmp(v, "alloc"));
 }
 
+static int pin_refused(const cuda_engine *e, size_t bytes, char *err, size_t errlen)
+{
+    return util_errf(err, errlen,
+                     "cannot pin %.2f GiB of host RAM for %d streamed layers; keep more layers resident or free host "
+                     "memory.",
+                     (double)bytes / (1 << 30), e->ns);
+}
+
 static int pin_alloc(cuda_engine *e, size_t bytes, char *err, size_t errlen)
 {
     cudaError_t c = cudaHostAlloc((void **)&e->h_pinned, bytes, cudaHostAllocDefault);
@@ -615,10 +623,7 @@ static int pin_alloc(cuda_engine *e, size_t bytes, char *err, size_t errlen)
     e->h_pinned = NULL;
     if (c == cudaErrorMemoryAllocation) {
         cudaGetLastError();
-        return util_errf(err, errlen,
-                         "cannot pin %.2f GiB of host RAM for %d streamed layers; keep more layers resident or free "
-                         "host memory.",
-                         (double)bytes / (1 << 30), e->ns);
+        return pin_refused(e, bytes, err, errlen);
     }
     return cu_fail(c, "cudaHostAlloc", __LINE__, err, errlen);
 }
@@ -634,10 +639,7 @@ static int pin_register(cuda_engine *e, size_t bytes, char *err, size_t errlen)
     }
     cudaGetLastError();
     if (c == cudaErrorMemoryAllocation)
-        return util_errf(err, errlen,
-                         "cannot pin %.2f GiB of host RAM for %d streamed layers; keep more layers resident or free "
-                         "host memory.",
-                         (double)bytes / (1 << 30), e->ns);
+        return pin_refused(e, bytes, err, errlen);
     uint8_t *mapped = e->h_pinned;
     e->h_pinned = NULL;
     if (pin_alloc(e, bytes, err, errlen)) {
