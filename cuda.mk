@@ -20,7 +20,7 @@ CUDA_TESTS := $(patsubst tests/cuda/%.c,build/cuda/%,$(wildcard tests/cuda/test_
 
 .PHONY: cuda test-cuda
 
-build/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/cuda/cuda_backend.h $(wildcard src/*.h)
+build/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) $(wildcard src/cuda/*.h) $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 

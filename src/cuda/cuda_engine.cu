@@ -5,8 +5,9 @@
  *
  * Owns: device and pinned memory, the two streams (compute, copy), the layer
  * ring, cuBLAS, and turning CUDA failures into sentences and the sticky code.
- * Does not own: kernels (kernels.cu), page allocation (kv.c, on the host),
- * scheduling, sampling.
+ * Does not own: loading the model's tensors into HBM and the pinned arena
+ * (cuda_load.cu; the engine's state is in cuda_internal.h), kernels
+ * (kernels.cu), page allocation (kv.c, on the host), scheduling, sampling.
  *
  * Memory (L layers, of which Lr resident, Ls = L - Lr streamed):
  *   HBM:    globals (embedding and output head in file dtype; norms, biases as
@@ -55,129 +56,18 @@
  * a sentence.  A failure in the middle of a pass leaves the ring's numbering
  * unknown, so the engine then refuses further passes (reopen it).
  */
-#include "cuda_backend.h"
+#include "cuda_internal.h"
 
-#include <cublas_v2.h>
-#include <errno.h>
-#include <stddef.h>
-#include <fcntl.h>
-#include <math.h>
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
-#include <unistd.h>
-
-extern "C" {
-#include "../cpu.h"
-#include "../stream.h"
-#include "../gguf.h"
-#include "../quant.h"
-#include "../util.h"
-}
-#include "kernels.cuh"
-
-#define PACK_ALIGN 256
-
-enum { M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, M_COUNT };
-
-/* Profile marks inside a layer (SPILL_CUDA_PROF): segment i runs from mark i to mark i + 1. */
-#define PROF_MARKS 10
+/* Names of the profile segments (SPILL_CUDA_PROF): segment i runs from mark i to mark i + 1. */
 static const char *const PROF_SEG[PROF_MARKS - 1] = {"attn norm",    "gemm q,k,v", "bias/norm/rope/kv write",
                                                      "attention",    "gemm o + add", "ffn norm",
                                                      "gemm gate,up", "act",        "gemm down + add"};
-
-typedef struct dmat {
-    const model_tensor *t;
-    uint32_t type;
-    int64_t n, k; /* N rows of K elements */
-    size_t row_bytes;
-    size_t off; /* byte offset in the layer pack (0 for globals) */
-} dmat;
-
-typedef struct dlayer {
-    dmat m[M_COUNT];
-    size_t pack_bytes;
-    bool resident;
-    uint8_t *dev;                                                 /* resident: the pack in HBM */
-    uint8_t *host;                                                /* streamed: the pack in the pinned arena */
-    float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffw_norm; /* (D) device fp32 */
-    float *q_norm, *k_norm;                                       /* (S) */
-    float *bq, *bk, *bv;                                          /* (H*S), (Kh*S), (Kh*S) */
-} dlayer;
-
-struct cuda_engine {
-    model_desc *m;
-    cuda_engine_opts o;
-    int max_T, max_seqs, max_rows; /* tokens, sequences, logit rows per pass */
-    kv_cache kv;                   /* host page bookkeeping; arena NULL */
-    uint8_t *d_kv;                 /* (L, n_pages, block): kv.h's layout in bf16 or int8 + scales */
-
-    cudaStream_t cs, xs; /* compute, copy */
-    cublasHandle_t blas;
-    void *blas_ws;
-
-    uint8_t *d_embd, *d_out;
-    dmat embd, out;
-    float *out_norm;
-    dlayer *layers;
-    uint8_t *d_res;    /* resident packs */
-    uint8_t *h_pinned; /* streamed packs */
-    size_t h_pinned_map; /* > 0: h_pinned is an anonymous mapping of this size (registered if st.pin_registered) */
-    float *d_inv_freq, *d_inv_freq_local;
-    cpu_rope rope, rope_local;
-    float embed_scale;
-    bool gelu;
-
-    /* ring */
-    int ns, slots, first_streamed;
-    size_t slot_bytes;
-    uint8_t *d_ring;
-    cudaEvent_t *ev_copied, *ev_free; /* (slots) */
-    cudaEvent_t *ev_cs[2], *ev_ce[2]; /* (ns) per pass parity: copy start / end */
-    uint64_t copies_issued, computes_freed;
-    int att_tiles;          /* this pass's attention plan (build_meta) */
-    int64_t att_singles;
-    int32_t att_max_len; /* the longest per-token row's positions this pass (pos + 1) */
-    float *att_part;     /* split decode attention's parts (k_attention_part_floats) */
-
-    /* disk tier */
-    stream *disk;
-    int hslots;             /* pinned host slots */
-    cudaEvent_t *ev_hdone;  /* (hslots) the copy out of host slot i finished */
-    uint64_t h_acquired, h_released; /* host slots taken from / given back to the stream, in copy order */
-
-    /* pass buffers (device) */
-    /* R = max_rows logit rows, B = max_seqs */
-    float *x, *h, *q, *k, *v, *att, *g, *u, *last, *logits; /* (T,D) (T,D) (T,HS) (T,KS)x2 (T,HS) (T,F)x2 (R,D) (R,V) */
-    bf16 *xb, *lastb, *wscratch;                            /* (T, max(D,HS,F)), (R, D), largest non-bf16 matrix */
-    int32_t *d_meta, *h_meta;                               /* tok(T) pos(T) seq(T) rows(R) pt_off(B) pages(n_pages) */
-    float *h_logits;                                        /* pinned (R, V) */
-    int32_t *d_want, *h_want;                               /* (R) pick requests, device and pinned */
-    pick_out *d_picks, *h_picks;                            /* (R) */
-
-    void **allocs; /* every cudaMalloc, freed at close */
-    size_t n_allocs, cap_allocs;
-    int n_dev_allocs; /* for the fail_alloc_at hook */
-    cuda_engine_stats st;
-    bool broken;
-
-    /* SPILL_CUDA_PROF=1: per-layer segment times from compute-stream events, printed at close */
-    bool prof;
-    cudaEvent_t *pev; /* (L, PROF_MARKS) */
-    cudaEvent_t phead[2];
-    double pacc[2][PROF_MARKS + 2]; /* [prefill?][segment, wait between layers, head] seconds */
-    double pflop[2][4];             /* [prefill?][qkv, o, gate/up, down] FLOPs */
-    uint64_t ppass[2], ptok[2];
-};
 
 static bool g_poisoned; /* the process's CUDA context is unusable */
 
 static void prof_report(const cuda_engine *e);
 
-static double mono(void)
+double mono(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -207,47 +97,38 @@ static bool is_sticky(cudaError_t c)
     }
 }
 
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
 /* Turns a failed CUDA call into the return code and one sentence. */
-static int cu_fail(cudaError_t c, const char *what, int line, char *err, size_t errlen)
+int cu_fail_at(cudaError_t c, const char *what, const char *file, int line, char *err, size_t errlen)
 {
     if (is_sticky(c) || g_poisoned) {
         g_poisoned = true;
         util_errf(err, errlen,
-                  "GPU fault during %s (cuda_engine.cu:%d): %s (%s); the CUDA context is unusable, exit and resume "
-                  "the job.",
-                  what, line, cudaGetErrorName(c), cudaGetErrorString(c));
+                  "GPU fault during %s (%s:%d): %s (%s); the CUDA context is unusable, exit and resume the job.",
+                  what, base_name(file), line, cudaGetErrorName(c), cudaGetErrorString(c));
         return CUDA_ENGINE_EDEVICE;
     }
     cudaGetLastError(); /* clear a non-sticky error */
-    return util_errf(err, errlen, "CUDA call %s failed (cuda_engine.cu:%d): %s (%s).", what, line, cudaGetErrorName(c),
-                     cudaGetErrorString(c));
+    return util_errf(err, errlen, "CUDA call %s failed (%s:%d): %s (%s).", what, base_name(file), line,
+                     cudaGetErrorName(c), cudaGetErrorString(c));
 }
 
-#define CU(call)                                                                                                       \
-    do {                                                                                                               \
-        cudaError_t c_ = (call);                                                                                       \
-        if (c_ != cudaSuccess)                                                                                         \
-            return cu_fail(c_, #call, __LINE__, err, errlen);                                                          \
-    } while (0)
-
-static int blas_fail(cublasStatus_t s, const char *what, int line, char *err, size_t errlen)
+int blas_fail_at(cublasStatus_t s, const char *what, const char *file, int line, char *err, size_t errlen)
 {
     cudaError_t c = cudaPeekAtLastError();
     if (c != cudaSuccess || g_poisoned)
-        return cu_fail(c != cudaSuccess ? c : cudaErrorUnknown, what, line, err, errlen);
-    return util_errf(err, errlen, "cuBLAS call %s failed (cuda_engine.cu:%d): %s.", what, line,
+        return cu_fail_at(c != cudaSuccess ? c : cudaErrorUnknown, what, file, line, err, errlen);
+    return util_errf(err, errlen, "cuBLAS call %s failed (%s:%d): %s.", what, base_name(file), line,
                      cublasGetStatusString(s));
 }
 
-#define CB(call)                                                                                                       \
-    do {                                                                                                               \
-        cublasStatus_t s_ = (call);                                                                                    \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                               \
-            return blas_fail(s_, #call, __LINE__, err, errlen);                                                        \
-    } while (0)
-
 /* cudaMalloc with accounting, the test hook, and the out-of-memory sentence. */
-static int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char *err, size_t errlen)
+int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char *err, size_t errlen)
 {
     *p = NULL;
     if (bytes == 0)
@@ -279,529 +160,11 @@ static int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char
     return 0;
 }
 
-static void note_peak(cuda_engine *e)
+void note_peak(cuda_engine *e)
 {
     size_t fr = 0, tot = 0;
     if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot - fr > e->st.peak_device_used)
         e->st.peak_device_used = tot - fr;
-}
-
-/* ---------------------------------------------------------------- loading */
-
-static const model_tensor *find(const model_desc *m, const char *name)
-{
-    for (size_t i = 0; i < m->n_tensors; i++)
-        if (!strcmp(m->tensors[i].name, name))
-            return &m->tensors[i];
-    return NULL;
-}
-
-typedef struct file_reader {
-    const model_desc *m;
-    int *fds;
-} file_reader;
-
-static int read_from_files(void *ctx, const model_tensor *t, void *dst, char *err, size_t errlen)
-{
-    file_reader *fr = (file_reader *)ctx;
-    const char *path = fr->m->files[t->file].path;
-    if (fr->fds[t->file] < 0 && (fr->fds[t->file] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        return util_errf(err, errlen, "%s: cannot open: %s.", path, strerror(errno));
-    uint8_t *d = (uint8_t *)dst;
-    uint64_t off = t->offset, len = t->size;
-    while (len) {
-        size_t chunk = len > (64u << 20) ? (64u << 20) : (size_t)len;
-        ssize_t r = pread(fr->fds[t->file], d, chunk, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return util_errf(err, errlen, "%s: read of tensor %s failed at byte %llu: %s.", path, t->name,
-                             (unsigned long long)off, r < 0 ? strerror(errno) : "unexpected end of file");
-        d += r;
-        off += (uint64_t)r;
-        len -= (uint64_t)r;
-    }
-    return 0;
-}
-
-/* The pinned arena's fill at open: threads take tensors in order (an atomic cursor) and pread them into
- * place.  Buffered reads in parallel: a model in the page cache or a sparse file copies at memory speed
- * instead of one core's, and a cold disk sees several requests in flight.  The files are opened before the
- * threads start (read_from_files opens lazily, which is not thread-safe). */
-typedef struct pin_job {
-    const model_tensor *t;
-    uint8_t *dst;
-} pin_job;
-
-typedef struct pin_fill {
-    file_reader *fr;
-    const pin_job *jobs;
-    size_t n;
-    size_t next; /* atomic cursor */
-    int failed;  /* atomic: the first failure stops the others */
-    char err[SPILL_ERRLEN];
-} pin_fill;
-
-static void *pin_fill_thread(void *arg)
-{
-    pin_fill *pf = (pin_fill *)arg;
-    char err[SPILL_ERRLEN];
-    for (;;) {
-        size_t i = __atomic_fetch_add(&pf->next, 1, __ATOMIC_RELAXED);
-        if (i >= pf->n || __atomic_load_n(&pf->failed, __ATOMIC_RELAXED))
-            return NULL;
-        if (read_from_files(pf->fr, pf->jobs[i].t, pf->jobs[i].dst, err, sizeof err) &&
-            !__atomic_exchange_n(&pf->failed, 1, __ATOMIC_ACQ_REL))
-            snprintf(pf->err, sizeof pf->err, "%s", err);
-    }
-}
-
-/* Reads jobs[0..n) with up to `threads` threads; 0 or -1 with the first failure's sentence. */
-static int pin_fill_run(file_reader *fr, const pin_job *jobs, size_t n, int threads, char *err, size_t errlen)
-{
-    const model_desc *m = fr->m;
-    for (size_t f = 0; f < m->n_files; f++)
-        if (fr->fds[f] < 0 && (fr->fds[f] = open(m->files[f].path, O_RDONLY | O_CLOEXEC)) < 0)
-            return util_errf(err, errlen, "%s: cannot open: %s.", m->files[f].path, strerror(errno));
-    pin_fill pf = {fr, jobs, n, 0, 0, {0}};
-    pthread_t tid[8];
-    int started = 0;
-    threads = threads > 8 ? 8 : threads;
-    for (; started < threads - 1; started++)
-        if (pthread_create(&tid[started], NULL, pin_fill_thread, &pf))
-            break; /* fewer helpers: this thread reads the rest */
-    pin_fill_thread(&pf);
-    for (int i = 0; i < started; i++)
-        pthread_join(tid[i], NULL);
-    return pf.failed ? util_errf(err, errlen, "%s", pf.err) : 0;
-}
-
-/* Reads tensor t with the engine's reader. */
-static int read_tensor(cuda_engine *e, file_reader *fr, const model_tensor *t, void *dst, char *err, size_t errlen)
-{
-    if (e->o.reader)
-        return e->o.reader(e->o.reader_ctx, t, dst, err, errlen);
-    return read_from_files(fr, t, dst, err, errlen);
-}
-
-/* Describes a matrix of N rows × K columns (GGUF ne = [K, N]); w->t stays NULL when absent and optional. */
-static int bind_mat(cuda_engine *e, dmat *w, const char *name, int64_t n, int64_t k, bool required, char *err,
-                    size_t errlen)
-{
-    const model_tensor *t = find(e->m, name);
-    memset(w, 0, sizeof *w);
-    if (!t)
-        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", e->m->source, name) : 0;
-    if (t->n_dims != 2 || (int64_t)t->ne[0] != k || (int64_t)t->ne[1] != n)
-        return util_errf(err, errlen, "%s: tensor %s has shape [%llu, %llu] but the config implies [%lld, %lld].",
-                         e->m->source, name, (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (long long)n,
-                         (long long)k);
-    if (!kq_type_supported(t->dtype) || quant_row_bytes(t->dtype, k, &w->row_bytes) != 0 ||
-        (uint64_t)w->row_bytes * (uint64_t)n != t->size)
-        return util_errf(err, errlen, "%s: tensor %s is stored as %s, which the CUDA backend cannot multiply.",
-                         e->m->source, name, quant_type_name(t->dtype));
-    w->t = t;
-    w->type = t->dtype;
-    w->n = n;
-    w->k = k;
-    return 0;
-}
-
-/* Uploads a 1-D tensor of n elements as fp32 (NULL when absent and optional). */
-static int bind_vec(cuda_engine *e, file_reader *fr, float **out, const char *name, int64_t n, bool required, char *err,
-                    size_t errlen)
-{
-    const model_tensor *t = find(e->m, name);
-    *out = NULL;
-    if (!t)
-        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", e->m->source, name) : 0;
-    if (t->ne[0] != (uint64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1 ||
-        (t->dtype != GGML_F32 && t->dtype != GGML_F16 && t->dtype != GGML_BF16))
-        return util_errf(err, errlen, "%s: tensor %s must be %lld F32, F16 or BF16 values.", e->m->source, name,
-                         (long long)n);
-    uint8_t *raw = (uint8_t *)malloc((size_t)t->size + 4);
-    float *f = (float *)malloc((size_t)n * sizeof(float));
-    int rc = !raw || !f ? util_errf(err, errlen, "out of host memory binding %s.", name)
-                        : read_tensor(e, fr, t, raw, err, errlen);
-    if (rc == 0 && quant_dequant_row(t->dtype, raw, f, n) != 0)
-        rc = util_errf(err, errlen, "%s: tensor %s cannot be converted.", e->m->source, name);
-    if (rc == 0)
-        rc = dalloc(e, (void **)out, (size_t)n * sizeof(float), name, err, errlen);
-    if (rc == 0) {
-        cudaError_t c = cudaMemcpy(*out, f, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
-        if (c != cudaSuccess)
-            rc = cu_fail(c, "cudaMemcpy (1-D tensor)", __LINE__, err, errlen);
-    }
-    free(raw);
-    free(f);
-    return rc;
-}
-
-/* Reads a whole matrix into HBM at dst (through a host bounce buffer; load time only). */
-static int upload_mat(cuda_engine *e, file_reader *fr, const dmat *w, uint8_t *dst, uint8_t **bounce,
-                      size_t *bounce_cap, char *err, size_t errlen)
-{
-    size_t sz = (size_t)w->t->size;
-    if (sz > *bounce_cap) {
-        free(*bounce);
-        *bounce = (uint8_t *)malloc(sz);
-        *bounce_cap = *bounce ? sz : 0;
-        if (!*bounce)
-            return util_errf(err, errlen, "out of host memory reading %s (%zu bytes).", w->t->name, sz);
-    }
-    if (read_tensor(e, fr, w->t, *bounce, err, errlen))
-        return -1;
-    CU(cudaMemcpy(dst, *bounce, sz, cudaMemcpyHostToDevice));
-    return 0;
-}
-
-static int rope_setup(cuda_engine *e, char *err, size_t errlen)
-{
-    const model_desc *m = e->m;
-    cpu_rope_cfg c;
-    memset(&c, 0, sizeof c);
-    c.style = m->rope_style == ROPE_NORM ? CPU_ROPE_NORM : CPU_ROPE_NEOX;
-    c.n_rot = m->rope_dim;
-    c.freq_base = m->rope_theta;
-    c.scaling = m->rope_scaling == ROPE_SCALE_LINEAR   ? CPU_ROPE_SCALE_LINEAR
-                : m->rope_scaling == ROPE_SCALE_LLAMA3 ? CPU_ROPE_SCALE_LLAMA3
-                : m->rope_scaling == ROPE_SCALE_YARN   ? CPU_ROPE_SCALE_YARN
-                                                       : CPU_ROPE_SCALE_NONE;
-    if (m->rope_scaling == ROPE_SCALE_DYNAMIC)
-        return util_errf(err, errlen, "%s: dynamic RoPE scaling is not implemented.", m->source);
-    if (m->format == MODEL_GGUF && m->rope_scaling == ROPE_SCALE_LLAMA3)
-        return util_errf(err, errlen, "%s: GGUF llama3 RoPE scaling (rope_freqs tensor) is not wired yet.", m->source);
-    c.factor = m->rope_factor;
-    c.low_freq_factor = m->rope_low_freq;
-    c.high_freq_factor = m->rope_high_freq;
-    c.orig_max_pos = m->rope_orig_ctx;
-    c.beta_fast = m->rope_beta_fast;
-    c.beta_slow = m->rope_beta_slow;
-    c.attn_factor = m->rope_attn_factor;
-    if (cpu_rope_init(&e->rope, &c, err, errlen))
-        return -1;
-    c.freq_base = m->rope_theta_local > 0 ? m->rope_theta_local : m->rope_theta;
-    if (m->rope_theta_local > 0)
-        c.scaling = CPU_ROPE_SCALE_NONE;
-    if (cpu_rope_init(&e->rope_local, &c, err, errlen))
-        return -1;
-    size_t bytes = (size_t)(m->rope_dim / 2) * sizeof(float);
-    if (dalloc(e, (void **)&e->d_inv_freq, bytes, "RoPE frequencies", err, errlen) ||
-        dalloc(e, (void **)&e->d_inv_freq_local, bytes, "RoPE frequencies", err, errlen))
-        return -1;
-    CU(cudaMemcpy(e->d_inv_freq, e->rope.inv_freq, bytes, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(e->d_inv_freq_local, e->rope_local.inv_freq, bytes, cudaMemcpyHostToDevice));
-    return 0;
-}
-
-/* Describes every layer's matrices and pack layout, uploads norms and biases. */
-static int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
-{
-    const model_desc *m = e->m;
-    int64_t D = m->d_model, H = m->n_heads, K = m->n_kv_heads, S = m->head_dim, F = m->ffn_dim;
-    char nm[96];
-    e->layers = (dlayer *)calloc((size_t)m->n_layers, sizeof *e->layers);
-    if (!e->layers)
-        return util_errf(err, errlen, "out of host memory binding layers.");
-    for (int l = 0; l < m->n_layers; l++) {
-        dlayer *w = &e->layers[l];
-#define NM(s) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), nm)
-        if (bind_mat(e, &w->m[M_Q], NM("attn_q.weight"), H * S, D, true, err, errlen) ||
-            bind_mat(e, &w->m[M_K], NM("attn_k.weight"), K * S, D, true, err, errlen) ||
-            bind_mat(e, &w->m[M_V], NM("attn_v.weight"), K * S, D, true, err, errlen) ||
-            bind_mat(e, &w->m[M_O], NM("attn_output.weight"), D, H * S, true, err, errlen) ||
-            bind_mat(e, &w->m[M_GATE], NM("ffn_gate.weight"), F, D, true, err, errlen) ||
-            bind_mat(e, &w->m[M_UP], NM("ffn_up.weight"), F, D, true, err, errlen) ||
-            bind_mat(e, &w->m[M_DOWN], NM("ffn_down.weight"), D, F, true, err, errlen) ||
-            bind_vec(e, fr, &w->attn_norm, NM("attn_norm.weight"), D, true, err, errlen) ||
-            bind_vec(e, fr, &w->bq, NM("attn_q.bias"), H * S, false, err, errlen) ||
-            bind_vec(e, fr, &w->bk, NM("attn_k.bias"), K * S, false, err, errlen) ||
-            bind_vec(e, fr, &w->bv, NM("attn_v.bias"), K * S, false, err, errlen) ||
-            bind_vec(e, fr, &w->q_norm, NM("attn_q_norm.weight"), S, m->qk_norm, err, errlen) ||
-            bind_vec(e, fr, &w->k_norm, NM("attn_k_norm.weight"), S, m->qk_norm, err, errlen) ||
-            bind_vec(e, fr, &w->post_attn_norm, NM("post_attention_norm.weight"), D, false, err, errlen) ||
-            bind_vec(e, fr, &w->ffn_norm, NM("ffn_norm.weight"), D, true, err, errlen) ||
-            bind_vec(e, fr, &w->post_ffw_norm, NM("post_ffw_norm.weight"), D, false, err, errlen))
-            return -1;
-#undef NM
-        size_t off = 0;
-        for (int i = 0; i < M_COUNT; i++) {
-            w->m[i].off = off;
-            off += ((size_t)w->m[i].t->size + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
-        }
-        w->pack_bytes = off;
-    }
-    return 0;
-}
-
-static void *pinned_alloc(size_t bytes, void *ctx)
-{
-    (void)ctx;
-    void *p = NULL;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
-        cudaGetLastError(); /* out of pinnable memory is not sticky: stream_open reports it */
-        return NULL;
-    }
-    return p;
-}
-
-static void pinned_release(void *p, void *ctx)
-{
-    (void)ctx;
-    cudaFreeHost(p);
-}
-
-/* Disk tier: opens the stream over layers [lr, L) and binds each streamed matrix at its offset inside
- * the layer's slot (the layer's file range as read), so one copy moves the slot as it landed. */
-static int open_disk_tier(cuda_engine *e, int lr, char *err, size_t errlen)
-{
-    const model_desc *m = e->m;
-    if (e->o.reader)
-        return util_errf(err, errlen, "the disk tier reads the model's files; it cannot use a weight reader.");
-    int hs = e->o.disk_slots > 0 ? e->o.disk_slots : 5;
-    hs = hs < 2 ? 2 : hs;
-    stream_opts so = {};
-    so.slots = hs;
-    so.readers = hs - 1;
-    so.chunk_bytes = 16u << 20;
-    so.direct = e->o.disk_direct;
-    so.first_layer = lr;
-    so.alloc = pinned_alloc;
-    so.release = pinned_release;
-    if (stream_open(m, &so, &e->disk, err, errlen))
-        return -1;
-    e->hslots = hs;
-    e->slot_bytes = stream_slot_bytes(e->disk);
-    for (int l = lr; l < m->n_layers; l++) {
-        dlayer *w = &e->layers[l];
-        for (int i = 0; i < M_COUNT; i++) {
-            int64_t at = stream_slot_offset(e->disk, l, w->m[i].t->file, w->m[i].t->offset);
-            if (at < 0)
-                return util_errf(err, errlen, "%s: tensor %s lies outside layer %d's byte range.", m->source,
-                                 w->m[i].t->name, l);
-            w->m[i].off = (size_t)at;
-        }
-        w->pack_bytes = stream_layer_len(e->disk, l);
-        e->st.streamed_bytes_per_pass += w->pack_bytes;
-    }
-    e->ev_hdone = (cudaEvent_t *)calloc((size_t)hs, sizeof(cudaEvent_t));
-    if (!e->ev_hdone)
-        return util_errf(err, errlen, "out of host memory for stream events.");
-    for (int i = 0; i < hs; i++)
-        CU(cudaEventCreateWithFlags(&e->ev_hdone[i], cudaEventDisableTiming));
-    e->st.from_disk = true;
-    e->st.disk_ring_bytes = stream_ring_bytes(e->disk);
-    return 0;
-}
-
-/* How the arena of streamed layers is pinned.  By default: anonymous memory that the reader threads fill (the
- * kernel faults and zeroes its pages on those threads, in parallel), registered with the driver afterwards in
- * one call.  cudaHostAlloc instead faults and zeroes every page on one thread before the reads start: 54-110 s
- * for 137 GB on the H200 machine (bench/results/device-b1-80-*).  Measured on 68.5 GB, alternating
- * (bench/results/device-pin-run15, tools/device_pin.sh): ready in 27.0 and 10.0 s registered, 39.1 and 36.6 s
- * with cudaHostAlloc (pinning 1.8-4.7 s vs 28.1-31.3 s), identical answers.  SPILL_CUDA_PIN=alloc keeps
- * cudaHostAlloc (for A/B measurements); it is also the fallback where the driver refuses to register. */
-static bool pin_by_register(void)
-{
-    const char *v = getenv("SPILL_CUDA_PIN");
-    return !(v && !strcmp(v, "alloc"));
-}
-
-static int pin_refused(const cuda_engine *e, size_t bytes, char *err, size_t errlen)
-{
-    return util_errf(err, errlen,
-                     "cannot pin %.2f GiB of host RAM for %d streamed layers; keep more layers resident or free host "
-                     "memory.",
-                     (double)bytes / (1 << 30), e->ns);
-}
-
-static int pin_alloc(cuda_engine *e, size_t bytes, char *err, size_t errlen)
-{
-    cudaError_t c = cudaHostAlloc((void **)&e->h_pinned, bytes, cudaHostAllocDefault);
-    if (c == cudaSuccess)
-        return 0;
-    e->h_pinned = NULL;
-    if (c == cudaErrorMemoryAllocation) {
-        cudaGetLastError();
-        return pin_refused(e, bytes, err, errlen);
-    }
-    return cu_fail(c, "cudaHostAlloc", __LINE__, err, errlen);
-}
-
-/* Pins the filled anonymous arena in place; where the driver refuses (not out of memory), copies it into a
- * cudaHostAlloc arena instead and moves the layers' host pointers there. */
-static int pin_register(cuda_engine *e, size_t bytes, char *err, size_t errlen)
-{
-    cudaError_t c = cudaHostRegister(e->h_pinned, bytes, cudaHostRegisterDefault);
-    if (c == cudaSuccess) {
-        e->st.pin_registered = true;
-        return 0;
-    }
-    cudaGetLastError();
-    if (c == cudaErrorMemoryAllocation)
-        return pin_refused(e, bytes, err, errlen);
-    uint8_t *mapped = e->h_pinned;
-    e->h_pinned = NULL;
-    if (pin_alloc(e, bytes, err, errlen)) {
-        e->h_pinned = mapped; /* still owned as a mapping: close unmaps it */
-        return -1;
-    }
-    memcpy(e->h_pinned, mapped, bytes);
-    for (int l = 0; l < e->m->n_layers; l++)
-        if (e->layers[l].host)
-            e->layers[l].host = e->h_pinned + (e->layers[l].host - mapped);
-    munmap(mapped, bytes);
-    e->h_pinned_map = 0;
-    return 0;
-}
-
-/* Places layer packs: a resident prefix in one HBM arena, the rest in one pinned arena (exact size) or,
- * with from_disk, read every pass through the disk tier; plus the device ring. */
-static int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
-{
-    const model_desc *m = e->m;
-    int L = m->n_layers;
-    int lr = !e->o.streamed ? L : (e->o.resident_layers < 0 ? 0 : e->o.resident_layers > L ? L : e->o.resident_layers);
-    bool disk = e->o.streamed && e->o.from_disk && lr < L;
-    size_t res_bytes = 0, pin_bytes = 0;
-    for (int l = 0; l < L; l++) {
-        dlayer *w = &e->layers[l];
-        w->resident = l < lr;
-        if (w->resident) {
-            w->dev = (uint8_t *)(uintptr_t)res_bytes; /* offset until the arena exists */
-            res_bytes += w->pack_bytes;
-        } else if (!disk) {
-            w->host = (uint8_t *)(uintptr_t)pin_bytes;
-            pin_bytes += w->pack_bytes;
-            if (w->pack_bytes > e->slot_bytes)
-                e->slot_bytes = w->pack_bytes;
-        }
-    }
-    e->first_streamed = lr;
-    e->ns = L - lr;
-    if (disk && open_disk_tier(e, lr, err, errlen))
-        return -1;
-    if (res_bytes && dalloc(e, (void **)&e->d_res, res_bytes, "resident layers", err, errlen))
-        return -1;
-    bool reg = pin_bytes && pin_by_register();
-    double t_pin = mono();
-    if (reg) {
-        void *p = mmap(NULL, pin_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED)
-            return util_errf(err, errlen,
-                             "cannot map %.2f GiB of host RAM for %d streamed layers (%s); keep more layers resident or "
-                             "free host memory.",
-                             (double)pin_bytes / (1 << 30), e->ns, strerror(errno));
-        madvise(p, pin_bytes, MADV_HUGEPAGE); /* fewer faults and a shorter page list to pin; advisory */
-        e->h_pinned = (uint8_t *)p;
-        e->h_pinned_map = pin_bytes;
-    } else if (pin_bytes && pin_alloc(e, pin_bytes, err, errlen)) {
-        return -1;
-    }
-    e->st.pinned_bytes = pin_bytes;
-    e->st.pin_alloc_s = mono() - t_pin;
-    uint8_t *bounce = NULL;
-    size_t bounce_cap = 0;
-    int rc = 0;
-    pin_job *jobs = NULL;
-    size_t nj = 0;
-    if (pin_bytes && !e->o.reader && !(jobs = (pin_job *)malloc((size_t)L * M_COUNT * sizeof *jobs)))
-        return util_errf(err, errlen, "out of host memory.");
-    for (int l = 0; l < L && rc == 0; l++) {
-        dlayer *w = &e->layers[l];
-        if (w->resident)
-            w->dev = e->d_res + (size_t)(uintptr_t)w->dev;
-        else if (disk)
-            continue;
-        else
-            w->host = e->h_pinned + (size_t)(uintptr_t)w->host;
-        for (int i = 0; i < M_COUNT && rc == 0; i++) {
-            if (w->resident)
-                rc = upload_mat(e, fr, &w->m[i], w->dev + w->m[i].off, &bounce, &bounce_cap, err, errlen);
-            else if (jobs)
-                jobs[nj++] = (pin_job){w->m[i].t, w->host + w->m[i].off};
-            else /* a caller's reader (tests): one thread, in order */
-                rc = read_tensor(e, fr, w->m[i].t, w->host + w->m[i].off, err, errlen);
-        }
-    }
-    free(bounce);
-    double t_read = mono();
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    e->st.pin_readers = !jobs ? 1 : cores >= 16 ? 8 : 4;
-    if (rc == 0 && jobs)
-        rc = pin_fill_run(fr, jobs, nj, e->st.pin_readers, err, errlen);
-    e->st.pin_read_s = mono() - t_read;
-    free(jobs);
-    if (rc == 0 && reg) {
-        t_pin = mono();
-        rc = pin_register(e, pin_bytes, err, errlen);
-        e->st.pin_alloc_s += mono() - t_pin;
-    }
-    if (rc)
-        return rc;
-    e->st.resident_weight_bytes += res_bytes;
-    if (!disk)
-        e->st.streamed_bytes_per_pass = pin_bytes;
-    e->st.n_streamed = e->ns;
-    if (e->ns == 0)
-        return 0;
-    int slots = e->o.ring_slots > 0 ? e->o.ring_slots : 3;
-    slots = slots < 2 ? 2 : slots;
-    e->slots = slots > e->ns ? e->ns : slots; /* keeps copies within one pass ahead (see the header comment) */
-    e->st.ring_slots = e->slots;
-    if (dalloc(e, (void **)&e->d_ring, e->slot_bytes * (size_t)e->slots, "the streaming ring", err, errlen))
-        return -1;
-    e->ev_copied = (cudaEvent_t *)calloc((size_t)e->slots, sizeof(cudaEvent_t));
-    e->ev_free = (cudaEvent_t *)calloc((size_t)e->slots, sizeof(cudaEvent_t));
-    for (int p = 0; p < 2; p++) {
-        e->ev_cs[p] = (cudaEvent_t *)calloc((size_t)e->ns, sizeof(cudaEvent_t));
-        e->ev_ce[p] = (cudaEvent_t *)calloc((size_t)e->ns, sizeof(cudaEvent_t));
-        if (!e->ev_cs[p] || !e->ev_ce[p])
-            return util_errf(err, errlen, "out of host memory for stream events.");
-    }
-    if (!e->ev_copied || !e->ev_free)
-        return util_errf(err, errlen, "out of host memory for stream events.");
-    for (int i = 0; i < e->slots; i++) {
-        CU(cudaEventCreateWithFlags(&e->ev_copied[i], cudaEventDisableTiming));
-        CU(cudaEventCreateWithFlags(&e->ev_free[i], cudaEventDisableTiming));
-    }
-    for (int p = 0; p < 2; p++)
-        for (int i = 0; i < e->ns; i++) {
-            CU(cudaEventCreate(&e->ev_cs[p][i]));
-            CU(cudaEventCreate(&e->ev_ce[p][i]));
-        }
-    return 0;
-}
-
-static int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
-{
-    const model_desc *m = e->m;
-    int64_t D = m->d_model, V = m->vocab;
-    if (bind_mat(e, &e->embd, "token_embd.weight", V, D, true, err, errlen) ||
-        bind_mat(e, &e->out, "output.weight", V, D, false, err, errlen) ||
-        bind_vec(e, fr, &e->out_norm, "output_norm.weight", D, true, err, errlen))
-        return -1;
-    uint8_t *bounce = NULL;
-    size_t cap = 0;
-    int rc = dalloc(e, (void **)&e->d_embd, (size_t)e->embd.t->size, "the embedding table", err, errlen);
-    if (rc == 0)
-        rc = upload_mat(e, fr, &e->embd, e->d_embd, &bounce, &cap, err, errlen);
-    if (rc == 0 && e->out.t) {
-        rc = dalloc(e, (void **)&e->d_out, (size_t)e->out.t->size, "the output head", err, errlen);
-        if (rc == 0)
-            rc = upload_mat(e, fr, &e->out, e->d_out, &bounce, &cap, err, errlen);
-    }
-    free(bounce);
-    if (rc)
-        return rc;
-    if (!e->out.t) { /* tied embeddings */
-        e->out = e->embd;
-        e->d_out = e->d_embd;
-    } else {
-        e->st.resident_weight_bytes += e->out.t->size;
-    }
-    e->st.resident_weight_bytes += e->embd.t->size;
-    return 0;
 }
 
 /* Bytes of each device pass buffer for caps T (tokens), B (sequences), R (logit rows): alloc_pass takes

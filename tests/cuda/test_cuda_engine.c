@@ -17,7 +17,10 @@
  *    engine and the CUDA engine (resident, streamed from pinned RAM, and
  *    streamed from disk through 2 pinned slots with O_DIRECT) on the same
  *    passes.
- * 3. Error paths: a refused device allocation gives a sentence and leaks
+ * 3. Long rows on the synthetic model (600 and 90 tokens): decode attention split over the sequence
+ *    against the CPU, against an engine that never splits, and against a second identical engine (bit for
+ *    bit); bounds in run_long_rows.
+ * 4. Error paths: a refused device allocation gives a sentence and leaks
  *    nothing; a bad token is refused without harming the engine; an injected
  *    GPU fault makes the next pass return CUDA_ENGINE_EDEVICE (last, since it
  *    poisons the process's context).

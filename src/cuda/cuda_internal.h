@@ -1,0 +1,159 @@
+/*
+ * cuda_internal.h — what the CUDA engine's two files share: the engine's
+ * state (struct cuda_engine and its layers' device matrices), the error and
+ * allocation helpers (cuda_engine.cu), and the loader's entry points
+ * (cuda_load.cu).  Not part of the backend's interface: C callers see only
+ * cuda_backend.h.
+ */
+#ifndef SPILL_CUDA_INTERNAL_H
+#define SPILL_CUDA_INTERNAL_H
+
+#include "cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <errno.h>
+#include <stddef.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+extern "C" {
+#include "../cpu.h"
+#include "../stream.h"
+#include "../gguf.h"
+#include "../quant.h"
+#include "../util.h"
+}
+#include "kernels.cuh"
+
+#define PACK_ALIGN 256
+
+enum { M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, M_COUNT };
+
+#define PROF_MARKS 10
+
+typedef struct dmat {
+    const model_tensor *t;
+    uint32_t type;
+    int64_t n, k; /* N rows of K elements */
+    size_t row_bytes;
+    size_t off; /* byte offset in the layer pack (0 for globals) */
+} dmat;
+
+typedef struct dlayer {
+    dmat m[M_COUNT];
+    size_t pack_bytes;
+    bool resident;
+    uint8_t *dev;                                                 /* resident: the pack in HBM */
+    uint8_t *host;                                                /* streamed: the pack in the pinned arena */
+    float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffw_norm; /* (D) device fp32 */
+    float *q_norm, *k_norm;                                       /* (S) */
+    float *bq, *bk, *bv;                                          /* (H*S), (Kh*S), (Kh*S) */
+} dlayer;
+
+struct cuda_engine {
+    model_desc *m;
+    cuda_engine_opts o;
+    int max_T, max_seqs, max_rows; /* tokens, sequences, logit rows per pass */
+    kv_cache kv;                   /* host page bookkeeping; arena NULL */
+    uint8_t *d_kv;                 /* (L, n_pages, block): kv.h's layout in bf16 or int8 + scales */
+
+    cudaStream_t cs, xs; /* compute, copy */
+    cublasHandle_t blas;
+    void *blas_ws;
+
+    uint8_t *d_embd, *d_out;
+    dmat embd, out;
+    float *out_norm;
+    dlayer *layers;
+    uint8_t *d_res;    /* resident packs */
+    uint8_t *h_pinned; /* streamed packs */
+    size_t h_pinned_map; /* > 0: h_pinned is an anonymous mapping of this size (registered if st.pin_registered) */
+    float *d_inv_freq, *d_inv_freq_local;
+    cpu_rope rope, rope_local;
+    float embed_scale;
+    bool gelu;
+
+    /* ring */
+    int ns, slots, first_streamed;
+    size_t slot_bytes;
+    uint8_t *d_ring;
+    cudaEvent_t *ev_copied, *ev_free; /* (slots) */
+    cudaEvent_t *ev_cs[2], *ev_ce[2]; /* (ns) per pass parity: copy start / end */
+    uint64_t copies_issued, computes_freed;
+    int att_tiles;          /* this pass's attention plan (build_meta) */
+    int64_t att_singles;
+    int32_t att_max_len; /* the longest per-token row's positions this pass (pos + 1) */
+    float *att_part;     /* split decode attention's parts (k_attention_part_floats) */
+
+    /* disk tier */
+    stream *disk;
+    int hslots;             /* pinned host slots */
+    cudaEvent_t *ev_hdone;  /* (hslots) the copy out of host slot i finished */
+    uint64_t h_acquired, h_released; /* host slots taken from / given back to the stream, in copy order */
+
+    /* pass buffers (device) */
+    /* R = max_rows logit rows, B = max_seqs */
+    float *x, *h, *q, *k, *v, *att, *g, *u, *last, *logits; /* (T,D) (T,D) (T,HS) (T,KS)x2 (T,HS) (T,F)x2 (R,D) (R,V) */
+    bf16 *xb, *lastb, *wscratch;                            /* (T, max(D,HS,F)), (R, D), largest non-bf16 matrix */
+    int32_t *d_meta, *h_meta;                               /* tok(T) pos(T) seq(T) rows(R) pt_off(B) pages(n_pages) */
+    float *h_logits;                                        /* pinned (R, V) */
+    int32_t *d_want, *h_want;                               /* (R) pick requests, device and pinned */
+    pick_out *d_picks, *h_picks;                            /* (R) */
+
+    void **allocs; /* every cudaMalloc, freed at close */
+    size_t n_allocs, cap_allocs;
+    int n_dev_allocs; /* for the fail_alloc_at hook */
+    cuda_engine_stats st;
+    bool broken;
+
+    /* SPILL_CUDA_PROF=1: per-layer segment times from compute-stream events, printed at close */
+    bool prof;
+    cudaEvent_t *pev; /* (L, PROF_MARKS) */
+    cudaEvent_t phead[2];
+    double pacc[2][PROF_MARKS + 2]; /* [prefill?][segment, wait between layers, head] seconds */
+    double pflop[2][4];             /* [prefill?][qkv, o, gate/up, down] FLOPs */
+    uint64_t ppass[2], ptok[2];
+};
+
+typedef struct file_reader {
+    const model_desc *m;
+    int *fds; /* per model file, -1 until opened */
+} file_reader;
+
+/* cuda_engine.cu */
+double mono(void);
+int cu_fail_at(cudaError_t c, const char *what, const char *file, int line, char *err, size_t errlen);
+int blas_fail_at(cublasStatus_t s, const char *what, const char *file, int line, char *err, size_t errlen);
+int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char *err, size_t errlen);
+void note_peak(cuda_engine *e);
+#define cu_fail(c, what, line, err, errlen) cu_fail_at(c, what, __FILE__, line, err, errlen)
+#define blas_fail(s, what, line, err, errlen) blas_fail_at(s, what, __FILE__, line, err, errlen)
+#define CU(call)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t c_ = (call);                                                                                       \
+        if (c_ != cudaSuccess)                                                                                         \
+            return cu_fail(c_, #call, __LINE__, err, errlen);                                                          \
+    } while (0)
+
+#define CB(call)                                                                                                       \
+    do {                                                                                                               \
+        cublasStatus_t s_ = (call);                                                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                               \
+            return blas_fail(s_, #call, __LINE__, err, errlen);                                                        \
+    } while (0)
+
+/* cuda_load.cu: binds the model's tensors, uploads resident weights, fills the pinned arena or opens the disk
+ * tier, and sets up RoPE; each returns 0, -1 with a sentence, or CUDA_ENGINE_EDEVICE. */
+int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errlen);
+int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen);
+int rope_setup(cuda_engine *e, char *err, size_t errlen);
+int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen);
+
+#endif
