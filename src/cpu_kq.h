@@ -101,3 +101,46 @@ static KQ_ATTR void KQ_NAME(kq_1x4)(const uint8_t *wq, const float *dw, const fl
     }
 }
 
+
+/* 2 W rows × 4 X rows: kq_1x4's arithmetic for each row (the same bits), the X blocks loaded once for both. */
+static KQ_ATTR void KQ_NAME(kq_2x4)(const uint8_t *wq, int64_t ws, const uint8_t *xrow, int64_t xs, int64_t K,
+                        int64_t nb, bool sgn, bool has_min, float *y, int64_t ldy)
+{
+    const int8_t *xq[4];
+    const float *dx[4], *sx[4];
+    for (int i = 0; i < 4; i++) {
+        xq[i] = (const int8_t *)(xrow + i * xs);
+        dx[i] = (const float *)(xrow + i * xs + K);
+        sx[i] = dx[i] + nb;
+    }
+    const uint8_t *wq1 = wq + ws;
+    const float *dw0 = (const float *)(wq + K), *dw1 = (const float *)(wq1 + K);
+    __m256 a[2][4];
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 4; i++)
+            a[r][i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(wq + 32 * b));
+        __m256i w1 = _mm256_loadu_si256((const __m256i *)(wq1 + 32 * b));
+        float d0 = dw0[b], d1 = dw1[b];
+#define KQ_2X4_ROW(i)                                                                                                  \
+    do {                                                                                                               \
+        __m256i x_ = _mm256_loadu_si256((const __m256i *)(xq[i] + 32 * b));                                           \
+        a[0][i] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dx[i][b]), KQ_NAME(lanes_dot)(w0, x_, sgn), a[0][i]);            \
+        a[1][i] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dx[i][b]), KQ_NAME(lanes_dot)(w1, x_, sgn), a[1][i]);            \
+    } while (0)
+        KQ_2X4_ROW(0);
+        KQ_2X4_ROW(1);
+        KQ_2X4_ROW(2);
+        KQ_2X4_ROW(3);
+#undef KQ_2X4_ROW
+    }
+    for (int r = 0; r < 2; r++) {
+        const float *mw = (r ? dw1 : dw0) + nb;
+        for (int i = 0; i < 4; i++) {
+            float s = hsum8(a[r][i]);
+            y[r + i * ldy] = has_min ? s + minsum_avx2(mw, sx[i], nb) : s;
+        }
+    }
+}
+

@@ -306,6 +306,21 @@ static void test_matmul_bitstable(bool q8)
             CHECK(memcmp(Y[4], Y[0] + 9 * N, sizeof(float) * (size_t)(tn * N)) == 0,
                   "%s%s: a %lld-row sub-batch differs", quant_type_name(type), q8 ? " q8" : "", (long long)tn);
         }
+        /* 103 rows (the X rows repeated): several L1-sized chunks of X rows in the 8-bit path, tiles of two
+         * weight rows and a last odd one — every row equal to the 17-row call's */
+        {
+            enum { TB = 103 };
+            float *XB = malloc(sizeof(float) * TB * K), *YB = malloc(sizeof(float) * TB * N);
+            for (int64_t t = 0; t < TB; t++)
+                memcpy(XB + t * K, X + (t % T) * K, sizeof(float) * K);
+            cpu_matmul(p2, W, type, N, K, XB, TB, YB, err, sizeof err);
+            int bad = 0;
+            for (int64_t t = 0; t < TB; t++)
+                bad += memcmp(YB + t * N, Y[0] + (t % T) * N, sizeof(float) * N) != 0;
+            CHECK(bad == 0, "%s%s: %d of %d rows of a %d-row call differ from the 17-row call", quant_type_name(type),
+                  q8 ? " q8" : "", bad, TB, TB);
+            free(XB), free(YB);
+        }
         /* scalar path (SPILL_NO_SIMD) gives the same bits */
         if (quant_simd_available()) {
             quant_simd_force(false);
