@@ -5,6 +5,17 @@
  * saturates here (4/5-bit weights times 8-bit activations, or |8-bit| pairs:
  * at most 2·128·127 = 32,512 per 16-bit pair) — and everything after the
  * integer dot is the same code, so both produce the same bits.
+ *
+ * What bounds the batched kernels (kq_1x4, kq_2x4): their lanes hold partial sums of one weight row, so each
+ * 32-product dpbusd costs a convert, a scale product, a broadcast and an fma besides.  Interleaving 8 unpacked
+ * weight rows 4 bytes at a time (lane = row, the activation's 4 bytes broadcast) would pay those once per 8
+ * rows.  Keeping every path's bits equal (batch invariance) then needs one arithmetic for all of them: exact
+ * int32 block sums S_b (|S_b| < 2^24, exact in fp32), accumulators indexed by block mod 8
+ * (acc = fma(fl(dw*dx), S_b, acc), then the block-minimum fma) and one fixed 8-way tree at the end — which the
+ * 1-row kernel gets from 8 blocks' dpbusd reduced across lanes, and the interleaved one from 8 registers.
+ * Signed weights: +128 offset and -128*sum(x) (exact) under VNNI; maddubs would saturate there, so AVX2 keeps
+ * the sign trick.  Not built: it changes every 8-bit dot path and the scalar oracle.
+ *
  * Expects KQ_ATTR (the target attribute), KQ_NAME(n) (suffixes a name) and
  * KQ_DOT(w, x) (8 int32 lanes of 4 u8·s8 products).  No include guard: it is
  * meant to be included more than once, and only by cpu.c.
