@@ -594,8 +594,8 @@ typedef struct {
     int64_t xs;
 } mm_ctx;
 
-/* Batched 8-bit passes walk X in chunks of this many bytes of rows (16 KiB: with a 16-row weight tile it
- * stays in a 32 KiB L1), two weight rows at a time (kq_2x4).  B4's batch of 256 on this machine's 2 cores
+/* Batched 8-bit passes walk X in chunks of this many bytes of rows (16 KiB: beside a 16-row tile of a
+ * 576-wide matrix, 11.5 KiB, within a 32 KiB L1), two weight rows at a time (kq_2x4).  B4's batch of 256 on this machine's 2 cores
  * (5 alternating pairs, bench_decode --batch 256 --tokens 16 --prompt 8): 392 -> 466 tok/s median, 1.14-1.21x
  * per pair; chunks alone gave ~1.10x, and a 4x4 register tile was slower (281 tok/s: spills). */
 #define Q8_X_CHUNK_BYTES (16u << 10)
