@@ -154,14 +154,6 @@ static int load_files(spill_engine *e, bool streamed, char *err, size_t errlen)
     return 0;
 }
 
-static const model_tensor *find(const model_desc *m, const char *name)
-{
-    for (size_t i = 0; i < m->n_tensors; i++)
-        if (!strcmp(m->tensors[i].name, name))
-            return &m->tensors[i];
-    return NULL;
-}
-
 static const void *tensor_ptr(const spill_engine *e, const model_tensor *t)
 {
     return e->tbuf[t - e->m->tensors];
@@ -171,14 +163,12 @@ static const void *tensor_ptr(const spill_engine *e, const model_tensor *t)
 static int bind_mat(spill_engine *e, wmat *w, const char *name, int64_t n, int64_t k, bool required, char *err,
                     size_t errlen)
 {
-    const model_tensor *t = find(e->m, name);
+    const model_tensor *t;
     memset(w, 0, sizeof *w);
+    if (model_matrix(e->m, name, n, k, required, &t, err, errlen))
+        return -1;
     if (!t)
-        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", e->m->source, name) : 0;
-    if (t->n_dims != 2 || (int64_t)t->ne[0] != k || (int64_t)t->ne[1] != n)
-        return util_errf(err, errlen, "%s: tensor %s has shape [%llu, %llu] but the config implies [%lld, %lld].",
-                         e->m->source, name, (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (long long)n,
-                         (long long)k);
+        return 0;
     size_t rb;
     if (!quant_type_supported(t->dtype) || quant_row_bytes(t->dtype, k, &rb) != 0)
         return util_errf(err, errlen, "%s: tensor %s is stored as %s, which the CPU backend cannot multiply.",
@@ -194,7 +184,7 @@ static int bind_mat(spill_engine *e, wmat *w, const char *name, int64_t n, int64
 /* Binds a 1-D tensor of n elements as an fp32 copy (NULL when absent and optional). */
 static int bind_vec(spill_engine *e, float **out, const char *name, int64_t n, bool required, char *err, size_t errlen)
 {
-    const model_tensor *t = find(e->m, name);
+    const model_tensor *t = model_tensor_find(e->m, name);
     *out = NULL;
     if (!t)
         return required ? util_errf(err, errlen, "%s: tensor %s is missing.", e->m->source, name) : 0;

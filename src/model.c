@@ -834,6 +834,29 @@ int model_open(const char *path, model_desc **out, char *err, size_t errlen)
     return 0;
 }
 
+const model_tensor *model_tensor_find(const model_desc *m, const char *name)
+{
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name))
+            return &m->tensors[i];
+    return NULL;
+}
+
+int model_matrix(const model_desc *m, const char *name, int64_t n, int64_t k, bool required, const model_tensor **out,
+                 char *err, size_t errlen)
+{
+    const model_tensor *t = model_tensor_find(m, name);
+    *out = NULL;
+    if (!t)
+        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", m->source, name) : 0;
+    if (t->n_dims != 2 || (int64_t)t->ne[0] != k || (int64_t)t->ne[1] != n)
+        return util_errf(err, errlen, "%s: tensor %s has shape [%llu, %llu] but the config implies [%lld, %lld].",
+                         m->source, name, (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (long long)n,
+                         (long long)k);
+    *out = t;
+    return 0;
+}
+
 void model_close(model_desc *m)
 {
     if (!m)

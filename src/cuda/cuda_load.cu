@@ -8,14 +8,6 @@
  */
 #include "cuda_internal.h"
 
-static const model_tensor *find(const model_desc *m, const char *name)
-{
-    for (size_t i = 0; i < m->n_tensors; i++)
-        if (!strcmp(m->tensors[i].name, name))
-            return &m->tensors[i];
-    return NULL;
-}
-
 static int read_from_files(void *ctx, const model_tensor *t, void *dst, char *err, size_t errlen)
 {
     file_reader *fr = (file_reader *)ctx;
@@ -103,14 +95,12 @@ static int read_tensor(cuda_engine *e, file_reader *fr, const model_tensor *t, v
 static int bind_mat(cuda_engine *e, dmat *w, const char *name, int64_t n, int64_t k, bool required, char *err,
                     size_t errlen)
 {
-    const model_tensor *t = find(e->m, name);
+    const model_tensor *t;
     memset(w, 0, sizeof *w);
+    if (model_matrix(e->m, name, n, k, required, &t, err, errlen))
+        return -1;
     if (!t)
-        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", e->m->source, name) : 0;
-    if (t->n_dims != 2 || (int64_t)t->ne[0] != k || (int64_t)t->ne[1] != n)
-        return util_errf(err, errlen, "%s: tensor %s has shape [%llu, %llu] but the config implies [%lld, %lld].",
-                         e->m->source, name, (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (long long)n,
-                         (long long)k);
+        return 0;
     if (!kq_type_supported(t->dtype) || quant_row_bytes(t->dtype, k, &w->row_bytes) != 0 ||
         (uint64_t)w->row_bytes * (uint64_t)n != t->size)
         return util_errf(err, errlen, "%s: tensor %s is stored as %s, which the CUDA backend cannot multiply.",
@@ -126,7 +116,7 @@ static int bind_mat(cuda_engine *e, dmat *w, const char *name, int64_t n, int64_
 static int bind_vec(cuda_engine *e, file_reader *fr, float **out, const char *name, int64_t n, bool required, char *err,
                     size_t errlen)
 {
-    const model_tensor *t = find(e->m, name);
+    const model_tensor *t = model_tensor_find(e->m, name);
     *out = NULL;
     if (!t)
         return required ? util_errf(err, errlen, "%s: tensor %s is missing.", e->m->source, name) : 0;
