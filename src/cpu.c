@@ -510,6 +510,17 @@ static inline SIMD float minsum_avx2(const float *mw, const float *sx, int64_t n
     return s;
 }
 
+/* The batched kernels' 4 X rows (stride xs bytes): codes, block scales d and block sums s (see below). */
+static inline void kq_xrows(const uint8_t *xrow, int64_t xs, int64_t K, int64_t nb, const int8_t *xq[4],
+                            const float *dx[4], const float *sx[4])
+{
+    for (int i = 0; i < 4; i++) {
+        xq[i] = (const int8_t *)(xrow + i * xs);
+        dx[i] = (const float *)(xrow + i * xs + K);
+        sx[i] = dx[i] + nb;
+    }
+}
+
 #define KQ_ATTR SIMD
 #define KQ_NAME(n) n##_avx2
 #define KQ_DOT(w, x) _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))

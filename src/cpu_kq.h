@@ -87,11 +87,7 @@ static KQ_ATTR void KQ_NAME(kq_1x4)(const uint8_t *wq, const float *dw, const fl
 {
     const int8_t *xq[4];
     const float *dx[4], *sx[4];
-    for (int i = 0; i < 4; i++) {
-        xq[i] = (const int8_t *)(xrow + i * xs);
-        dx[i] = (const float *)(xrow + i * xs + K);
-        sx[i] = dx[i] + nb;
-    }
+    kq_xrows(xrow, xs, K, nb, xq, dx, sx);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t b = 0; b < nb; b++) {
         __m256i w = _mm256_loadu_si256((const __m256i *)(wq + 32 * b));
@@ -119,11 +115,7 @@ static KQ_ATTR void KQ_NAME(kq_2x4)(const uint8_t *wq, int64_t ws, const uint8_t
 {
     const int8_t *xq[4];
     const float *dx[4], *sx[4];
-    for (int i = 0; i < 4; i++) {
-        xq[i] = (const int8_t *)(xrow + i * xs);
-        dx[i] = (const float *)(xrow + i * xs + K);
-        sx[i] = dx[i] + nb;
-    }
+    kq_xrows(xrow, xs, K, nb, xq, dx, sx);
     const uint8_t *wq1 = wq + ws;
     const float *dw0 = (const float *)(wq + K), *dw1 = (const float *)(wq1 + K);
     __m256 a[2][4];

@@ -184,16 +184,12 @@ static int bind_mat(spill_engine *e, wmat *w, const char *name, int64_t n, int64
 /* Binds a 1-D tensor of n elements as an fp32 copy (NULL when absent and optional). */
 static int bind_vec(spill_engine *e, float **out, const char *name, int64_t n, bool required, char *err, size_t errlen)
 {
-    const model_tensor *t = model_tensor_find(e->m, name);
+    const model_tensor *t;
     *out = NULL;
+    if (model_vector(e->m, name, n, required, &t, err, errlen))
+        return -1;
     if (!t)
-        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", e->m->source, name) : 0;
-    if (t->ne[0] != (uint64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return util_errf(err, errlen, "%s: tensor %s has %llu elements but the config implies %lld.", e->m->source,
-                         name, (unsigned long long)t->ne[0], (long long)n);
-    if (t->dtype != GGML_F32 && t->dtype != GGML_F16 && t->dtype != GGML_BF16)
-        return util_errf(err, errlen, "%s: tensor %s is stored as %s; norms and biases must be F32, F16 or BF16.",
-                         e->m->source, name, quant_type_name(t->dtype));
+        return 0;
     float *v = malloc((size_t)n * sizeof *v);
     float **no = realloc(e->owned, (e->n_owned + 1) * sizeof *no);
     if (!v || !no) {

@@ -116,14 +116,12 @@ static int bind_mat(cuda_engine *e, dmat *w, const char *name, int64_t n, int64_
 static int bind_vec(cuda_engine *e, file_reader *fr, float **out, const char *name, int64_t n, bool required, char *err,
                     size_t errlen)
 {
-    const model_tensor *t = model_tensor_find(e->m, name);
+    const model_tensor *t;
     *out = NULL;
+    if (model_vector(e->m, name, n, required, &t, err, errlen))
+        return -1;
     if (!t)
-        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", e->m->source, name) : 0;
-    if (t->ne[0] != (uint64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1 ||
-        (t->dtype != GGML_F32 && t->dtype != GGML_F16 && t->dtype != GGML_BF16))
-        return util_errf(err, errlen, "%s: tensor %s must be %lld F32, F16 or BF16 values.", e->m->source, name,
-                         (long long)n);
+        return 0;
     uint8_t *raw = (uint8_t *)malloc((size_t)t->size + 4);
     float *f = (float *)malloc((size_t)n * sizeof(float));
     int rc = !raw || !f ? util_errf(err, errlen, "out of host memory binding %s.", name)
