@@ -289,7 +289,7 @@ static size_t utf8_len(const unsigned char *p, const unsigned char *e)
  * Scans the string token at *pp (which points at its opening quote) and
  * leaves *pp after the closing quote.  *esc tells whether it had escapes.
  */
-static bool scan_string(const unsigned char **pp, const unsigned char *e, bool key, bool *esc)
+static bool scan_string(const unsigned char **pp, const unsigned char *e, bool *esc)
 {
     const unsigned char *p = *pp + 1;
     *esc = false;
@@ -314,7 +314,7 @@ static bool scan_string(const unsigned char **pp, const unsigned char *e, bool k
                 }
                 int cp = e - p >= 5 ? hex4(p + 1) : -1;
                 p += 5;
-                if (cp < 0 || (cp >= 0xDC00 && cp <= 0xDFFF) || (cp == 0 && key))
+                if (cp < 0 || (cp >= 0xDC00 && cp <= 0xDFFF))
                     return false;
                 if (cp >= 0xD800 && cp <= 0xDBFF) { /* a high surrogate needs its low half */
                     int lo = e - p >= 6 && p[0] == '\\' && p[1] == 'u' ? hex4(p + 2) : -1;
@@ -434,7 +434,7 @@ int job_check_line(const char *line, size_t len, const char **id, size_t *idlen,
         p = skip_ws(p, e);
         if (state == KEY) {
             const unsigned char *k = p;
-            if (p == e || *p != '"' || !scan_string(&p, e, true, &esc))
+            if (p == e || *p != '"' || !scan_string(&p, e, &esc))
                 goto bad;
             value_is_id = false;
             if (depth == 1 && p - k - 2 <= 64) {
@@ -484,7 +484,7 @@ int job_check_line(const char *line, size_t len, const char **id, size_t *idlen,
                 state = stack[depth - 1] == '{' ? KEY : VALUE;
         } else if (*p == '"') {
             const unsigned char *v = p;
-            if (!scan_string(&p, e, false, &esc))
+            if (!scan_string(&p, e, &esc))
                 goto bad;
             if (is_id) {
                 id_start = v + 1;
@@ -1167,17 +1167,23 @@ static int append(job *j, int k, const char *line, size_t len, char *err, size_t
 {
     if (j->broken)
         return broken_err(j, err, errlen);
-    if (memchr(line, '\n', len))
-        return util_errf(err, errlen, "%s line for job %s contains a newline; output lines must be compact JSON.",
-                         file_names[k], j->id);
+    if (memchr(line, '\n', len)) {
+        util_errf(err, errlen, "%s line for job %s contains a newline; output lines must be compact JSON.",
+                  file_names[k], j->id);
+        return JOB_LINE_REFUSED;
+    }
     const char *id;
     size_t idlen;
     char why[128];
-    if (job_check_line(line, len, &id, &idlen, &j->idbuf, &j->idcap, why, sizeof why) != 0)
-        return util_errf(err, errlen, "%s line for job %s %s; nothing was written.", file_names[k], j->id, why);
-    if (idset_find(&j->done, id, idlen) >= 0)
-        return util_errf(err, errlen, "custom_id \"%.*s\" already has a line in job %s; nothing was written.",
-                         (int)(idlen < 80 ? idlen : 80), id, j->id);
+    if (job_check_line(line, len, &id, &idlen, &j->idbuf, &j->idcap, why, sizeof why) != 0) {
+        util_errf(err, errlen, "%s line for job %s %s; nothing was written.", file_names[k], j->id, why);
+        return JOB_LINE_REFUSED;
+    }
+    if (idset_find(&j->done, id, idlen) >= 0) {
+        util_errf(err, errlen, "custom_id \"%.*s\" already has a line in job %s; nothing was written.",
+                  (int)(idlen < 80 ? idlen : 80), id, j->id);
+        return JOB_LINE_REFUSED;
+    }
     size_t need;
     if (!ck_add_size(len, 1, &need))
         goto out_oom;

@@ -99,6 +99,12 @@ int job_open_resume(const char *dir, const job_io *io, job **out, char *err, siz
 /*
  * The rule every results/errors line obeys: [line, line+len) is one JSON
  * object (RFC 8259, well-formed UTF-8) with a top-level string "custom_id".
+ * RFC 8259 allows "\u0000" anywhere, keys included, and the output holds
+ * such keys (a completions row's top_logprobs is keyed by token text, and
+ * the byte-0x00 token is in every byte-level vocabulary); jansson 2.14 cannot
+ * load a NUL in a key, so a reader of results lines that uses jansson must
+ * expect it to refuse those lines (Python's json and the openai client read
+ * them).
  * On success *id / *idlen give the decoded custom_id: a pointer into line, or
  * into *scratch (capacity *cap, grown with realloc; caller frees) when it had
  * escapes.  On failure err gets a phrase such as "is not valid JSON (at byte
@@ -116,9 +122,12 @@ bool job_is_done(const job *j, const char *custom_id);
  * output.c builds it); len excludes any terminator, the job adds '\n' and
  * writes the whole line with one write(2) loop.  Fails without touching the
  * file when the line is not such an object or its custom_id already has a
- * line (committed or pending); fails and makes the job unusable when the
- * write fails.  The row is durable only after the next job_commit.
+ * line (committed or pending) — returning JOB_LINE_REFUSED: nothing was
+ * written and the job goes on, so the caller can fail that row instead —
+ * and returns -1 and makes the job unusable when the write fails (or when
+ * memory runs out).  The row is durable only after the next job_commit.
  */
+#define JOB_LINE_REFUSED (-2)
 int job_append_result(job *j, const char *line, size_t len, char *err, size_t errlen);
 int job_append_error(job *j, const char *line, size_t len, char *err, size_t errlen);
 

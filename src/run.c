@@ -269,10 +269,18 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
     if (rc == 0) {
         rc = job_append_result(r->j, line, len, err, errlen);
         free(line);
+        if (rc == -1) /* the write failed: the job is broken and stops */
+            return -1;
     }
-    if (rc)
-        return -1;
-    r->rows_done++;
+    if (rc) {
+        /* An answer the store refuses (or that cannot be built) fails this row alone: the next pass, and a
+         * resume, must not meet it again. */
+        char msg[SPILL_ERRLEN + 64];
+        snprintf(msg, sizeof msg, "spill could not write this row's answer: %s", err);
+        if (run_append_status_line(r, w->custom_id, 500, msg, NULL, "output_refused", err, errlen))
+            return -1;
+    } else
+        r->rows_done++;
     row_release(r, w);
     w->state = ROW_DONE;
     free(w->prompt);

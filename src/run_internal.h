@@ -155,6 +155,9 @@ typedef struct runner {
  * 0 or -1 with a sentence. */
 int run_append_error_line(runner *r, const char *custom_id, const char *message, const char *param,
                           const char *code, char *err, size_t errlen);
+/* The same with another HTTP status (5xx lines are typed "server_error"). */
+int run_append_status_line(runner *r, const char *custom_id, int status, const char *message, const char *param,
+                           const char *code, char *err, size_t errlen);
 /* run_rows.c: the input's rows (non-blank lines), so the job knows its total before it starts. */
 int run_count_rows(const char *path, uint64_t *n, char *err, size_t errlen);
 /* run_rows.c: reads the input file into r->rows (parse, template, tokenize; rows the job already answered are

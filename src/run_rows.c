@@ -13,9 +13,16 @@
 #include "util.h"
 
 int run_append_error_line(runner *r, const char *custom_id, const char *message, const char *param,
-                             const char *code, char *err, size_t errlen)
+                          const char *code, char *err, size_t errlen)
 {
-    out_http_error he = {custom_id, 400, message, "invalid_request_error", param, code, &r->stamp};
+    return run_append_status_line(r, custom_id, 400, message, param, code, err, errlen);
+}
+
+int run_append_status_line(runner *r, const char *custom_id, int status, const char *message, const char *param,
+                           const char *code, char *err, size_t errlen)
+{
+    out_http_error he = {custom_id, status, message, status >= 500 ? "server_error" : "invalid_request_error",
+                         param, code, &r->stamp};
     char *line;
     size_t len;
     if (output_http_error_line(&he, NULL, &line, &len, err, errlen))

@@ -1058,6 +1058,12 @@ static void test_check_line(void)
          * reference there. */
         bool raw_nul = memchr(line, 0, n) != NULL;
         bool ref_ok = json_is_object(o) && json_is_string(cid) && !raw_nul;
+        /* jansson 2.14 cannot hold a NUL in a key; RFC 8259 allows "\u0000" there (and the output writes such
+         * keys), so those lines are left out of the comparison (test_bytes checks them). */
+        if (!o && strstr(jerr.text, "NUL byte in object key")) {
+            skipped++;
+            continue;
+        }
         const char *id = NULL;
         size_t idlen = 0;
         bool ok = job_check_line(line, n, &id, &idlen, &scratch, &cap, why, sizeof why) == 0;
@@ -1075,7 +1081,7 @@ static void test_check_line(void)
     free(scratch);
     CHECK(total > 90000 && agree == total && valid > 5000 && valid < total - 5000,
           "job_check_line agrees with jansson on %d of %d lines (%d valid, %d skipped)", agree, total, valid, skipped);
-    fprintf(stderr, "check_line: agrees with jansson on %d of %d mutated lines (%d valid; %d skipped: number range)\n",
+    fprintf(stderr, "check_line: agrees with jansson on %d of %d mutated lines (%d valid; %d skipped: number range or a NUL in a key)\n",
             agree, total, valid, skipped);
 }
 
