@@ -9,7 +9,10 @@ WARN    := -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE
 LIBS    := -ljansson -lpcre2-8 -lutf8proc -lcrypto -lpthread -lm
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 
-LIB_SRC := $(filter-out src/main.c,$(wildcard src/*.c))
+# src/ in folders by stage (src/README.md): base <- model <- text, engine <- batch <- main.c.
+SRC_DIRS := base model text engine batch
+LIB_SRC := $(foreach d,$(SRC_DIRS),$(wildcard src/$(d)/*.c))
+HDRS    := $(wildcard src/*/*.h)
 TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 FUZZERS := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60
@@ -17,7 +20,7 @@ FUZZ_SECONDS ?= 60
 .PHONY: all test test-build fuzz fuzz-build format clean bench
 all: spill
 
-build/rel/%.o: src/%.c $(wildcard src/*.h)
+build/rel/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) -c $< -o $@
 
@@ -25,7 +28,7 @@ spill: build/rel/main.o $(patsubst src/%.c,build/rel/%.o,$(LIB_SRC))
 	$(CC) $(CFLAGS) -o $@ $^ $(LIBS)
 
 # Test build: sanitizers on, every object rebuilt in build/asan.
-build/asan/%.o: src/%.c $(wildcard src/*.h)
+build/asan/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O1 -g $(SAN) -c $< -o $@
 
@@ -37,8 +40,8 @@ build/asan/tests/%: tests/%.c tests/test.h $(patsubst src/%.c,build/asan/%.o,$(L
 	$(CC) $(WARN) -O1 -g $(SAN) -Isrc -o $@ $< $(patsubst src/%.c,build/asan/%.o,$(LIB_SRC)) $(LIBS)
 
 # test_sched compiles run.c itself (to drive the runner's static scheduler on a fake engine)
-SCHED_OBJS := $(patsubst src/%.c,build/asan/%.o,$(filter-out src/run.c,$(LIB_SRC)))
-build/asan/tests/test_sched: tests/test_sched.c src/run.c tests/test.h $(SCHED_OBJS)
+SCHED_OBJS := $(patsubst src/%.c,build/asan/%.o,$(filter-out src/batch/run.c,$(LIB_SRC)))
+build/asan/tests/test_sched: tests/test_sched.c src/batch/run.c tests/test.h $(SCHED_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O1 -g $(SAN) -Isrc -o $@ $< $(SCHED_OBJS) $(LIBS)
 
@@ -51,7 +54,7 @@ test: test-build
 # once with coverage instrumentation and linked into every target.
 FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(LIB_SRC))
 .SECONDARY: $(FUZZ_OBJ)
-build/fuzz/obj/%.o: src/%.c $(wildcard src/*.h)
+build/fuzz/obj/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	clang $(WARN) -O1 -g -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
 
@@ -65,14 +68,14 @@ fuzz: fuzz-build
 	@bash fuzz/run.sh $(FUZZ_SECONDS) $(FUZZERS)
 
 # Benchmarks (not part of make test: tests check correctness, benchmarks measure speed).
-build/bench/bench_matmul: bench/bench_matmul.c src/cpu.c src/quant.c src/util.c src/*.h
+MATMUL_SRC := src/engine/cpu.c src/model/quant.c src/base/util.c
+build/bench/bench_matmul: bench/bench_matmul.c $(MATMUL_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_matmul.c src/cpu.c src/quant.c src/util.c -lcrypto -lpthread -lm
+	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_matmul.c $(MATMUL_SRC) -lcrypto -lpthread -lm
 
-BENCH_LIB := $(filter-out src/main.c,$(wildcard src/*.c))
-build/bench/bench_decode: bench/bench_decode.c $(BENCH_LIB) src/*.h
+build/bench/bench_decode: bench/bench_decode.c $(LIB_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_decode.c $(BENCH_LIB) $(LIBS)
+	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_decode.c $(LIB_SRC) $(LIBS)
 
 bench: build/bench/bench_matmul build/bench/bench_decode
 
@@ -83,7 +86,7 @@ ifneq ($(NVCC),)
 endif
 
 format:
-	clang-format -i src/*.c src/*.h tests/*.c tests/*.h fuzz/*.c
+	clang-format -i src/*.c src/*/*.c src/*/*.h tests/*.c tests/*.h fuzz/*.c
 
 clean:
 	rm -rf build spill

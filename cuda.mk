@@ -14,17 +14,17 @@ CUDA_LIBS  ?= -ljansson -lcrypto
 CUDA_LINK  := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lm -lstdc++
 
 CUDA_OBJ   := $(patsubst src/cuda/%.cu,build/cuda/%.o,$(wildcard src/cuda/*.cu))
-CUDA_CSRC  := cpu quant kv model gguf safetensors util stream forward sample
+CUDA_CSRC  := engine/cpu model/quant engine/kv model/model model/gguf model/safetensors base/util engine/stream engine/forward batch/sample
 CUDA_COBJ  := $(patsubst %,build/cuda/c/%.o,$(CUDA_CSRC))
 CUDA_TESTS := $(patsubst tests/cuda/%.c,build/cuda/%,$(wildcard tests/cuda/test_*.c))
 
 .PHONY: cuda test-cuda
 
-build/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) $(wildcard src/cuda/*.h) $(wildcard src/*.h)
+build/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) $(wildcard src/cuda/*.h) $(HDRS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-build/cuda/c/%.o: src/%.c $(wildcard src/*.h)
+build/cuda/c/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O2 -g $(CUDA_CFLAGS) -c $< -o $@
 
@@ -39,8 +39,8 @@ build/cuda/bench_pass: bench/cuda/bench_pass.c build/cuda/libspillcuda.a $(CUDA_
 	$(CC) $(WARN) -O2 -g -Isrc -Itests $(CUDA_CFLAGS) -o $@ $< build/cuda/libspillcuda.a $(CUDA_COBJ) $(CUDA_LINK) $(CUDA_LIBS)
 
 # spill-cuda: the whole CLI with the GPU engine registered as the runner's backend.
-SPILL_ALL_C := $(filter-out src/main.c,$(wildcard src/*.c))
-build/cuda/spill-cuda: src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) build/cuda/libspillcuda.a src/*.h
+SPILL_ALL_C := $(LIB_SRC)
+build/cuda/spill-cuda: src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) build/cuda/libspillcuda.a $(HDRS)
 	$(CC) $(WARN) -O2 -g $(CUDA_CFLAGS) -o $@ src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) \
 		build/cuda/libspillcuda.a $(CUDA_LINK) $(CUDA_SPILL_LIBS)
 

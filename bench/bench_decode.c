@@ -16,9 +16,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
-#include "model.h"
-#include "util.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "base/util.h"
 
 static double now_s(void)
 {

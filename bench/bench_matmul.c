@@ -17,9 +17,9 @@
  * small matrix fits in L2/L3, so its GB/s can exceed DRAM's; the large F32
  * and F16 ones do not.
  */
-#include "cpu.h"
-#include "gguf.h"
-#include "quant.h"
+#include "engine/cpu.h"
+#include "model/gguf.h"
+#include "model/quant.h"
 
 #include <immintrin.h>
 #include <stdio.h>

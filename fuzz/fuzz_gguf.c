@@ -3,7 +3,7 @@
  * accessor is exercised over every key, array element and tensor, so a parse that
  * accepted inconsistent offsets shows up as an out-of-bounds read under ASan.
  */
-#include "gguf.h"
+#include "model/gguf.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
-#include "request.h"
-#include "util.h"
+#include "batch/check.h"
+#include "batch/request.h"
+#include "base/util.h"
 
 static void sentence_ok(const char *s)
 {

@@ -3,7 +3,7 @@
  * through st_parse_file_image.  On success the first and last byte of every tensor is
  * read, so an accepted range outside the image shows up under ASan.
  */
-#include "safetensors.h"
+#include "model/safetensors.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "stop.h"
+#include "batch/stop.h"
 
 #define MAX_TEXT 4096
 

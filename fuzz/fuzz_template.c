@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "template.h"
+#include "text/template.h"
 
 static const char CONTEXT[] =
     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"

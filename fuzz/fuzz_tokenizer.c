@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "model/gguf.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
 
 static tokenizer *smol;
 

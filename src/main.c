@@ -15,15 +15,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "check.h"
-#include "model.h"
-#include "pack.h"
-#include "probe.h"
-#include "synth.h"
-#include "run.h"
-#include "template.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "batch/check.h"
+#include "model/model.h"
+#include "model/pack.h"
+#include "engine/probe.h"
+#include "model/synth.h"
+#include "batch/run.h"
+#include "text/template.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
 
 #define EX_USAGE_ 2
 #define EX_DATAERR_ 65

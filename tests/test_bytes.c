@@ -20,10 +20,10 @@
  * store refuses leaves the file untouched and the job usable; the official
  * openai types (tools/check_output_schema.py, with .venv) accept every line.
  */
-#include "job.h"
-#include "output.h"
+#include "batch/job.h"
+#include "batch/output.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #include <jansson.h>
 #include <limits.h>

@@ -17,8 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "check.h"
-#include "request.h"
+#include "batch/check.h"
+#include "batch/request.h"
 #include "test.h"
 
 #define CORPUS "tests/data/check/"

@@ -25,10 +25,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "engine.h"
-#include "model.h"
+#include "engine/engine.h"
+#include "model/model.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #define MAXROWS 4
 

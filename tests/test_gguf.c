@@ -15,9 +15,9 @@
  * Allocations above 64 MiB fail in this binary (__asan_default_options below), so a parser that
  * sized a buffer from a claimed count would report out-of-memory and miss its golden sentence.
  */
-#include "gguf.h"
+#include "model/gguf.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -7,9 +7,9 @@
  */
 #include <math.h>
 
-#include "hbm_plan.h"
-#include "kv.h"
-#include "model.h"
+#include "engine/hbm_plan.h"
+#include "engine/kv.h"
+#include "model/model.h"
 #include "test.h"
 
 #define GB 1e9

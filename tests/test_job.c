@@ -34,9 +34,9 @@
  * tests (a fsync costs ~4 ms on this disk): they check the protocol, and
  * SIGKILL does not drop the page cache.  test_basic uses the real calls.
  */
-#include "job.h"
+#include "batch/job.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -26,12 +26,12 @@
 #include <jansson.h>
 #include <math.h>
 
-#include "engine.h"
-#include "model.h"
-#include "template.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "text/template.h"
 #include "test.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
 
 #define FIXTURE "tests/data/llamacpp/smollm2.json"
 

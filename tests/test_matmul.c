@@ -23,9 +23,9 @@
  *   cos/sin implementations differ by <= 2 ulp, so each rotated value may
  *   differ by (|a|+|b|) * attn * (1e-6 + 4e-7*|angle|).  Unrotated dims: exact.
  */
-#include "cpu.h"
-#include "gguf.h"
-#include "quant.h"
+#include "engine/cpu.h"
+#include "model/gguf.h"
+#include "model/quant.h"
 #include "test.h"
 
 #include <jansson.h>

@@ -11,9 +11,9 @@
  * With SPILL_OUTPUT_SAMPLES=path the lines are also written to that file for
  * tools/check_output_schema.py (the official openai types).
  */
-#include "output.h"
+#include "batch/output.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -50,17 +50,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "gguf.h"
-#include "gguf_write.h"
-#include "model.h"
-#include "pack.h"
-#include "quant.h"
-#include "quantize.h"
-#include "synth.h"
+#include "engine/engine.h"
+#include "model/gguf.h"
+#include "model/gguf_write.h"
+#include "model/model.h"
+#include "model/pack.h"
+#include "model/quant.h"
+#include "model/quantize.h"
+#include "model/synth.h"
 #include "test.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
 
 static char dir[] = "/tmp/spill_test_pack_XXXXXX";
 

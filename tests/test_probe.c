@@ -20,9 +20,9 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#include "probe.h"
+#include "engine/probe.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 static char home[] = "/tmp/spill_test_probe_XXXXXX";
 

@@ -11,8 +11,8 @@
  * operation order (e.g. an FMA contraction) and is treated as a failure.  The
  * same holds for the SIMD path against the scalar path.
  */
-#include "gguf.h"
-#include "quant.h"
+#include "model/gguf.h"
+#include "model/quant.h"
 #include "test.h"
 
 #include <stdint.h>

@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "plan.h"
+#include "batch/plan.h"
 #include "test.h"
 
 #define MODEL "tests/data/tiny/tiny-smollm2.gguf"

@@ -12,9 +12,9 @@
  *    st_open and st_parse_file_image, directories through st_model_open.
  * Allocations above 64 MiB fail in this binary (see test_gguf.c for why).
  */
-#include "safetensors.h"
+#include "model/safetensors.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #include <fcntl.h>
 #include <jansson.h>

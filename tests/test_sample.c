@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sample.h"
+#include "batch/sample.h"
 #include "test.h"
 
 static char err[512];

@@ -27,7 +27,7 @@
  * sets for real runs; decided before the first run of this test) in at
  * least 90% of them.
  */
-#include "../src/run.c"
+#include "../src/batch/run.c"
 
 #include <dirent.h>
 

@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "stop.h"
+#include "batch/stop.h"
 #include "test.h"
 
 #define MAXT 256

@@ -20,10 +20,10 @@
 #include <stdint.h>
 #include <unistd.h>
 
-#include "model.h"
-#include "stream.h"
+#include "model/model.h"
+#include "engine/stream.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 typedef struct counted {
     int allocs, releases;

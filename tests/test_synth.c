@@ -25,14 +25,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "gguf.h"
-#include "model.h"
-#include "quant.h"
-#include "synth.h"
+#include "engine/engine.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "model/quant.h"
+#include "model/synth.h"
 #include "test.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
 
 static char dir[] = "/tmp/spill_test_synth_XXXXXX";
 

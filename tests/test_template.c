@@ -21,9 +21,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "template.h"
+#include "text/template.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 static json_t *load(const char *path)
 {

@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 #include "test.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "text/tokenizer.h"
+#include "base/util.h"
 
 #define DATA "tests/data/tok/"
 

@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 int main(void)
 {

@@ -17,7 +17,7 @@ Writes (run from anywhere; paths are relative to the repo root):
   fuzz/seeds/fuzz_gguf/, fuzz/seeds/fuzz_safetensors/   seeds: the small good files and a few bad ones
 
 The expected error sentences are composed here from the byte positions this script lays out, not
-copied from the C parser's output; the sentence templates mirror src/gguf.c and src/safetensors.c.
+copied from the C parser's output; the sentence templates mirror src/model/gguf.c and src/model/safetensors.c.
 Only the JSON-syntax cases quote jansson 2.14's own wording and position.
 """
 import ctypes
@@ -136,7 +136,7 @@ def make_writer_gguf(path):
 # ---------------------------------------------------------------- hand-laid GGUF builder
 
 def show(b, limit=40):
-    """Mirror of src/gguf.c show(): how an untrusted key or name is quoted in an error."""
+    """Mirror of src/model/gguf.c show(): how an untrusted key or name is quoted in an error."""
     out = ""
     for i, c in enumerate(b):
         if i == limit:

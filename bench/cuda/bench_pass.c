@@ -30,9 +30,9 @@
 #include <time.h>
 
 #include "cuda/cuda_backend.h"
-#include "gguf.h"
-#include "quant.h"
-#include "util.h"
+#include "model/gguf.h"
+#include "model/quant.h"
+#include "base/util.h"
 
 #define PATTERN_BYTES (64u << 20)
 

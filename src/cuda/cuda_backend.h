@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#include "../engine.h"
+#include "../engine/engine.h"
 
 /* Returned by every call once the CUDA context is poisoned (illegal address,
  * launch failure, ECC, ...): the process must exit (75 = EX_TEMPFAIL) and be

@@ -13,11 +13,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../engine.h"
-#include "../hbm_plan.h"
-#include "../plan.h"
-#include "../sample.h"
-#include "../util.h"
+#include "../engine/engine.h"
+#include "../engine/hbm_plan.h"
+#include "../batch/plan.h"
+#include "../batch/sample.h"
+#include "../base/util.h"
 #include "cuda_backend.h"
 
 static int g_forward(void *impl, fwd_seq *seqs, int n, float *logits, char *err, size_t errlen)

@@ -24,11 +24,11 @@
 #include <unistd.h>
 
 extern "C" {
-#include "../cpu.h"
-#include "../stream.h"
-#include "../gguf.h"
-#include "../quant.h"
-#include "../util.h"
+#include "../engine/cpu.h"
+#include "../engine/stream.h"
+#include "../model/gguf.h"
+#include "../model/quant.h"
+#include "../base/util.h"
 }
 #include "kernels.cuh"
 

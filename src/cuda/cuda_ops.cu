@@ -13,9 +13,9 @@
 #include <string.h>
 
 extern "C" {
-#include "../gguf.h"
-#include "../quant.h"
-#include "../util.h"
+#include "../model/gguf.h"
+#include "../model/quant.h"
+#include "../base/util.h"
 }
 #include "kernels.cuh"
 

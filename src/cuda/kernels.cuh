@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "../kv.h" /* the page formats (KV_BF16, KV_I8) */
+#include "../engine/kv.h" /* the page formats (KV_BF16, KV_I8) */
 }
 
 typedef __nv_bfloat16 bf16;

