@@ -2,12 +2,7 @@
  * main.c — the `spill` command line: parses arguments, dispatches to the
  * stages, and is the only place that turns errors into exit codes.
  *
- * Exit codes (documented in README):
- *   0 success · 2 bad arguments · 65 invalid input data (EX_DATAERR) ·
- *   66 input missing/unreadable (EX_NOINPUT) · 69 command not built yet
- *   (EX_UNAVAILABLE) · 70 internal error (EX_SOFTWARE) · 73 cannot create
- *   the output (EX_CANTCREAT) · 74 I/O error (EX_IOERR) · 75 temporary
- *   failure, resumable (EX_TEMPFAIL: interrupted job, GPU fault).
+ * Exit codes: base/exit.h (the README lists them).
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -23,12 +18,9 @@
 #include "batch/run.h"
 #include "text/template.h"
 #include "text/tokenizer.h"
+#include "base/exit.h"
 #include "base/util.h"
 
-#define EX_USAGE_ 2
-#define EX_DATAERR_ 65
-#define EX_NOINPUT_ 66
-#define EX_UNAVAILABLE_ 69
 
 static const struct command {
     const char *name, *usage, *what;
@@ -99,16 +91,16 @@ static int cmd_models(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[0], "show")) {
         if (argc != 2)
-            return usage_one("models", EX_USAGE_);
+            return usage_one("models", SPILL_EX_USAGE);
         model_desc *m = open_model(argv[1]);
         if (!m)
-            return EX_DATAERR_;
+            return SPILL_EX_DATAERR;
         model_print(m, stdout);
         model_close(m);
         return 0;
     }
     if (argc != 0)
-        return usage_one("models", EX_USAGE_);
+        return usage_one("models", SPILL_EX_USAGE);
     printf("curated models (in %s/models):\n", util_spill_home());
     const registry_entry *e;
     for (size_t i = 0; registry_at(i, &e); i++) {
@@ -218,15 +210,15 @@ static int cmd_tokenize(int argc, char **argv)
         else if (np < 2 && (argv[i][0] != '-' || !strcmp(argv[i], "-")))
             pos[np++] = argv[i];
         else
-            return usage_one("tokenize", EX_USAGE_);
+            return usage_one("tokenize", SPILL_EX_USAGE);
     }
     if (np != 2)
-        return usage_one("tokenize", EX_USAGE_);
+        return usage_one("tokenize", SPILL_EX_USAGE);
     model_desc *m = open_model(pos[0]);
     if (!m)
-        return EX_DATAERR_;
+        return SPILL_EX_DATAERR;
     tokenizer *t = open_tokenizer(m);
-    int rc = EX_DATAERR_;
+    int rc = SPILL_EX_DATAERR;
     char *text = NULL;
     size_t len = 0;
     int32_t *ids = NULL;
@@ -238,7 +230,7 @@ static int cmd_tokenize(int argc, char **argv)
         text = read_stdin_all(&len);
         if (!text) {
             fprintf(stderr, "spill: standard input could not be read (or is over 256 MiB).\n");
-            rc = EX_NOINPUT_;
+            rc = SPILL_EX_NOINPUT;
             goto out;
         }
     } else {
@@ -270,15 +262,15 @@ static int cmd_template(int argc, char **argv)
         else if (np < 2 && argv[i][0] != '-')
             pos[np++] = argv[i];
         else
-            return usage_one("template", EX_USAGE_);
+            return usage_one("template", SPILL_EX_USAGE);
     }
     if (np != 2)
-        return usage_one("template", EX_USAGE_);
+        return usage_one("template", SPILL_EX_USAGE);
     json_error_t je;
     json_t *doc = json_load_file(pos[1], JSON_REJECT_DUPLICATES, &je);
     if (!doc) {
         fprintf(stderr, "spill: %s: line %d, column %d: %s.\n", pos[1], je.line, je.column, je.text);
-        return EX_DATAERR_;
+        return SPILL_EX_DATAERR;
     }
     /* Accept a bare messages array or an object with "messages" (a chat request body or fine-tuning line). */
     json_t *messages = json_is_array(doc) ? doc : json_object_get(doc, "messages");
@@ -287,9 +279,9 @@ static int cmd_template(int argc, char **argv)
         fprintf(stderr, "spill: %s: expected a JSON array of messages or an object with a \"messages\" array.\n",
                 pos[1]);
         json_decref(doc);
-        return EX_DATAERR_;
+        return SPILL_EX_DATAERR;
     }
-    int rc = EX_DATAERR_;
+    int rc = SPILL_EX_DATAERR;
     char *out = NULL;
     size_t outlen = 0, n = 0;
     int32_t *ids = NULL;
@@ -317,13 +309,13 @@ static int cmd_template(int argc, char **argv)
     json_decref(extra);
     if (rc != 0) {
         fprintf(stderr, "spill: %s\n", err);
-        rc = EX_DATAERR_;
+        rc = SPILL_EX_DATAERR;
         goto done;
     }
     /* Rendered chats already carry their special tokens: tokenize with special-token parsing, no added BOS. */
     if (tokenizer_encode(t, out, outlen, false, &ids, &n, err, sizeof err) != 0) {
         fprintf(stderr, "spill: %s\n", err);
-        rc = EX_DATAERR_;
+        rc = SPILL_EX_DATAERR;
         goto done;
     }
     if (json) {
@@ -356,7 +348,7 @@ int main(int argc, char **argv)
 {
     if (argc < 2) {
         usage_all(stderr);
-        return EX_USAGE_;
+        return SPILL_EX_USAGE;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
@@ -370,13 +362,13 @@ int main(int argc, char **argv)
     if (!c) {
         fprintf(stderr, "spill: unknown command '%s'.\n", cmd);
         usage_all(stderr);
-        return EX_USAGE_;
+        return SPILL_EX_USAGE;
     }
     if (wants_help(argc - 2, argv + 2))
         return usage_one(cmd, 0);
     if (!c->built) {
         fprintf(stderr, "spill: '%s' is not built yet in this version; see `spill --help` for what works now.\n", cmd);
-        return EX_UNAVAILABLE_;
+        return SPILL_EX_UNAVAILABLE;
     }
     if (!strcmp(cmd, "models"))
         return cmd_models(argc - 2, argv + 2);
@@ -396,5 +388,5 @@ int main(int argc, char **argv)
         return synth_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "check"))
         return check_main(argc - 2, argv + 2);
-    return usage_one(cmd, EX_USAGE_);
+    return usage_one(cmd, SPILL_EX_USAGE);
 }

@@ -437,9 +437,9 @@ static void test_main_exit_codes(void)
     CHECK(check_main(2, bad) == 65, "bad → 65");
     CHECK(check_main(1, missing) == 66, "missing → 66");
     CHECK(check_main(1, dir) == 66, "directory → 66");
-    CHECK(check_main(0, missing + 1) == 64, "no args → 64");
-    CHECK(check_main(2, usage2) == 64, "two inputs → 64");
-    CHECK(check_main(2, flag) == 64, "unknown flag → 64");
+    CHECK(check_main(0, missing + 1) == 2, "no args → 2");
+    CHECK(check_main(2, usage2) == 2, "two inputs → 2");
+    CHECK(check_main(2, flag) == 2, "unknown flag → 2");
 }
 
 int main(void)

@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #endif
 #include "check.h"
+#include "../base/exit.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sysexits.h>
 #include <unistd.h>
 
 /* ---- custom_id set ----------------------------------------------------------------------------------- */
@@ -415,11 +415,11 @@ int check_exit_code(int rc)
     case CHECK_OK:
         return 0;
     case CHECK_INVALID:
-        return EX_DATAERR;
+        return SPILL_EX_DATAERR;
     case CHECK_NOINPUT:
-        return EX_NOINPUT;
+        return SPILL_EX_NOINPUT;
     default:
-        return EX_IOERR;
+        return SPILL_EX_IOERR;
     }
 }
 
@@ -438,12 +438,12 @@ int check_main(int argc, char **argv)
             path = argv[i];
         else {
             fputs(usage, stderr);
-            return EX_USAGE;
+            return SPILL_EX_USAGE;
         }
     }
     if (!path) {
         fputs(usage, stderr);
-        return EX_USAGE;
+        return SPILL_EX_USAGE;
     }
     check_report r;
     char err[SPILL_ERRLEN];

@@ -20,9 +20,9 @@
  *     run).  `spill check` treats both as "invalid" — it is a linter.
  *   - Limits default to OpenAI's (50,000 requests, 200 MB); 0 lifts one.
  *
- * Exit codes for main() (check_exit_code): 0 valid, 64 (EX_USAGE) bad
- * arguments, 65 (EX_DATAERR) invalid data, 66 (EX_NOINPUT) cannot open,
- * 74 (EX_IOERR) read error.
+ * Exit codes for main() (check_exit_code, base/exit.h): 0 valid, 2 bad
+ * arguments, 65 invalid data, 66 cannot open,
+ * 74 read error.
  */
 #ifndef SPILL_CHECK_H
 #define SPILL_CHECK_H

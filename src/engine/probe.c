@@ -54,6 +54,7 @@
 #include "../model/gguf.h"
 #include "../model/quant.h"
 #include "../base/util.h"
+#include "../base/exit.h"
 
 #define DIO_ALIGN 4096u /* O_DIRECT needs 4096-aligned offset, length and buffer */
 #define MIB (1024ull * 1024)
@@ -541,21 +542,21 @@ int probe_main(int argc, char **argv)
         else if (!strcmp(a, "--bytes") && v) {
             if (!parse_bytes(v, &o.bytes)) {
                 fprintf(stderr, "spill probe: --bytes '%s' must be a size such as 1G or 512M.\n", v);
-                return 2;
+                return SPILL_EX_USAGE;
             }
             i++;
         } else if (!strcmp(a, "--test-small")) /* hidden: tests probe a 16-64 MiB file and a small matmul */
             o.small_ok = true;
         else {
             fprintf(stderr, "usage: spill probe [--dir PATH] [--bytes N]\n");
-            return 2;
+            return SPILL_EX_USAGE;
         }
     }
     probe_result r;
     char err[SPILL_ERRLEN] = "", path[1100];
     if (probe_run(&o, &r, err, sizeof err) != 0) {
         fprintf(stderr, "spill probe: %s\n", err);
-        return 74; /* EX_IOERR */
+        return SPILL_EX_IOERR;
     }
     probe_print(&r);
     if (util_pathf(path, sizeof path, "%s/calibration", util_spill_home()) != 0 || mkdir_p(path) != 0 ||
@@ -564,7 +565,7 @@ int probe_main(int argc, char **argv)
         if (!err[0])
             util_errf(err, sizeof err, "%s: cannot create the calibration directory.", path);
         fprintf(stderr, "spill probe: %s\n", err);
-        return 74;
+        return SPILL_EX_IOERR;
     }
     printf("saved      %s\n", path);
     return 0;

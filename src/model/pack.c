@@ -54,6 +54,7 @@
 #include "quant.h"
 #include "quantize.h"
 #include "../base/util.h"
+#include "../base/exit.h"
 
 #define ALIGNMENT 4096
 #define CHUNK_F32 (16u << 20) /* bytes of fp32 per chunk of rows */
@@ -647,7 +648,7 @@ out:
 static int usage(void)
 {
     fprintf(stderr, "usage: spill pack MODEL --quant q8|q4|none -o OUT.gguf|DIR\n");
-    return 2;
+    return SPILL_EX_USAGE;
 }
 
 int pack_main(int argc, char **argv)
@@ -675,7 +676,7 @@ int pack_main(int argc, char **argv)
         o.quant = PACK_NONE;
     else {
         fprintf(stderr, "spill pack: --quant '%s' must be q8, q4 or none.\n", q);
-        return 2;
+        return SPILL_EX_USAGE;
     }
     char full[4096];
     if (util_is_dir(o.out)) { /* -o DIR: <model name>-<quant>.gguf inside */
@@ -690,7 +691,7 @@ int pack_main(int argc, char **argv)
             *dot = 0;
         if (util_pathf(full, sizeof full, "%s/%s-%s.gguf", o.out, base, q) != 0) {
             fprintf(stderr, "spill pack: output path under %s is too long.\n", o.out);
-            return 2;
+            return SPILL_EX_USAGE;
         }
         o.out = full;
     }
@@ -699,7 +700,7 @@ int pack_main(int argc, char **argv)
     char err[SPILL_ERRLEN];
     if (pack_model(&o, &rep, err, sizeof err) != 0) {
         fprintf(stderr, "spill pack: %s\n", err);
-        return 65;
+        return SPILL_EX_DATAERR;
     }
     printf("%-40s %-6s %-6s %12s %12s %9s\n", "tensor", "from", "to", "bytes in", "bytes out", "rel err");
     for (size_t i = 0; i < rep.n; i++) {

@@ -46,6 +46,7 @@
 #include "gguf_write.h"
 #include "quant.h"
 #include "../base/util.h"
+#include "../base/exit.h"
 
 #define ALIGNMENT 4096
 #define PIECE_ELEMS 65536 /* elements per independently seeded piece of a matrix (a whole number of blocks) */
@@ -458,7 +459,7 @@ static int usage(void)
 {
     fprintf(stderr, "usage: spill synth --like llama3-8b|llama3-70b|qwen2.5-7b|smollm2-135m|tiny [--layers N] "
                     "[--quant f16|bf16|q8|q4] [--seed N] [--sparse] -o PATH\n");
-    return 2;
+    return SPILL_EX_USAGE;
 }
 
 int synth_main(int argc, char **argv)
@@ -474,7 +475,7 @@ int synth_main(int argc, char **argv)
             long n = strtol(v, &end, 10);
             if (*end || n < 1 || n > 100000) {
                 fprintf(stderr, "spill synth: --layers '%s' must be a positive integer.\n", v);
-                return 2;
+                return SPILL_EX_USAGE;
             }
             o.layers = (int)n, i++;
         } else if (!strcmp(a, "--quant") && v)
@@ -483,7 +484,7 @@ int synth_main(int argc, char **argv)
             o.seed = strtoull(v, &end, 0);
             if (*end) {
                 fprintf(stderr, "spill synth: --seed '%s' must be an integer.\n", v);
-                return 2;
+                return SPILL_EX_USAGE;
             }
             i++;
         } else if (!strcmp(a, "-o") && v)
@@ -500,7 +501,7 @@ int synth_main(int argc, char **argv)
         fprintf(stderr, "spill synth: %s\n",
                 sh ? "--layers is more than the model has"
                    : "--like must be llama3-8b, llama3-70b, qwen2.5-7b, smollm2-135m or tiny.");
-        return 2;
+        return SPILL_EX_USAGE;
     }
     if (!strcmp(q, "f16"))
         o.wtype = GGML_F16;
@@ -512,7 +513,7 @@ int synth_main(int argc, char **argv)
         o.wtype = GGML_Q4_0;
     else {
         fprintf(stderr, "spill synth: --quant '%s' must be f16, bf16, q8 or q4.\n", q);
-        return 2;
+        return SPILL_EX_USAGE;
     }
     char full[4096];
     if (util_is_dir(path)) { /* -o DIR: a name of its own inside */
@@ -521,7 +522,7 @@ int synth_main(int argc, char **argv)
             snprintf(layers, sizeof layers, "-L%d", o.layers);
         if (util_pathf(full, sizeof full, "%s/%s%s-%s.gguf", path, o.like, layers, q) != 0) {
             fprintf(stderr, "spill synth: output path under %s is too long.\n", path);
-            return 2;
+            return SPILL_EX_USAGE;
         }
         path = full;
     }
@@ -531,7 +532,7 @@ int synth_main(int argc, char **argv)
     synth_stats st;
     if (synth_write(&o, &st, err, sizeof err) != 0) {
         fprintf(stderr, "spill synth: %s\n", err);
-        return 73; /* EX_CANTCREAT */
+        return SPILL_EX_CANTCREAT;
     }
     printf("wrote %s: %.3f GB in %.1f s (%.2f GB/s%s)%s\n", path, st.bytes / 1e9, st.seconds,
            st.bytes / 1e9 / (st.seconds > 0 ? st.seconds : 1e-9), st.direct ? ", O_DIRECT" : ", buffered",
