@@ -1,7 +1,8 @@
 /*
  * cuda_backend.h — the CUDA backend as C sees it: an opaque engine with the
- * semantics of engine.h (same fwd_seq, same paged KV bookkeeping), plus the
- * op-level entry points the GPU tests compare against the CPU ops.
+ * semantics of engine.h (same fwd_seq, same paged KV bookkeeping).  The
+ * op-level entry points the GPU tests compare against the CPU ops, and the
+ * test hooks, are in cuda_test.h, which only tests include.
  *
  * This is the only header C code includes from src/cuda/: plain C types,
  * extern "C" entry points, no CUDA types.  Everything else in src/cuda/ is
@@ -148,10 +149,6 @@ const float *cuda_engine_logits(const cuda_engine *e);
 kv_cache *cuda_engine_kv(cuda_engine *e);
 void cuda_engine_get_stats(const cuda_engine *e, cuda_engine_stats *st);
 
-/* Test hook: launches a kernel that writes through a wild pointer, poisoning
- * the context; the next forward returns CUDA_ENGINE_EDEVICE. */
-void cuda_engine_inject_fault(cuda_engine *e);
-
 /* Device name and memory, for logs.  Returns 0 or -1 with a sentence. */
 int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total_bytes, uint64_t *free_bytes, char *err,
                      size_t errlen);
@@ -160,54 +157,6 @@ int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total_by
  * buffer into device memory, timed with events; *gbps is bytes/s / 1e9 of the
  * median copy.  Returns 0, -1 with a sentence, or CUDA_ENGINE_EDEVICE. */
 int cuda_probe_h2d(int device, size_t bytes, int reps, double *gbps, char *err, size_t errlen);
-
-/* ---------------------------------------------------------------- op entry points (tests) */
-/* Each uploads its host inputs, runs the GPU op once, downloads the result.
- * Return 0, -1 with a sentence, or CUDA_ENGINE_EDEVICE. */
-
-/* out(N, K) fp32 = dequant of W (N rows of K elements in `type`). */
-int cuda_op_dequant(uint32_t type, const void *w, int64_t N, int64_t K, float *out, char *err, size_t errlen);
-
-/* Y(T, N) = bf16(X)(T, K) · bf16(dequant W)(N, K)^T with fp32 accumulation. */
-int cuda_op_matmul(uint32_t type, const void *w, int64_t N, int64_t K, const float *x, int64_t T, float *y, char *err,
-                   size_t errlen);
-
-/* y(T, D) = rmsnorm(x) * w (or 1 + w). */
-int cuda_op_rmsnorm(const float *x, const float *w, int64_t T, int64_t D, float eps, bool plus_one, float *y, char *err,
-                    size_t errlen);
-
-/* x(T, H, S) rotated in place; inv_freq (n_rot/2), style 0 NEOX / 1 NORM. */
-int cuda_op_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int n_rot, int style,
-                 float attn_scale, char *err, size_t errlen);
-
-/* g(n) = silu(g) * u (gelu_tanh when gelu). */
-int cuda_op_act_mul(float *g, const float *u, int64_t n, bool gelu, char *err, size_t errlen);
-
-/* Attention over a host paged KV arena (kv.h layout, one layer, fp32 here; stored on the device in kv_dtype's
- * format (KV_BF16 or KV_I8) as the engine stores KV, so values that format represents reach the kernels
- * exactly): q (T, H, S), token t belongs to sequence seq[t] at position pos[t]; sequence s's page table is
- * pages[pt_off[s] ...]; out (T, H, S).  tile_min_run > 0 plans prompt tiles as the engine does; split lets
- * long per-token rows split their keys over warps as the engine does. */
-int cuda_op_attention(const float *q, const float *kv_arena, int32_t n_pages, int P, int H, int K, int S, int kv_dtype,
-                      const int32_t *pos, const int32_t *seq, int64_t T, const int32_t *pt_off, const int32_t *pages,
-                      int32_t n_table, int n_seqs, int window, float scale, float softcap, int tile_min_run,
-                      bool split, float *out, char *err, size_t errlen);
-
-/* k, v (T, K*S) written into a zeroed device KV arena of n_pages (kv.h layout, one layer, kv_dtype KV_BF16 or
- * KV_I8) at each token's page and position, then widened back into arena (fp32, n_pages * 2*K*P*S values). */
-int cuda_op_kv_write(const float *k, const float *v, int64_t T, const int32_t *pos, const int32_t *seq,
-                     const int32_t *pt_off, const int32_t *pages, int32_t n_table, int n_seqs, int32_t n_pages, int P,
-                     int K, int S, int kv_dtype, float *arena, char *err, size_t errlen);
-
-/* Test hook: the parts the last attention call split its long per-token rows into (1 = none; the op splits
- * only with split true, as the engine always may). */
-int cuda_attention_last_split(void);
-
-/* Test hook: the kernel prompt tiles use (2 TF32 tensor cores, the default; 1 fp32 CUDA cores). */
-void cuda_attention_kind(int kind);
-
-/* picks for R rows of host logits (R, V) with want as in cuda_engine_forward_pick. */
-int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, cuda_pick *out, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

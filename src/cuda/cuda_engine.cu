@@ -57,6 +57,7 @@
  * unknown, so the engine then refuses further passes (reopen it).
  */
 #include "cuda_internal.h"
+#include "cuda_test.h"
 
 /* Names of the profile segments (SPILL_CUDA_PROF): segment i runs from mark i to mark i + 1. */
 static const char *const PROF_SEG[PROF_MARKS - 1] = {"attn norm",    "gemm q,k,v", "bias/norm/rope/kv write",

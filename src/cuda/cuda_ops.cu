@@ -6,7 +6,7 @@
  * for the hot path: every call allocates and synchronizes.  The engine
  * (cuda_engine.cu) runs the same kernels and the same cuBLAS call shape.
  */
-#include "cuda_backend.h"
+#include "cuda_test.h"
 
 #include <cublas_v2.h>
 #include <stdlib.h>

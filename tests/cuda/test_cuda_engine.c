@@ -57,7 +57,7 @@
 #include <stdint.h>
 #include <unistd.h>
 
-#include "cuda/cuda_backend.h"
+#include "cuda/cuda_test.h"
 #include "engine/engine.h"
 #include "model/gguf.h"
 #include "model/model.h"

@@ -40,7 +40,7 @@
 #include <stdint.h>
 
 #include "engine/cpu.h"
-#include "cuda/cuda_backend.h"
+#include "cuda/cuda_test.h"
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "batch/sample.h"

@@ -1,0 +1,171 @@
+/*
+ * test_exit.c — exit codes (base/exit.h) through the real binary
+ * (build/asan/spill, or $SPILL_BIN).
+ *
+ * Expectations, fixed before running:
+ *   - bad arguments are 2 for every command, with a usage line or a sentence
+ *     on stderr and nothing on stdout's first line that looks like success;
+ *   - an unknown command is 2, a command not built yet 69;
+ *   - set-up errors exit before a job exists (no job directory is created)
+ *     with a non-75 code: --gpu on a build without CUDA (2), --kv-dtype on
+ *     the CPU engine (2), a model whose architecture is not wired into the
+ *     engine (65: gemma3:270m, which tools/setup.sh installs), a
+ *     --mem-budget too small for the longest row (2);
+ *   - `spill resume` of a directory that is no job is 66, never 75;
+ *   - 75 is left to interruptions and GPU faults (test_run checks SIGINT).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/util.h"
+#include "test.h"
+
+#define MODEL "tests/data/tiny/tiny-smollm2.gguf"
+#define INPUT "examples/sample-20.jsonl"
+
+static char root[] = "/tmp/spill-test-exit-XXXXXX";
+
+static const char *bin(void)
+{
+    const char *b = getenv("SPILL_BIN");
+    return b && *b ? b : "build/asan/spill";
+}
+
+/* Runs bin() with argv (NULL-terminated, argv[0] ignored); returns the exit code (-1 when it died by a
+ * signal) and leaves its stderr in root/stderr.txt. */
+static int run(const char *const *argv)
+{
+    char errp[PATH_MAX];
+    snprintf(errp, sizeof errp, "%s/stderr.txt", root);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stdout) || !freopen(errp, "w", stderr))
+            _exit(127);
+        execv(bin(), (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return -2;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static bool stderr_has(const char *needle)
+{
+    char path[PATH_MAX], *text = NULL, err[SPILL_ERRLEN];
+    size_t n = 0;
+    snprintf(path, sizeof path, "%s/stderr.txt", root);
+    if (util_read_file(path, 1 << 20, &text, &n, err, sizeof err))
+        return false;
+    bool ok = strstr(text, needle) != NULL;
+    free(text);
+    return ok;
+}
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+#define RUN(...) run((const char *const[]){"spill", __VA_ARGS__, NULL})
+
+static void test_bad_arguments(void)
+{
+    struct {
+        const char *const argv[6];
+    } cases[] = {
+        {{"run", MODEL, INPUT, "--no-such-option"}},
+        {{"run", MODEL}},
+        {{"run", MODEL, INPUT, "--batch", "zero"}},
+        {{"resume", "--no-such-option"}},
+        {{"resume"}},
+        {{"check", "--no-such-option"}},
+        {{"check"}},
+        {{"models", "--no-such-option"}},
+        {{"models", "show"}},
+        {{"probe", "--no-such-option"}},
+        {{"pack", MODEL, "--no-such-option"}},
+        {{"pack", MODEL, "--quant", "q3", "-o", "/tmp/x.gguf"}},
+        {{"synth", "--no-such-option"}},
+        {{"tokenize", MODEL}},
+        {{"tokenize", MODEL, "hi", "--no-such-option"}},
+        {{"template", MODEL}},
+        {{"template", MODEL, "examples/messages.json", "--no-such-option"}},
+        {{"no-such-command"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *argv[8] = {"spill"};
+        char shown[256] = "";
+        for (int a = 0; a < 6 && cases[i].argv[a]; a++) {
+            argv[a + 1] = cases[i].argv[a];
+            snprintf(shown + strlen(shown), sizeof shown - strlen(shown), " %s", cases[i].argv[a]);
+        }
+        int rc = run(argv);
+        CHECK(rc == 2, "spill%s: exit %d, want 2 (bad arguments)", shown, rc);
+        CHECK(stderr_has("usage") || stderr_has("spill"), "spill%s: nothing on stderr says why", shown);
+    }
+    CHECK(RUN("distill") == 69, "spill distill: want 69 (not built yet)");
+}
+
+/* A set-up refusal: the code, a sentence, and no job directory left behind. */
+static void expect_setup_refusal(const char *what, int want, const char *needle, const char *const *argv,
+                                 const char *dir)
+{
+    int rc = run(argv);
+    CHECK(rc == want, "%s: exit %d, want %d", what, rc, want);
+    CHECK(!needle || stderr_has(needle), "%s: stderr lacks \"%s\"", what, needle);
+    CHECK(!stderr_has("resumable"), "%s: a set-up error was called resumable", what);
+    char m[PATH_MAX];
+    snprintf(m, sizeof m, "%s/manifest.json", dir);
+    CHECK(!exists(m), "%s: a job was created at %s", what, dir);
+}
+
+static void test_setup_errors(void)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/job-gpu", root);
+    expect_setup_refusal("--gpu on a CPU build", 2, "without CUDA",
+                         (const char *const[]){"spill", "run", MODEL, INPUT, "-o", dir, "--gpu", "--quiet", NULL}, dir);
+    snprintf(dir, sizeof dir, "%s/job-kv", root);
+    expect_setup_refusal("--kv-dtype on the CPU", 2, "--kv-dtype",
+                         (const char *const[]){"spill", "run", MODEL, INPUT, "-o", dir, "--kv-dtype", "int8", "--quiet",
+                                               NULL},
+                         dir);
+    snprintf(dir, sizeof dir, "%s/job-budget", root);
+    expect_setup_refusal("a budget below the fixed costs", 2, "--mem-budget",
+                         (const char *const[]){"spill", "run", MODEL, INPUT, "-o", dir, "--mem-budget", "20M", "--quiet",
+                                               NULL},
+                         dir);
+    /* An architecture the engine does not run (tools/setup.sh installs gemma3:270m: described, not wired). */
+    char gem[PATH_MAX];
+    snprintf(gem, sizeof gem, "%s/models/gemma3-270m/gemma-3-270m-q4_k_m.gguf", util_spill_home());
+    CHECK(exists(gem), "%s is missing; run tools/setup.sh", gem);
+    snprintf(dir, sizeof dir, "%s/job-arch", root);
+    if (exists(gem))
+        expect_setup_refusal("an architecture not wired", 65, "not wired",
+                             (const char *const[]){"spill", "run", gem, INPUT, "-o", dir, "--quiet", NULL}, dir);
+
+    snprintf(dir, sizeof dir, "%s/not-a-job", root);
+    mkdir(dir, 0755);
+    int rc = RUN("resume", dir);
+    CHECK(rc == 66, "resume of a directory that holds no job: exit %d, want 66", rc);
+}
+
+int main(void)
+{
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_bad_arguments();
+    test_setup_errors();
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", root);
+    return test_finish("test_exit");
+}
