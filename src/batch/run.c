@@ -846,7 +846,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
             return frc;
         /* Draw the other rows' next tokens in parallel (each row owns its RNG and counts, each thread its
          * scratch: the draws are the same whatever thread takes which row), then apply them in order. */
-        cpu_pool_run(r->spool, draw_task, r, nc);
+        pool_run(r->spool, draw_task, r, nc);
         int li = 0;
         for (int s = 0; s < ns; s++) {
             row *w = &r->rows[r->seq_row[s]];
@@ -929,10 +929,10 @@ static void runner_free(runner *r)
     free(r->seq_row);
     free(r->seq_choice);
     sample_scratch_free(&r->sc);
-    for (int t = 0; r->scs && r->spool && t < cpu_pool_threads(r->spool); t++)
+    for (int t = 0; r->scs && r->spool && t < pool_threads(r->spool); t++)
         sample_scratch_free(&r->scs[t]);
     free(r->scs);
-    cpu_pool_free(r->spool);
+    pool_free(r->spool);
     free(r->sres);
     free(r->sidx);
     free(r->src);
@@ -962,10 +962,10 @@ static int setup_passes(runner *r, char *err, size_t errlen)
     r->src = calloc((size_t)max_seqs, sizeof *r->src);
     r->want = malloc((size_t)max_seqs * sizeof *r->want);
     r->cidx = malloc((size_t)max_seqs * sizeof *r->cidx);
-    if (sample_scratch_init(&r->sc, r->m->vocab, err, errlen) || cpu_pool_create(r->o.threads, 0, &r->spool, err, errlen))
+    if (sample_scratch_init(&r->sc, r->m->vocab, err, errlen) || pool_create(r->o.threads, 0, &r->spool, err, errlen))
         return -1;
-    r->scs = calloc((size_t)cpu_pool_threads(r->spool), sizeof *r->scs);
-    for (int t = 0; r->scs && t < cpu_pool_threads(r->spool); t++)
+    r->scs = calloc((size_t)pool_threads(r->spool), sizeof *r->scs);
+    for (int t = 0; r->scs && t < pool_threads(r->spool); t++)
         if (sample_scratch_init(&r->scs[t], r->m->vocab, err, errlen))
             return -1;
     if (!r->queue || !r->active || !r->logits || !r->seqs || !r->seq_row || !r->seq_choice || !r->sres || !r->sidx ||

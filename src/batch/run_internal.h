@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "calib.h"
-#include "../engine/cpu.h"
+#include "../base/pool.h"
 #include "../engine/engine.h"
 #include "job.h"
 #include "../engine/kv.h"
@@ -111,7 +111,7 @@ typedef struct runner {
     uint64_t admit_serial;
 
     sample_scratch sc;   /* sequential sampling (n > 1 choices sharing a prompt) */
-    cpu_pool *spool;     /* sampling threads: rows of a pass are sampled in parallel */
+    spill_pool *spool;     /* sampling threads: rows of a pass are sampled in parallel */
     sample_scratch *scs; /* (threads) one scratch per sampling thread */
     sample_result *sres; /* (max seqs) this pass's draws */
     int *sidx;           /* (max seqs) sequence index of each logits row */

@@ -1,20 +1,13 @@
 /*
- * cpu.c — the CPU backend's compute: thread pool, weight matmul, fp32
- * elementwise ops and RoPE.
+ * cpu.c — the CPU backend's compute: weight matmul, fp32 elementwise ops
+ * and RoPE, run on a thread pool (base/pool.c) that carries the matmul mode.
  *
- * Owns: worker threads and their scratch, the order in which every dot
- * product is summed, and the RoPE frequency formulas.  Does not own: weight
- * layouts (quant.c), attention, the KV cache or any model logic (forward.c).
- *
- * Thread pool.  n-1 pthreads plus the calling thread.  A job is published
- * by bumping a generation counter (release store, plus a condvar broadcast
- * for sleepers); workers claim task indices from an atomic counter and the
- * caller waits until every worker has checked out of the job (an atomic
- * count), so no worker can touch a finished job's context.  Both sides spin
- * ~100 µs before sleeping on a condition variable: back-to-back matmuls of
- * one forward pass then start and finish without futex wake-ups (measured on
- * 16 threads: a 1536x576 Q4_1 matmul at T=1 went from 111 µs to 39 µs),
- * while an idle pool burns no CPU.
+ * Owns: the order in which every dot product is summed, and the RoPE
+ * frequency formulas.  Does not own: the threads (base/pool.c: n-1 workers
+ * plus the caller, ~100 µs of spinning before sleeping, so back-to-back
+ * matmuls of one pass start without futex wake-ups — measured on 16 threads:
+ * a 1536x576 Q4_1 matmul at T=1 went from 111 µs to 39 µs), weight layouts
+ * (quant.c), attention, the KV cache or any model logic (forward.c).
  *
  * Matmul Y(T,N) = X(T,K) · W(N,K)^T.  A task is a tile of up to 16 W rows:
  * the thread dequantizes the tile into its scratch once (F32 weights are
@@ -54,225 +47,53 @@
 
 #include "../model/quant.h"
 #include "../model/quant_avx2.h"
+#include "../base/pool.h"
 #include "../base/util.h"
 
 #include <errno.h>
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* ---------------------------------------------------------------- thread pool */
+/* ---------------------------------------------------------------- the engine's pool */
 
-#define SPIN_ITERS 4096 /* pause instructions before sleeping: ~100 µs on current x86 */
-
-typedef struct {
-    cpu_pool *p;
-    int id;
-} worker_arg;
-
+/* A thread pool (base/pool.c) plus the matmul mode and the 8-bit activation buffer that belong to it. */
 struct cpu_pool {
-    int n;                 /* threads including the caller */
-    pthread_t *threads;    /* (n-1) */
-    worker_arg *args;      /* (n-1) */
-    int n_started;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;   /* job published or stop */
-    pthread_cond_t done;   /* last worker checked out */
-    uint64_t gen;          /* job generation, under mu */
-    _Atomic uint64_t gen_seen; /* copy of gen for the lock-free spin */
-    cpu_task_fn fn;
-    void *ctx;
-    int64_t n_tasks;
-    _Atomic int64_t next;  /* next unclaimed task */
-    _Atomic int active;    /* workers still in the current job */
-    bool stop;
-    uint8_t *scratch;      /* (n, scratch_stride) */
-    bool q8_act;           /* matmul mode for quantized weights, see cpu_pool_set_q8_act */
-    uint8_t *act;          /* 8-bit activations (T, K + 8*K/32), grown on demand */
+    spill_pool *tp;
+    bool q8_act;  /* matmul mode for quantized weights, see cpu_pool_set_q8_act */
+    uint8_t *act; /* 8-bit activations (T, K + 8*K/32), grown on demand */
     size_t act_cap;
-    size_t scratch_bytes;
-    size_t scratch_stride;
 };
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-static void run_tasks(cpu_pool *p, cpu_task_fn fn, void *ctx, int64_t n_tasks, int id)
-{
-    for (;;) {
-        int64_t t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (t >= n_tasks)
-            return;
-        fn(ctx, t, id);
-    }
-}
-
-static void *worker_main(void *arg)
-{
-    worker_arg *a = arg;
-    cpu_pool *p = a->p;
-    uint64_t seen = 0;
-    for (;;) {
-        uint64_t g = atomic_load_explicit(&p->gen_seen, memory_order_acquire);
-        for (int i = 0; g == seen && i < SPIN_ITERS; i++) {
-            cpu_relax();
-            g = atomic_load_explicit(&p->gen_seen, memory_order_acquire);
-        }
-        if (g == seen) {
-            pthread_mutex_lock(&p->mu);
-            while (p->gen == seen)
-                pthread_cond_wait(&p->wake, &p->mu);
-            pthread_mutex_unlock(&p->mu);
-            g = atomic_load_explicit(&p->gen_seen, memory_order_acquire);
-        }
-        /* the job fields were written before the release store of gen_seen */
-        if (p->stop)
-            return NULL;
-        seen = g;
-        run_tasks(p, p->fn, p->ctx, p->n_tasks, a->id);
-        if (atomic_fetch_sub_explicit(&p->active, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->mu);
-        }
-    }
-}
-
-/* Publishes the job fields already stored in p (or stop) to the workers. */
-static void publish(cpu_pool *p)
-{
-    pthread_mutex_lock(&p->mu);
-    p->gen++;
-    atomic_store_explicit(&p->gen_seen, p->gen, memory_order_release);
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
-}
 
 int cpu_pool_create(int n_threads, size_t scratch_bytes_per_thread, cpu_pool **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = n > 0 ? (int)n : 1;
-    }
-    if (n_threads > 4096)
-        return util_errf(err, errlen, "cpu pool: %d threads requested; use at most 4096.", n_threads);
-    size_t stride;
-    if (!ck_add_size(scratch_bytes_per_thread, 63, &stride))
-        return util_errf(err, errlen, "cpu pool: scratch size %zu overflows; ask for less.", scratch_bytes_per_thread);
-    stride &= ~(size_t)63;
-    size_t total;
-    if (!ck_mul_size(stride, (size_t)n_threads, &total))
-        return util_errf(err, errlen, "cpu pool: %d threads x %zu bytes of scratch overflows; ask for less.",
-                         n_threads, scratch_bytes_per_thread);
-
     cpu_pool *p = calloc(1, sizeof *p);
     if (!p)
         return util_errf(err, errlen, "cpu pool: out of memory allocating the pool.");
-    p->n = n_threads;
-    p->scratch_bytes = scratch_bytes_per_thread;
-    p->scratch_stride = stride;
-    atomic_init(&p->gen_seen, 0);
-    atomic_init(&p->next, 0);
-    atomic_init(&p->active, 0);
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->wake, NULL);
-    pthread_cond_init(&p->done, NULL);
-    if (total) {
-        p->scratch = aligned_alloc(64, total);
-        if (!p->scratch) {
-            util_errf(err, errlen, "cpu pool: out of memory allocating %zu bytes of scratch (%d threads); use fewer "
-                      "threads or a smaller tile.", total, n_threads);
-            goto out_free_pool;
-        }
-    }
-    if (n_threads > 1) {
-        p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
-        p->args = calloc((size_t)n_threads - 1, sizeof *p->args);
-        if (!p->threads || !p->args) {
-            util_errf(err, errlen, "cpu pool: out of memory allocating %d thread handles.", n_threads);
-            goto out_free_pool;
-        }
-        for (int i = 0; i < n_threads - 1; i++) {
-            p->args[i] = (worker_arg){p, i + 1};
-            int rc = pthread_create(&p->threads[i], NULL, worker_main, &p->args[i]);
-            if (rc != 0) {
-                util_errf(err, errlen, "cpu pool: could not start worker thread %d of %d (%s); use fewer threads.",
-                          i + 1, n_threads - 1, strerror(rc));
-                goto out_free_pool;
-            }
-            p->n_started++;
-        }
+    if (pool_create(n_threads, scratch_bytes_per_thread, &p->tp, err, errlen)) {
+        free(p);
+        return -1;
     }
     *out = p;
     return 0;
-
-out_free_pool:
-    cpu_pool_free(p);
-    return -1;
 }
 
-void cpu_pool_run(cpu_pool *p, cpu_task_fn fn, void *ctx, int64_t n_tasks)
-{
-    if (n_tasks <= 0)
-        return;
-    if (p->n_started == 0 || n_tasks == 1) {
-        for (int64_t t = 0; t < n_tasks; t++)
-            fn(ctx, t, 0);
-        return;
-    }
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->active, p->n_started, memory_order_relaxed);
-    publish(p);
-
-    run_tasks(p, fn, ctx, n_tasks, 0);
-
-    for (int i = 0; atomic_load_explicit(&p->active, memory_order_acquire) > 0 && i < SPIN_ITERS; i++)
-        cpu_relax();
-    if (atomic_load_explicit(&p->active, memory_order_acquire) > 0) {
-        pthread_mutex_lock(&p->mu);
-        while (atomic_load_explicit(&p->active, memory_order_acquire) > 0)
-            pthread_cond_wait(&p->done, &p->mu);
-        pthread_mutex_unlock(&p->mu);
-    }
-}
-
-int cpu_pool_threads(const cpu_pool *p) { return p->n; }
+void cpu_pool_run(cpu_pool *p, cpu_task_fn fn, void *ctx, int64_t n_tasks) { pool_run(p->tp, fn, ctx, n_tasks); }
+int cpu_pool_threads(const cpu_pool *p) { return pool_threads(p->tp); }
 void cpu_pool_set_q8_act(cpu_pool *p, bool on) { p->q8_act = on; }
 bool cpu_pool_q8_act(const cpu_pool *p) { return p->q8_act; }
-size_t cpu_pool_scratch_bytes(const cpu_pool *p) { return p->scratch_bytes; }
-
-void *cpu_pool_scratch(cpu_pool *p, int thread_id)
-{
-    return p->scratch ? p->scratch + (size_t)thread_id * p->scratch_stride : NULL;
-}
+size_t cpu_pool_scratch_bytes(const cpu_pool *p) { return pool_scratch_bytes(p->tp); }
+void *cpu_pool_scratch(cpu_pool *p, int thread_id) { return pool_scratch(p->tp, thread_id); }
 
 void cpu_pool_free(cpu_pool *p)
 {
     if (!p)
         return;
-    p->stop = true;
-    publish(p);
-    for (int i = 0; i < p->n_started; i++)
-        pthread_join(p->threads[i], NULL);
-    pthread_cond_destroy(&p->done);
-    pthread_cond_destroy(&p->wake);
-    pthread_mutex_destroy(&p->mu);
-    free(p->args);
-    free(p->threads);
+    pool_free(p->tp);
     free(p->act);
-    free(p->scratch);
     free(p);
 }
 

@@ -1,5 +1,5 @@
 /*
- * cpu.h — the CPU backend's compute: a thread pool, the weight matmul, and
+ * cpu.h — the CPU backend's compute: the weight matmul on a thread pool, and
  * the fp32 elementwise ops of a transformer layer (norms, activations,
  * softmax, RoPE).  See cpu.c for the design and what is bit-stable.
  *
@@ -14,31 +14,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---------------------------------------------------------------- thread pool */
+#include "../base/pool.h"
 
+/* ---------------------------------------------------------------- the engine's pool */
+
+/* A thread pool (base/pool.h) that also carries the matmul mode and its 8-bit activation buffer. */
 typedef struct cpu_pool cpu_pool;
+typedef pool_task_fn cpu_task_fn;
 
-/* One task of a parallel job: `task` in [0, n_tasks), `thread_id` in
- * [0, cpu_pool_threads()) names the caller's scratch. */
-typedef void (*cpu_task_fn)(void *ctx, int64_t task, int thread_id);
-
-/*
- * Starts n_threads - 1 worker threads (the caller of cpu_pool_run is thread
- * 0); n_threads <= 0 means the number of online CPUs.  Each thread gets
- * scratch_bytes_per_thread bytes of 64-byte-aligned scratch, allocated here
- * once (cpu_matmul_scratch_bytes() says what the matmul needs).  Returns 0,
- * or -1 with a sentence in err.
- */
+/* As pool_create (cpu_matmul_scratch_bytes() says what the matmul needs per thread); the mode starts exact. */
 int cpu_pool_create(int n_threads, size_t scratch_bytes_per_thread, cpu_pool **out, char *err, size_t errlen);
-
-/* Runs fn(ctx, task, thread_id) for every task in [0, n_tasks) across the
- * pool and returns when all are done.  Tasks are handed out dynamically, so
- * fn must not depend on which thread runs which task except through
- * thread_id's scratch.  Idle workers sleep on a condition variable (after a
- * spin of a few microseconds, to catch back-to-back jobs).  Not reentrant:
- * one job at a time per pool. */
+/* As pool_run. */
 void cpu_pool_run(cpu_pool *p, cpu_task_fn fn, void *ctx, int64_t n_tasks);
-
 int cpu_pool_threads(const cpu_pool *p);
 
 /*

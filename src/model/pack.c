@@ -47,7 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../engine/cpu.h"
+#include "../base/pool.h"
 #include "gguf.h"
 #include "gguf_write.h"
 #include "model.h"
@@ -115,7 +115,7 @@ typedef struct packer {
     item *items;
     size_t n_items;
     float *rope_freqs;  /* (rope_dim/2) generated for HF Llama 3 scaling */
-    cpu_pool *pool;     /* rows of a chunk are converted in parallel; each thread's scratch holds one row */
+    spill_pool *pool;     /* rows of a chunk are converted in parallel; each thread's scratch holds one row */
     float *x;           /* chunk buffer: (rows, K) fp32 */
     uint8_t *src, *dst; /* chunk buffers: source bytes, converted bytes */
     double *rerr;       /* (rows, 3): per-row squared error of Q4_0/Q8_0, of Q4_1, squared norm */
@@ -327,7 +327,7 @@ typedef struct row_job {
     double *rerr;           /* (n, 3) */
 } row_job;
 
-/* Converts row i of the chunk (a cpu_pool task): copy, to F32, or requantize with the error terms. */
+/* Converts row i of the chunk (a pool task): copy, to F32, or requantize with the error terms. */
 static void row_task(void *vctx, int64_t task, int tid)
 {
     const row_job *j = vctx;
@@ -345,7 +345,7 @@ static void row_task(void *vctx, int64_t task, int tid)
         memcpy(p->dst + i * K * 4, x, (size_t)K * 4);
         return;
     }
-    float *y = cpu_pool_scratch(p->pool, tid); /* (K) */
+    float *y = pool_scratch(p->pool, tid); /* (K) */
     double nrm = 0, e0 = 0, e1 = 0;
     for (uint64_t k = 0; k < K; k++)
         nrm += (double)x[k] * x[k];
@@ -440,7 +440,7 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
             goto out;
         p->done_bytes += n * srow;
         row_job j = {p, t, it, r0, K, S, srow, qrow, q1row, quantize, q4, qt, cand0, cand1, p->rerr};
-        cpu_pool_run(p->pool, row_task, &j, (int64_t)n);
+        pool_run(p->pool, row_task, &j, (int64_t)n);
         for (uint64_t i = 0; quantize && i < n; i++) { /* summed in row order: the same for any thread count */
             e0 += p->rerr[3 * i];
             e1 += p->rerr[3 * i + 1];
@@ -594,7 +594,7 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
     uint64_t max_k = 1;
     for (size_t i = 0; i < m->n_tensors; i++)
         max_k = m->tensors[i].ne[0] > max_k ? m->tensors[i].ne[0] : max_k;
-    if (cpu_pool_create(o->threads, (size_t)max_k * sizeof(float), &p->pool, err, errlen))
+    if (pool_create(o->threads, (size_t)max_k * sizeof(float), &p->pool, err, errlen))
         goto out;
     rep->t = calloc(p->n_items, sizeof *rep->t);
     if (!rep->t) {
@@ -636,7 +636,7 @@ out:
     free(p->items);
     free(p->rope_freqs);
     free(p->x), free(p->src), free(p->dst), free(p->rerr);
-    cpu_pool_free(p->pool);
+    pool_free(p->pool);
     model_close(p->m);
     if (rc)
         pack_report_free(rep);

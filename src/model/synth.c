@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../engine/cpu.h"
+#include "../base/pool.h"
 #include "gguf.h"
 #include "gguf_write.h"
 #include "quant.h"
@@ -373,7 +373,7 @@ int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen)
     int rc = -1;
     gguf_w *w = NULL;
     gguf_out out = {.fd = -1};
-    cpu_pool *pool = NULL;
+    spill_pool *pool = NULL;
     gen *g = malloc(sizeof *g);
     size_t nt_cap = (size_t)L * 16 + 8;
     tdesc *t = calloc(nt_cap, sizeof *t);
@@ -382,7 +382,7 @@ int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen)
         goto out;
     }
     gen_init(g, o->wtype);
-    if (cpu_pool_create(o->threads, 64, &pool, err, errlen))
+    if (pool_create(o->threads, 64, &pool, err, errlen))
         goto out;
     size_t nt = tensor_list(s, L, t, nt_cap);
     double t0 = now();
@@ -423,7 +423,7 @@ int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen)
             gen_job j = {g, o->seed, name_h, next_piece, NULL, n, piece};
             if (gguf_out_reserve(&out, n, &j.p, err, errlen))
                 goto out;
-            cpu_pool_run(pool, gen_task, &j, (int64_t)((n + piece - 1) / piece));
+            pool_run(pool, gen_task, &j, (int64_t)((n + piece - 1) / piece));
             next_piece += (n + piece - 1) / piece;
             gguf_out_commit(&out, n);
             left -= n;
@@ -447,7 +447,7 @@ int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen)
 out:
     gguf_out_abort(&out);
     gguf_w_free(w);
-    cpu_pool_free(pool);
+    pool_free(pool);
     free(t);
     free(g);
     return rc;
