@@ -152,6 +152,8 @@ int main(int argc, char **argv)
 {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     char err[256];
+    if (getenv("SPILL_NO_SIMD") && strcmp(getenv("SPILL_NO_SIMD"), "0")) /* this main() reads the switch itself */
+        quant_simd_force(false);
     cpu_pool *pool;
     if (cpu_pool_create(threads, cpu_matmul_scratch_bytes(2048), &pool, err, sizeof err) != 0) {
         fprintf(stderr, "%s\n", err);

@@ -13,12 +13,15 @@
 #include "batch/check.h"
 #include "model/model.h"
 #include "model/pack.h"
+#include "model/quant.h"
+#include "engine/cpu.h"
 #include "engine/probe.h"
 #include "model/synth.h"
 #include "batch/run.h"
 #include "text/template.h"
 #include "text/tokenizer.h"
 #include "base/exit.h"
+#include "base/settings.h"
 #include "base/util.h"
 
 
@@ -350,6 +353,17 @@ int main(int argc, char **argv)
         usage_all(stderr);
         return SPILL_EX_USAGE;
     }
+    /* the environment's diagnostic switches, read once here (base/settings.h) */
+    spill_settings st;
+    char err[SPILL_ERRLEN];
+    if (settings_from_env(&st, err, sizeof err)) {
+        fprintf(stderr, "spill: %s\n", err);
+        return SPILL_EX_USAGE;
+    }
+    if (st.no_simd)
+        quant_simd_force(false);
+    if (st.no_vnni)
+        cpu_q8_vnni_force(0);
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage_all(stdout);

@@ -13,6 +13,8 @@
  */
 #include "model/gguf.h"
 #include "model/quant.h"
+#include "base/settings.h"
+#include "base/util.h"
 #include "test.h"
 
 #include <stdint.h>
@@ -200,10 +202,18 @@ static void test_sizes_and_errors(void)
 
 int main(void)
 {
-    /* SPILL_NO_SIMD=1 is read once, on first use: it must turn the SIMD path off */
+    /* SPILL_NO_SIMD=1 reaches the library as main()'s quant_simd_force(false) (base/settings.h) */
     setenv("SPILL_NO_SIMD", "1", 1);
-    CHECK(!quant_simd_active(), "SPILL_NO_SIMD=1 selects the scalar path");
+    spill_settings st;
+    char err[SPILL_ERRLEN];
+    CHECK(settings_from_env(&st, err, sizeof err) == 0 && st.no_simd, "SPILL_NO_SIMD=1 is read as no_simd");
+    CHECK(quant_simd_active() == quant_simd_available(), "the library does not read the environment itself");
+    CHECK(!quant_simd_force(false) && !quant_simd_active(), "force off selects the scalar path");
     CHECK(quant_simd_force(true) == quant_simd_available(), "force on where the CPU allows");
+    setenv("SPILL_CUDA_ATT", "fp16", 1);
+    CHECK(settings_from_env(&st, err, sizeof err) != 0 && strstr(err, "SPILL_CUDA_ATT=fp16"),
+          "an unknown value is refused with a sentence: %s", err);
+    unsetenv("SPILL_CUDA_ATT");
     test_sizes_and_errors();
     test_fp16_exhaustive();
     test_fixture();

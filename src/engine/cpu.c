@@ -357,7 +357,8 @@ static inline void kq_xrows(const uint8_t *xrow, int64_t xs, int64_t K, int64_t 
 #undef KQ_NAME
 #undef KQ_DOT
 
-/* The kernel set a matmul uses: VNNI where the CPU has AVX-512 VNNI + VL (and SPILL_NO_VNNI is unset). */
+/* The kernel set a matmul uses: VNNI where the CPU has AVX-512 VNNI + VL, unless cpu_q8_vnni_force(0) (main() for
+ * SPILL_NO_VNNI=1). */
 typedef struct kq_ops {
     float (*k1x1)(const uint8_t *, const float *, const float *, const int8_t *, const float *, const float *, int64_t,
                   bool, bool);
@@ -380,10 +381,8 @@ void cpu_q8_vnni_force(int on)
 bool cpu_q8_vnni_active(void)
 {
     if (g_vnni < 0) {
-        const char *no = getenv("SPILL_NO_VNNI");
         __builtin_cpu_init();
-        g_vnni = !(no && *no && strcmp(no, "0")) && __builtin_cpu_supports("avx512vnni") &&
-                 __builtin_cpu_supports("avx512vl");
+        g_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
     }
     return g_vnni > 0;
 }

@@ -83,8 +83,8 @@ int cpu_matmul(cpu_pool *p, const void *W, uint32_t wtype, int64_t N, int64_t K,
                char *err, size_t errlen);
 
 /* Whether 8-bit-activation matmuls use the AVX-512 VNNI kernels (dpbusd on 256-bit vectors; the CPU must
- * have AVX-512 VNNI and VL, and SPILL_NO_VNNI unset).  They give the AVX2 kernels' bits; the test hook
- * forces the choice (1 VNNI where available, 0 AVX2, -1 decide again). */
+ * have AVX-512 VNNI and VL).  They give the AVX2 kernels' bits; cpu_q8_vnni_force sets the choice (1 VNNI where
+ * available, 0 AVX2 — main() for SPILL_NO_VNNI=1 — and -1 decide again). */
 bool cpu_q8_vnni_active(void);
 void cpu_q8_vnni_force(int on);
 

@@ -564,8 +564,7 @@ static void simd_init(void)
     unsigned a, b, c = 0, d;
     bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
     simd_avail = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    const char *env = getenv("SPILL_NO_SIMD");
-    simd_on = simd_avail && !(env && strcmp(env, "1") == 0);
+    simd_on = simd_avail; /* main() turns it off for SPILL_NO_SIMD=1 (base/settings.h) */
 }
 
 bool quant_simd_available(void) { pthread_once(&simd_once, simd_init); return simd_avail; }

@@ -62,9 +62,9 @@ int quant_unpack_q8_row(uint32_t type, const void *src, int64_t n, uint8_t *q, f
 
 /*
  * SIMD dispatch, shared by quant.c and cpu.c.  Active when the CPU has
- * AVX2+FMA+F16C and the environment does not set SPILL_NO_SIMD=1 (decided
- * once, thread-safely, on first use).  quant_simd_force() lets tests and the
- * bench switch paths inside one process; it cannot turn SIMD on where the CPU
+ * AVX2+FMA+F16C (decided once, thread-safely, on first use) unless
+ * quant_simd_force(false) — what main() calls for SPILL_NO_SIMD=1
+ * (base/settings.h).  Tests and the bench switch paths with it too; it cannot turn SIMD on where the CPU
  * lacks it, and returns the state now in force.  Do not call it while other
  * threads are computing.
  */

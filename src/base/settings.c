@@ -1,0 +1,43 @@
+/*
+ * settings.c — reads the environment switches of settings.h, once.  A
+ * switch is on when its variable is set to anything but "" or "0"; the two
+ * with named values refuse any other value with a sentence.
+ */
+#include "settings.h"
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static bool on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* *out = (value == yes); unset or empty leaves the default (false). */
+static int choice(const char *name, const char *yes, const char *no, bool *out, char *err, size_t errlen)
+{
+    const char *v = getenv(name);
+    *out = false;
+    if (!v || !*v || !strcmp(v, no))
+        return 0;
+    if (!strcmp(v, yes)) {
+        *out = true;
+        return 0;
+    }
+    return util_errf(err, errlen, "%s=%.40s is not a setting spill knows; use %s or %s, or unset it.", name, v, yes,
+                     no);
+}
+
+int settings_from_env(spill_settings *s, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->no_simd = on("SPILL_NO_SIMD");
+    s->no_vnni = on("SPILL_NO_VNNI");
+    s->cuda_prof = on("SPILL_CUDA_PROF");
+    if (choice("SPILL_CUDA_ATT", "fp32", "tf32", &s->cuda_att_fp32, err, errlen) ||
+        choice("SPILL_CUDA_PIN", "alloc", "register", &s->cuda_pin_alloc, err, errlen))
+        return -1;
+    return 0;
+}
