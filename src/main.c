@@ -1,6 +1,11 @@
 /*
- * main.c — the `spill` command line: parses arguments, dispatches to the
- * stages, and is the only place that turns errors into exit codes.
+ * main.c — the `spill` command line: the command table and usage, the
+ * commands that are a few lines of glue (models; tokenize and template, both
+ * through the prompt path `spill run` uses, text/prompt.h), and dispatch to
+ * every other command's X_main (run, resume, check, probe, pack, synth),
+ * which parses its own arguments and returns its own exit code for main() to
+ * return (spill check's bad arguments are still 64, check.h).  Library code
+ * never exits; only main() returns a status.
  *
  * Exit codes (documented in README):
  *   0 success · 2 bad arguments · 65 invalid input data (EX_DATAERR) ·
