@@ -1,6 +1,11 @@
 /*
- * main.c — the `spill` command line: parses arguments, dispatches to the
- * stages, and is the only place that turns errors into exit codes.
+ * main.c — the `spill` command line: the command table and usage, the
+ * commands that are a few lines of glue (models; tokenize and template, both
+ * through the prompt path `spill run` uses, text/prompt.h), and dispatch to
+ * every other command's X_main (run, resume, check, probe, pack, synth),
+ * which parses its own arguments and returns its own exit code for main() to
+ * return (bad arguments are 2 for every command).  Library code
+ * never exits; only main() returns a status.
  *
  * Exit codes: base/exit.h (the README lists them).
  */
@@ -18,8 +23,7 @@
 #include "engine/probe.h"
 #include "model/synth.h"
 #include "batch/run.h"
-#include "text/template.h"
-#include "text/tokenizer.h"
+#include "text/prompt.h"
 #include "base/exit.h"
 #include "base/settings.h"
 #include "base/util.h"
@@ -121,15 +125,12 @@ static int cmd_models(int argc, char **argv)
     return 0;
 }
 
-/* Loads the tokenizer that belongs to a model (GGUF vocabulary or tokenizer.json). */
+/* Loads the tokenizer that belongs to a model (the shared prompt path's: GGUF vocabulary or tokenizer.json). */
 static tokenizer *open_tokenizer(const model_desc *m)
 {
     char err[SPILL_ERRLEN];
     tokenizer *t = NULL;
-    int rc = m->format == MODEL_GGUF ? tokenizer_from_gguf(m->gguf, &t, err, sizeof err)
-             : m->tokenizer_path   ? tokenizer_from_json_file(m->tokenizer_path, &t, err, sizeof err)
-                                   : util_errf(err, sizeof err, "%s: tokenizer.json is missing.", m->source);
-    if (rc != 0) {
+    if (prompt_open_tokenizer(m, &t, err, sizeof err) != 0) {
         fprintf(stderr, "spill: %s\n", err);
         return NULL;
     }
@@ -240,7 +241,8 @@ static int cmd_tokenize(int argc, char **argv)
         text = strdup(pos[1]);
         len = strlen(pos[1]);
     }
-    if (tokenizer_encode(t, text, len, special, &ids, &n, err, sizeof err) != 0) {
+    prompt_src ps = {m, t, NULL}; /* --special: what `spill run` feeds for a /v1/completions string prompt */
+    if (prompt_text(&ps, text, len, special, &ids, &n, err, sizeof err) != 0) {
         fprintf(stderr, "spill: %s\n", err);
         goto out;
     }
@@ -290,6 +292,7 @@ static int cmd_template(int argc, char **argv)
     int32_t *ids = NULL;
     char err[SPILL_ERRLEN];
     tokenizer *t = NULL;
+    tmpl_t *tm = NULL;
     model_desc *m = open_model(pos[0]);
     if (!m)
         goto done;
@@ -300,25 +303,14 @@ static int cmd_template(int argc, char **argv)
     }
     if (!(t = open_tokenizer(m)))
         goto done;
-    json_t *extra = json_object();
-    size_t pl;
-    const char *p;
-    if (m->bos_id >= 0 && (p = tokenizer_piece(t, m->bos_id, &pl)))
-        json_object_set_new(extra, "bos_token", json_stringn(p, pl));
-    if (m->eos_id >= 0 && (p = tokenizer_piece(t, m->eos_id, &pl)))
-        json_object_set_new(extra, "eos_token", json_stringn(p, pl));
-    rc = chat_template_render(m->chat_template, strlen(m->chat_template), messages, tools, extra, true, time(NULL), &out,
-                              &outlen, err, sizeof err);
-    json_decref(extra);
-    if (rc != 0) {
+    if (prompt_open_template(m, &tm, err, sizeof err) != 0) {
         fprintf(stderr, "spill: %s\n", err);
-        rc = SPILL_EX_DATAERR;
         goto done;
     }
-    /* Rendered chats already carry their special tokens: tokenize with special-token parsing, no added BOS. */
-    if (tokenizer_encode(t, out, outlen, false, &ids, &n, err, sizeof err) != 0) {
+    /* the path `spill run` takes for a chat row: its special tokens, add_generation_prompt, no added BOS */
+    prompt_src ps = {m, t, tm};
+    if (prompt_chat(&ps, messages, tools, true, 0, &out, &outlen, &ids, &n, err, sizeof err) != 0) {
         fprintf(stderr, "spill: %s\n", err);
-        rc = SPILL_EX_DATAERR;
         goto done;
     }
     if (json) {
@@ -341,6 +333,7 @@ static int cmd_template(int argc, char **argv)
 done:
     free(ids);
     free(out);
+    template_free(tm);
     tokenizer_free(t);
     model_close(m);
     json_decref(doc);

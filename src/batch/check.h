@@ -1,6 +1,8 @@
 /*
- * check.h — whole-file validation of an input JSONL file (`spill check`), and
- * the same pass a job or the gateway runs before accepting a file.
+ * check.h — whole-file validation of an input JSONL file (`spill check`).
+ * A job does not run this pass over its file first: `spill run` parses and
+ * checks each line as it loads it (run_rows.c), and the gateway
+ * (`spill serve`) is not built yet.
  *
  * One streaming pass (never the whole file in memory): every line goes
  * through request_parse_line (request.h), then through the rules that need

@@ -11,6 +11,7 @@
 
 #include "run_internal.h"
 #include "../base/util.h"
+#include "../text/prompt.h"
 
 int run_append_error_line(runner *r, const char *custom_id, const char *message, const char *param,
                           const char *code, char *err, size_t errlen)
@@ -34,12 +35,14 @@ int run_append_status_line(runner *r, const char *custom_id, int status, const c
     return rc;
 }
 
-/* Renders and tokenizes one request into prompt ids.  Returns 0, or 1 with a
- * per-row message in msg (the row fails, the job goes on). */
+/* Renders and tokenizes one request into prompt ids through the shared prompt path (text/prompt.h, what
+ * `spill template` and `spill tokenize` show).  Returns 0, or 1 with a per-row message in msg (the row
+ * fails, the job goes on). */
 static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen, const char **code)
 {
     char err[SPILL_ERRLEN];
     size_t n = 0;
+    prompt_src ps = {r->m, r->tok, r->tmpl};
     *code = "invalid_request";
     if (q->endpoint == REQ_EP_CHAT) {
         if (!r->tmpl) {
@@ -47,65 +50,24 @@ static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen,
                      r->o.model_spec);
             return 1;
         }
-        json_t *extra = json_object();
-        size_t pl;
-        const char *p;
-        int32_t bos = tokenizer_special(r->tok, TOK_BOS), eos = tokenizer_special(r->tok, TOK_EOS);
-        if (r->m->bos_id >= 0)
-            bos = r->m->bos_id;
-        if (r->m->eos_id >= 0)
-            eos = r->m->eos_id;
-        if (bos >= 0 && (p = tokenizer_piece(r->tok, bos, &pl)))
-            json_object_set_new(extra, "bos_token", json_stringn(p, pl));
-        if (eos >= 0 && (p = tokenizer_piece(r->tok, eos, &pl)))
-            json_object_set_new(extra, "eos_token", json_stringn(p, pl));
-        char *text = NULL;
-        size_t tl = 0;
-        int rc = chat_template_apply(r->tmpl, q->messages, q->tools, extra, true, 0, &text, &tl, err, sizeof err);
-        json_decref(extra);
-        if (rc != 0) {
+        int rc = prompt_chat(&ps, q->messages, q->tools, true, 0, NULL, NULL, &w->prompt, &n, err, sizeof err);
+        if (rc == PROMPT_ERR_TEMPLATE) {
             snprintf(msg, msglen, "The chat template rejected this conversation: %.400s", err);
             return 1;
         }
-        rc = tokenizer_encode(r->tok, text, tl, false, &w->prompt, &n, err, sizeof err);
-        free(text);
         if (rc) {
             snprintf(msg, msglen, "%s", err);
             return 1;
         }
     } else {
-        json_t *p = q->prompt;
         if (q->n_prompts != 1) {
             snprintf(msg, msglen, "A /v1/completions row with %zu prompts is not supported yet; give one prompt per row.",
                      q->n_prompts);
             return 1;
         }
-        if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
-            p = json_array_get(p, 0);
-        if (json_is_string(p)) {
-            if (tokenizer_encode(r->tok, json_string_value(p), json_string_length(p), true, &w->prompt, &n, err,
-                                 sizeof err)) {
-                snprintf(msg, msglen, "%s", err);
-                return 1;
-            }
-        } else {
-            if (json_is_array(p) && json_array_size(p) == 1 && json_is_array(json_array_get(p, 0)))
-                p = json_array_get(p, 0);
-            n = json_array_size(p);
-            w->prompt = malloc((n ? n : 1) * sizeof *w->prompt);
-            if (!w->prompt) {
-                snprintf(msg, msglen, "Out of memory reading the prompt.");
-                return 1;
-            }
-            for (size_t i = 0; i < n; i++) {
-                json_int_t id = json_integer_value(json_array_get(p, i));
-                if (id < 0 || id >= r->m->vocab) {
-                    snprintf(msg, msglen, "prompt[%zu] is token id %lld, outside this model's vocabulary of %d.", i,
-                             (long long)id, r->m->vocab);
-                    return 1;
-                }
-                w->prompt[i] = (int32_t)id;
-            }
+        if (prompt_completion(&ps, q->prompt, &w->prompt, &n, err, sizeof err)) {
+            snprintf(msg, msglen, "%s", err);
+            return 1;
         }
     }
     if (n == 0) {

@@ -1,5 +1,7 @@
 /*
- * kernels.cuh — the CUDA backend's kernel launchers (private to src/cuda/).
+ * kernels.cuh — the CUDA backend's kernel launchers (private to src/cuda/):
+ * kernels.cu (elementwise, norms, RoPE, dequant, KV pages, greedy picks) and
+ * attention.cu (paged attention), plus the KV-page device helpers both use.
  *
  * Every launcher enqueues on the given stream and returns the launch status
  * (cudaGetLastError); none allocates or synchronizes.  Dimension letters as in
@@ -71,6 +73,57 @@ typedef struct kv_geom {
 static inline __host__ __device__ int64_t kv_block_bytes(int P, int Kh, int S, int kvt)
 {
     return kvt == KV_I8 ? 2 * (int64_t)Kh * P * S + 8 * (int64_t)Kh * P : 4 * (int64_t)Kh * P * S;
+}
+
+/* ---- device helpers shared by the KV-page kernels (kernels.cu) and attention (attention.cu) */
+
+/* Where one key vector (row r = kh * P + pos % P of page `page`) lives; its value vector is `vs` values (and
+ * for int8, one scale) further. */
+struct kv_loc {
+    const uint8_t *blk;
+    int r;
+};
+
+__device__ __forceinline__ kv_loc kv_at(const kv_geom &g, int32_t page, int kh, int32_t pos)
+{
+    kv_loc L;
+    L.blk = g.layer_base + (int64_t)page * kv_block_bytes(g.P, g.Kh, g.S, g.kvt);
+    L.r = kh * g.P + pos % g.P;
+    return L;
+}
+
+/* Value d of the key (v = 0) or value (v = 1) vector at L, widened to fp32. */
+template <int KVT>
+__device__ __forceinline__ float kv_get(const kv_geom &g, kv_loc L, int v, int d)
+{
+    const int64_t KPS = (int64_t)g.Kh * g.P * g.S;
+    if (KVT == KV_I8) {
+        const int8_t *c = (const int8_t *)L.blk + v * KPS + (int64_t)L.r * g.S;
+        const float *sc = (const float *)(L.blk + 2 * KPS);
+        return (float)c[d] * sc[v * g.Kh * g.P + L.r];
+    }
+    return __bfloat162float(((const bf16 *)L.blk)[v * KPS + (int64_t)L.r * g.S + d]);
+}
+
+/* Values [d, d + 8) of one vector (d % 8 == 0, S % 8 == 0): one 16-byte (bf16) or 8-byte (int8) load. */
+template <int KVT>
+__device__ __forceinline__ void kv_get8(const kv_geom &g, kv_loc L, int v, int d, float (&x)[8])
+{
+    const int64_t KPS = (int64_t)g.Kh * g.P * g.S;
+    if (KVT == KV_I8) {
+        uint2 raw = *(const uint2 *)((const int8_t *)L.blk + v * KPS + (int64_t)L.r * g.S + d);
+        float sc = ((const float *)(L.blk + 2 * KPS))[v * g.Kh * g.P + L.r];
+        const int8_t *c = (const int8_t *)&raw;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            x[e] = (float)c[e] * sc;
+    } else {
+        uint4 raw = *(const uint4 *)((const bf16 *)L.blk + v * KPS + (int64_t)L.r * g.S + d);
+        const bf16 *h = (const bf16 *)&raw;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            x[e] = __bfloat162float(h[e]);
+    }
 }
 
 /* Writes k, v (T, Kh*S) of every token into its row's page at pos[t] (bf16, or int8 codes with the vector's

@@ -3,8 +3,12 @@
  * CPU matmul rate; stored as $SPILL_HOME/calibration/probe.json.
  *
  * Owns: the measurements and the JSON file (write and load).  Does not own:
- * GPU figures (memory, H2D rate, GEMM) — the CUDA backend adds those — nor
- * any decision made from them (the planner reads them through probe_load).
+ * GPU figures (the CUDA backend's cuda_probe_h2d measures the H2D rate for
+ * bench/cuda/bench_pass; nothing stores GPU figures here) nor any decision
+ * made from them.  Nothing reads the file back yet: probe_load is there for
+ * the planner and the ETA, which today take their figures elsewhere (the
+ * memory plan from --mem-budget or /proc/meminfo in batch/plan.c, pass times
+ * from calib.c's fits of measured passes).
  *
  * Key decisions:
  *  - The page cache is bypassed on both sides: the test file is written with

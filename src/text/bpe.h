@@ -1,6 +1,9 @@
 /*
- * bpe.h — the BPE model of the tokenizer (internal to tokenizer.c) and the
- * two hash maps it needs.  Not a public interface: only tokenizer.c includes it.
+ * bpe.h — the BPE model of the tokenizer (bpe.c) and the two hash maps it
+ * needs, which the tokenizer's other files use too (vocabulary and added-token
+ * maps).  Not a public interface: bpe.c and tok_internal.h include it, so the
+ * tokenizer's files (tokenizer.c, tok_pipeline.c, tok_gguf.c, tok_config.c)
+ * see it; nothing outside src/text/ does.
  */
 #ifndef SPILL_BPE_H
 #define SPILL_BPE_H

@@ -1,6 +1,6 @@
 /*
  * jinja_value.h — the value model of the chat-template interpreter
- * (template.c parses, template_eval.c evaluates, this file holds the data).
+ * (template_parse.c parses, template_eval.c evaluates, this file holds the data).
  *
  * Owns: the tagged value `jv` (undefined, none, bool, int, float, string,
  * list/tuple, dict, namespace, loop, callable), reference counting, the

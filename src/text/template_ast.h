@@ -1,7 +1,8 @@
 /*
- * template_ast.h — internal: the syntax tree shared by the lexer (template.c),
- * the parser (template_parse.c) and the evaluator (template_eval.c), plus the
- * token stream between lexer and parser.  Not part of the public API.
+ * template_ast.h — internal: the syntax tree shared by the lexer
+ * (template_lex.c), the parser (template_parse.c), the front door
+ * (template.c) and the evaluator (template_eval.c), plus the token stream
+ * between lexer and parser.  Not part of the public API.
  *
  * Every node records the line and column (1-based, bytes) of the token that
  * starts it, so runtime errors can point at the template source.  All nodes
@@ -95,7 +96,7 @@ struct tmpl_t {
     size_t nblocks, capblocks;
 };
 
-/* ---- front end shared by the lexer (template.c) and the parser (template_parse.c) */
+/* ---- front end: the lexer (template_lex.c) and the parser (template_parse.c) */
 
 #define PARSE_MAX_NEST 256 /* parser recursion: parens, nested blocks, unary chains */
 #define AST_MAX_DEPTH 1000 /* tree depth incl. left-deep operator chains, bounds evaluator recursion */
@@ -138,14 +139,17 @@ typedef struct {
     size_t errlen;
 } parser;
 
-/* Template-owned allocation (freed by template_free); NULL when out of memory. */
+/* Template-owned allocation (template_lex.c; freed by template_free); NULL when out of memory. */
 void *tmpl_alloc(tmpl_t *t, size_t size);
 char *tmpl_strndup(tmpl_t *t, const char *s, size_t n);
 /* 1-based line and byte column of a source offset. */
 void tmpl_linecol(const parser *p, size_t off, int *line, int *col);
 /* Writes "NAME line L, column C: msg" into the parser's err and returns -1. */
 int tmpl_fail_at(parser *p, size_t off, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Parses the whole token stream into an S_BODY tree; NULL (err set) on a syntax error. */
+/* Lexes p->src (p->n bytes, newlines already normalised, p->lines filled) into p->tok, ending with T_EOF
+ * (template_lex.c); 0, or -1 with "NAME line L, column C: reason" in p->err. */
+int tmpl_lex(parser *p);
+/* Parses the whole token stream into an S_BODY tree (template_parse.c); NULL (err set) on a syntax error. */
 node *tmpl_parse(parser *p);
 
 /* Builds the render context (a JV_DICT of globals) on the render's heap; 0 or -1 with err. */

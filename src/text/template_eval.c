@@ -5,7 +5,7 @@
  * calls (macros, range, namespace, dict, raise_exception, strftime_now),
  * statements and the render entry point.
  *
- * Does not own: lexing (template.c), parsing (template_parse.c), attribute
+ * Does not own: lexing (template_lex.c), parsing (template_parse.c), attribute
  * access and operators (template_ops.c), filters/tests/methods
  * (template_filters.c), value representation and str()/repr()/json.dumps()
  * (jinja_value.c).

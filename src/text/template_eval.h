@@ -1,8 +1,9 @@
 /*
  * template_eval.h — internal: the evaluator state and the helpers shared by
  * template_eval.c (budgets, scopes, statements), template_ops.c (attribute
- * access, operators) and template_filters.c (filters, tests, methods).  Not
- * part of the public API.
+ * access, operators), template_filters.c (filters, tests) and
+ * template_methods.c (str/dict/list methods, string helpers).  Not part of
+ * the public API.
  *
  * Result convention for every `jv *out` below: on success *out holds a new
  * reference the caller releases; on failure *out is left undefined (nothing
@@ -103,7 +104,6 @@ int tev_to_str(ev *e, const node *n, jv v, jv *out);
 jv *tev_arg(cargs *a, size_t i, const char *name);
 /* Anything iterable as a list (list itself, dict keys, string characters, undefined → empty). */
 int tev_iterate(ev *e, const node *n, jv v, jv *out);
-const char *tev_find_name(const char *const *list, const char *nm);
 /* jinja `obj.name` (attribute, then item) and `obj[key]` (item, then attribute). */
 int tev_getattr(ev *e, const node *n, jv obj, const char *name, jv *out);
 int tev_getitem(ev *e, const node *n, jv obj, jv key, jv *out);
@@ -118,11 +118,29 @@ int tev_contains(ev *e, const node *n, jv needle, jv hay, bool *res);
 int tev_compare(ev *e, const node *n, int op /* cmpop */, jv a, jv b, bool *res);
 int tev_arith(ev *e, const node *n, int op /* binop */, jv a, jv b, jv *out);
 
-/* ---- filters, tests, methods (template_filters.c) */
+/* ---- filters and tests (template_filters.c) */
+/* `v|name(a)`; fails naming the filter when there is none of that name. */
 int tev_filter(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out);
 /* `v is name(arg)`; arg NULL when the test takes none. */
 int tev_test(ev *e, const node *n, const char *name, jv v, jv *arg, bool *res);
-/* A bound str/dict/list method (f->kind == JF_METHOD). */
+/* The items of anything iterable as a fresh (non-generator) list. */
+int tev_copy_list(ev *e, const node *n, jv v, jv *out);
+/* A mapping's (key, value) pairs as a fresh (non-generator) list of tuples; undefined gives []. */
+int tev_items(ev *e, const node *n, jv v, jv *out);
+
+/* ---- methods and string helpers (template_methods.c) */
+/* The method table's own name string when values of `type` have a method `name`, else NULL
+ * (what attribute access binds into a JF_METHOD function). */
+const char *tev_method_name(jv_type type, const char *name);
+/* Calls a bound str/dict/list method (f->kind == JF_METHOD). */
 int tev_call_method(ev *e, const node *n, jfunc *f, cargs *a, jv *out);
+/* str.strip/lstrip/rstrip(chars): which = 1 left, 2 right, 3 both; chars NULL = whitespace. */
+int tev_str_strip(ev *e, const node *n, jv s, jv *chars, int which, jv *out);
+/* Maps each code point: mode 'u' upper, 'l' lower, 't' title, 'c' capitalize. */
+int tev_str_case(ev *e, const node *n, jv s, char mode, jv *out);
+/* str.replace(old, new, count); count < 0 = all. */
+int tev_str_replace(ev *e, const node *n, jv s, jv old, jv new_, int64_t count, jv *out);
+/* str.splitlines() with Python's line boundaries. */
+int tev_str_splitlines(ev *e, const node *n, jv s, jv *out);
 
 #endif

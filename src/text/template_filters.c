@@ -1,14 +1,17 @@
 /*
- * template_filters.c — chat templates: the jinja2 filters, tests and the
- * str/dict/list methods templates call, each matching CPython/jinja2 3.1
- * output byte for byte for the inputs chat templates pass (trim, tojson,
- * join, selectattr, map, items, default, indent, dictsort, str.split/strip/
- * startswith, …).
+ * template_filters.c — chat templates: the jinja2 filters and tests, each
+ * matching jinja2 3.1 output byte for byte for the inputs chat templates pass
+ * (trim, tojson, join, selectattr, map, items, default, indent, dictsort, …).
  *
- * Does not own: evaluation, scoping, operators (template_eval.c); value
- * printing and JSON encoding (jinja_value.c).
+ * Does not own: evaluation, scoping, operators (template_eval.c,
+ * template_ops.c); the str/dict/list methods and the string helpers shared
+ * with them (template_methods.c); value printing and JSON encoding
+ * (jinja_value.c).
  *
  * Key decisions:
+ *  - One table (FILTERS) maps each filter name to its function, so adding a
+ *    filter is a function and a line (and its name in template_parse.c's
+ *    compile-time list).
  *  - Filters that jinja2 implements as generators (select, reject,
  *    selectattr, rejectattr, map, unique, items; reverse of a list) return a
  *    list flagged `gen`: truthy even when empty, no len(), compares by
@@ -16,8 +19,6 @@
  *    evaluated eagerly, so an error inside one surfaces at the filter even if
  *    the result is never consumed (jinja2 would stay silent), and a generator
  *    can be iterated twice (jinja2's would be empty the second time).
- *  - Case mapping uses utf8proc's simple mappings plus the one special case
- *    chat text meets (ß → SS/Ss); Python's full SpecialCasing is out of scope.
  *  - Python %-formatting (`'%s' % x`, the `format` filter) is not supported.
  */
 #include <errno.h>
@@ -29,283 +30,6 @@
 
 #include "template_eval.h"
 #include "../base/util.h"
-
-/* ---------------------------------------------------------------- string helpers */
-
-/* Length of the Python-whitespace code point at p[i], 0 if none. */
-static size_t ws_len(const char *p, size_t len, size_t i)
-{
-    uint32_t c;
-    int k = jv_utf8_decode(p + i, len - i, &c);
-    return jv_py_isspace(c) ? (size_t)k : 0;
-}
-
-/* Code points of a string into a fresh array (caller frees). */
-static uint32_t *decode_all(const char *s, size_t len, size_t *n)
-{
-    uint32_t *cp = malloc((len + 1) * sizeof *cp);
-    size_t k = 0;
-    if (!cp)
-        return NULL;
-    for (size_t i = 0; i < len;)
-        i += (size_t)jv_utf8_decode(s + i, len - i, &cp[k++]);
-    *n = k;
-    return cp;
-}
-
-static bool cp_in(uint32_t c, const uint32_t *set, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (set[i] == c)
-            return true;
-    return false;
-}
-
-/* str.strip/lstrip/rstrip(chars): which = 1 left, 2 right, 3 both; chars NULL = whitespace. */
-static int str_strip(ev *e, const node *n, jv s, jv *chars, int which, jv *out)
-{
-    if (s.t != JV_STR)
-        return tev_fail(e, n, "strip expects a string, got %s", jv_type_name(s));
-    uint32_t *set = NULL;
-    size_t nset = 0;
-    bool ws = !chars || chars->t == JV_NONE;
-    if (!ws) {
-        if (chars->t != JV_STR)
-            return tev_fail(e, n, "strip arg must be None or str");
-        if (!(set = decode_all(chars->u.s->s, chars->u.s->len, &nset)))
-            return tev_fail(e, n, "out of memory");
-    }
-    const char *p = s.u.s->s;
-    size_t a = 0, b = s.u.s->len;
-    if (which & 1)
-        while (a < b) {
-            uint32_t c;
-            int k = jv_utf8_decode(p + a, b - a, &c);
-            if (ws ? !jv_py_isspace(c) : !cp_in(c, set, nset))
-                break;
-            a += (size_t)k;
-        }
-    if (which & 2)
-        while (b > a) {
-            size_t st = b - 1;
-            while (st > a && ((unsigned char)p[st] & 0xC0) == 0x80)
-                st--;
-            uint32_t c;
-            jv_utf8_decode(p + st, b - st, &c);
-            if (ws ? !jv_py_isspace(c) : !cp_in(c, set, nset))
-                break;
-            b = st;
-        }
-    free(set);
-    *out = tev_str(e, p + a, b - a);
-    return tev_built(e, n, out);
-}
-
-/* Maps each code point: mode 'u' upper, 'l' lower, 't' title, 'c' capitalize. */
-static int str_case(ev *e, const node *n, jv s, char mode, jv *out)
-{
-    jbuf b = {0};
-    const char *p = s.u.s->s;
-    size_t len = s.u.s->len;
-    bool prev_cased = false, first = true;
-    for (size_t i = 0; i < len;) {
-        uint32_t c, r;
-        int k = jv_utf8_decode(p + i, len - i, &c);
-        i += (size_t)k;
-        utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)c);
-        bool cased = cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
-        bool up = mode == 'u', title = (mode == 't' && !prev_cased) || (mode == 'c' && first);
-        if (up)
-            r = (uint32_t)utf8proc_toupper((utf8proc_int32_t)c);
-        else if (title)
-            r = (uint32_t)utf8proc_totitle((utf8proc_int32_t)c);
-        else
-            r = (uint32_t)utf8proc_tolower((utf8proc_int32_t)c);
-        prev_cased = cased;
-        first = false;
-        if (c == 0xDF && (up || title)) { /* SpecialCasing: ß upper-cases to "SS", title-cases to "Ss" */
-            jbuf_puts(&b, up ? "SS" : "Ss");
-            continue;
-        }
-        char enc[4];
-        jbuf_put(&b, enc, (size_t)jv_utf8_encode(r, enc));
-    }
-    *out = tev_str(e, b.p ? b.p : "", b.n);
-    jbuf_free(&b);
-    return tev_built(e, n, out);
-}
-
-static int str_replace(ev *e, const node *n, jv s, jv old, jv new_, int64_t count, jv *out)
-{
-    if (s.t != JV_STR || old.t != JV_STR || new_.t != JV_STR)
-        return tev_fail(e, n, "replace() arguments must be str");
-    jbuf b = {.max = e->lim->max_output};
-    const char *p = s.u.s->s;
-    size_t len = s.u.s->len, ol = old.u.s->len, i = 0;
-    int64_t done = 0;
-    if (ol == 0) {
-        /* Python inserts `new` between every code point and at both ends */
-        for (;;) {
-            if (count >= 0 && done >= count)
-                break;
-            jbuf_put(&b, new_.u.s->s, new_.u.s->len);
-            done++;
-            if (i >= len)
-                break;
-            size_t k = jv_utf8_offset(p + i, len - i, 1);
-            jbuf_put(&b, p + i, k);
-            i += k;
-        }
-        jbuf_put(&b, p + i, len - i);
-    } else {
-        while (i < len) {
-            const char *hit = (count < 0 || done < count) ? memmem(p + i, len - i, old.u.s->s, ol) : NULL;
-            if (!hit)
-                break;
-            jbuf_put(&b, p + i, (size_t)(hit - (p + i)));
-            jbuf_put(&b, new_.u.s->s, new_.u.s->len);
-            i = (size_t)(hit - p) + ol;
-            done++;
-        }
-        jbuf_put(&b, p + i, len - i);
-    }
-    if (b.over) {
-        jbuf_free(&b);
-        return tev_fail(e, n, "replace() result exceeds the output limit of %zu bytes", e->lim->max_output);
-    }
-    *out = tev_str(e, b.p ? b.p : "", b.n);
-    if (tev_tick(e, n, b.n / 64))
-        return jbuf_free(&b), -1;
-    jbuf_free(&b);
-    return tev_built(e, n, out);
-}
-
-/* str.split / rsplit (right = true) with Python semantics. */
-static int str_split(ev *e, const node *n, jv s, jv *sep, int64_t maxsplit, bool right, jv *out)
-{
-    const char *p = s.u.s->s;
-    size_t len = s.u.s->len;
-    jv parts = jv_list(&e->heap, 0, false);
-    if (parts.t != JV_LIST)
-        return tev_built(e, n, out);
-    if (sep && sep->t != JV_NONE && sep->t != JV_STR) {
-        jv_unref(parts);
-        return tev_fail(e, n, "must be str or None, not %s", jv_type_name(*sep));
-    }
-    if (!sep || sep->t == JV_NONE) {
-        /* whitespace runs; collect from the chosen side */
-        size_t *ranges = malloc((len + 1) * 2 * sizeof *ranges), nr = 0;
-        if (!ranges)
-            return jv_unref(parts), tev_fail(e, n, "out of memory");
-        size_t i = 0;
-        while (i < len) {
-            while (i < len && ws_len(p, len, i))
-                i += ws_len(p, len, i);
-            if (i >= len)
-                break;
-            size_t a = i;
-            while (i < len && !ws_len(p, len, i))
-                i += jv_utf8_offset(p + i, len - i, 1);
-            ranges[2 * nr] = a;
-            ranges[2 * nr + 1] = i;
-            nr++;
-        }
-        if (maxsplit >= 0 && nr > (size_t)maxsplit + 1) {
-            /* merge the tail (or head for rsplit) into one piece keeping inner whitespace */
-            if (!right) {
-                ranges[2 * maxsplit + 1] = ranges[2 * nr - 1];
-                /* the last piece keeps trailing text up to end minus trailing whitespace */
-                nr = (size_t)maxsplit + 1;
-            } else {
-                size_t keep = (size_t)maxsplit + 1, drop = nr - keep;
-                ranges[1] = ranges[2 * drop + 1];
-                memmove(ranges + 2, ranges + 2 * (drop + 1), (keep - 1) * 2 * sizeof *ranges);
-                nr = keep;
-            }
-        }
-        for (size_t k = 0; k < nr; k++)
-            jv_list_push(parts, tev_str(e, p + ranges[2 * k], ranges[2 * k + 1] - ranges[2 * k]));
-        free(ranges);
-    } else {
-        const char *sp = sep->u.s->s;
-        size_t sl = sep->u.s->len;
-        if (!sl)
-            return jv_unref(parts), tev_fail(e, n, "empty separator");
-        if (!right) {
-            size_t i = 0;
-            int64_t done = 0;
-            for (;;) {
-                const char *hit = (maxsplit < 0 || done < maxsplit) ? memmem(p + i, len - i, sp, sl) : NULL;
-                if (!hit)
-                    break;
-                jv_list_push(parts, tev_str(e, p + i, (size_t)(hit - (p + i))));
-                i = (size_t)(hit - p) + sl;
-                done++;
-            }
-            jv_list_push(parts, tev_str(e, p + i, len - i));
-        } else {
-            /* find all split points from the right */
-            size_t end = len;
-            int64_t done = 0;
-            jv rev = jv_list(&e->heap, 0, false);
-            while ((maxsplit < 0 || done < maxsplit) && end >= sl) {
-                size_t k = end - sl + 1, found = (size_t)-1;
-                while (k-- > 0)
-                    if (!memcmp(p + k, sp, sl)) {
-                        found = k;
-                        break;
-                    }
-                if (found == (size_t)-1)
-                    break;
-                jv_list_push(rev, tev_str(e, p + found + sl, end - found - sl));
-                end = found;
-                done++;
-            }
-            jv_list_push(parts, tev_str(e, p, end));
-            if (rev.t == JV_LIST)
-                for (size_t k = rev.u.l->n; k-- > 0;)
-                    jv_list_push(parts, jv_ref(rev.u.l->v[k]));
-            jv_unref(rev);
-        }
-    }
-    *out = parts;
-    if (tev_tick(e, n, len / 64))
-        return -1;
-    return tev_built(e, n, out);
-}
-
-/* Python str.splitlines() boundaries. */
-static size_t line_break_len(const char *p, size_t len, size_t i)
-{
-    uint32_t c;
-    int k = jv_utf8_decode(p + i, len - i, &c);
-    if (c == '\r' && i + 1 < len && p[i + 1] == '\n')
-        return 2;
-    if (c == '\n' || c == '\r' || c == 0x0B || c == 0x0C || c == 0x1C || c == 0x1D || c == 0x1E || c == 0x85 ||
-        c == 0x2028 || c == 0x2029)
-        return (size_t)k;
-    return 0;
-}
-
-static int str_splitlines(ev *e, const node *n, jv s, jv *out)
-{
-    const char *p = s.u.s->s;
-    size_t len = s.u.s->len, a = 0, i = 0;
-    *out = jv_list(&e->heap, 0, false);
-    while (i < len && out->t == JV_LIST) {
-        size_t k = line_break_len(p, len, i);
-        if (k) {
-            jv_list_push(*out, tev_str(e, p + a, i - a));
-            i += k;
-            a = i;
-        } else {
-            i += jv_utf8_offset(p + i, len - i, 1);
-        }
-    }
-    if (a < len && out->t == JV_LIST)
-        jv_list_push(*out, tev_str(e, p + a, len - a));
-    return tev_built(e, n, out);
-}
 
 /* ---------------------------------------------------------------- attribute paths (selectattr, map, sort, …) */
 
@@ -376,7 +100,7 @@ int tev_test(ev *e, const node *n, const char *name, jv v, jv *arg, bool *res)
         if (tev_to_str(e, n, v, &sv))
             return -1;
         v = sv;
-        if (str_case(e, n, v, name[0] == 'l' ? 'l' : 'u', &t))
+        if (tev_str_case(e, n, v, name[0] == 'l' ? 'l' : 'u', &t))
             return jv_unref(sv), -1;
         *res = jv_equal(t, v);
         bool any_cased = false;
@@ -429,13 +153,16 @@ int tev_test(ev *e, const node *n, const char *name, jv v, jv *arg, bool *res)
 
 /* ---------------------------------------------------------------- filters */
 
+/* A filter: `v|name(a)`.  name is the name it was called by (aliases share a function). */
+typedef int (*filter_fn)(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out);
+
 static bool fname(const char *name, const char *x)
 {
     return !strcmp(name, x);
 }
 
 /* select/reject/selectattr/rejectattr: keep items whose test (or truthiness) == want. */
-static int filter_select(ev *e, const node *n, jv v, cargs *a, bool by_attr, bool want, jv *out)
+static int select_items(ev *e, const node *n, jv v, cargs *a, bool by_attr, bool want, jv *out)
 {
     jv items;
     size_t first = by_attr ? 1 : 0;
@@ -484,7 +211,7 @@ fail:
     return -1;
 }
 
-static int filter_join(ev *e, const node *n, jv v, cargs *a, jv *out)
+static int filter_join(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
 {
     jv items, *sep = tev_arg(a, 0, "d"), *attr = tev_arg(a, 1, "attribute");
     if (tev_iterate(e, n, v, &items))
@@ -518,7 +245,7 @@ static int filter_join(ev *e, const node *n, jv v, cargs *a, jv *out)
     return tev_built(e, n, out);
 }
 
-static int filter_tojson(ev *e, const node *n, jv v, cargs *a, jv *out)
+static int filter_tojson(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
 {
     jjson_opts o = {.indent = -1};
     jv *ea = tev_arg(a, 0, "ensure_ascii"), *ind = tev_arg(a, 1, "indent"), *seps = tev_arg(a, 2, "separators"),
@@ -609,7 +336,7 @@ static bool parse_pyfloat(const char *s, double *out)
     return true;
 }
 
-static int filter_indent(ev *e, const node *n, jv v, cargs *a, jv *out)
+static int filter_indent(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
 {
     jv s, *w = tev_arg(a, 0, "width"), *first = tev_arg(a, 1, "first"), *blank = tev_arg(a, 2, "blank");
     if (v.t != JV_STR)
@@ -630,7 +357,7 @@ static int filter_indent(ev *e, const node *n, jv v, cargs *a, jv *out)
     jv_unref(s);
     jv t = tev_str(e, tmp.p, tmp.n);
     jbuf_free(&tmp);
-    if (tev_oom_check(e, n) || str_splitlines(e, n, t, &lines)) {
+    if (tev_oom_check(e, n) || tev_str_splitlines(e, n, t, &lines)) {
         jv_unref(t);
         jbuf_free(&ind);
         return -1;
@@ -671,9 +398,9 @@ static int key_cmp(sort_ctx *c, jv a, jv b)
     int r = 0;
     if (!c->case_sensitive && a.t == JV_STR && b.t == JV_STR) {
         jv la, lb;
-        if (str_case(c->e, c->n, a, 'l', &la))
+        if (tev_str_case(c->e, c->n, a, 'l', &la))
             return c->failed = true, 0;
-        if (str_case(c->e, c->n, b, 'l', &lb))
+        if (tev_str_case(c->e, c->n, b, 'l', &lb))
             return jv_unref(la), c->failed = true, 0;
         if (tev_order(c->e, c->n, la, lb, &r, "<"))
             c->failed = true;
@@ -749,7 +476,7 @@ out:
     return rc;
 }
 
-static int tev_copy_list(ev *e, const node *n, jv v, jv *out)
+int tev_copy_list(ev *e, const node *n, jv v, jv *out)
 {
     jv items;
     if (tev_iterate(e, n, v, &items))
@@ -761,646 +488,483 @@ static int tev_copy_list(ev *e, const node *n, jv v, jv *out)
     return tev_built(e, n, out);
 }
 
-static int apply_filter_inner(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+/* default(default_value='', boolean=False), alias d: the value, or default_value when it is undefined
+ * (or falsy, with boolean) */
+static int filter_default(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
 {
-    if (fname(name, "default") || fname(name, "d")) {
-        jv *dv = tev_arg(a, 0, "default_value"), *boolean = tev_arg(a, 1, "boolean");
-        bool use = v.t == JV_UNDEF || (boolean && jv_truthy(*boolean) && !jv_truthy(v));
-        if (use)
-            *out = dv ? jv_ref(*dv) : tev_str(e, "", 0);
-        else
-            *out = jv_ref(v);
-        return tev_built(e, n, out);
-    }
-    if (fname(name, "length") || fname(name, "count")) {
-        switch (v.t) {
-        case JV_UNDEF:
-            *out = jv_int(0);
-            return 0;
-        case JV_STR:
-            *out = jv_int((int64_t)jv_utf8_count(v.u.s->s, v.u.s->len));
-            return 0;
-        case JV_LIST:
-            if (v.u.l->gen)
-                break;
-            *out = jv_int((int64_t)v.u.l->n);
-            return 0;
-        case JV_DICT:
-            *out = jv_int((int64_t)v.u.d->n);
-            return 0;
-        default:
+    jv *dv = tev_arg(a, 0, "default_value"), *boolean = tev_arg(a, 1, "boolean");
+    bool use = v.t == JV_UNDEF || (boolean && jv_truthy(*boolean) && !jv_truthy(v));
+    if (use)
+        *out = dv ? jv_ref(*dv) : tev_str(e, "", 0);
+    else
+        *out = jv_ref(v);
+    return tev_built(e, n, out);
+}
+
+/* length, alias count: len() — code points of a string, items of a list or dict; 0 for undefined;
+ * generators have no len() */
+static int filter_length(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    switch (v.t) {
+    case JV_UNDEF:
+        *out = jv_int(0);
+        return 0;
+    case JV_STR:
+        *out = jv_int((int64_t)jv_utf8_count(v.u.s->s, v.u.s->len));
+        return 0;
+    case JV_LIST:
+        if (v.u.l->gen)
             break;
-        }
-        return tev_fail(e, n, "object of type '%s' has no len()", jv_type_name(v));
+        *out = jv_int((int64_t)v.u.l->n);
+        return 0;
+    case JV_DICT:
+        *out = jv_int((int64_t)v.u.d->n);
+        return 0;
+    default:
+        break;
     }
-    if (fname(name, "string"))
-        return tev_to_str(e, n, v, out);
-    if (fname(name, "safe"))
-        return v.t == JV_STR ? (*out = jv_ref(v), 0) : tev_to_str(e, n, v, out);
-    if (fname(name, "trim")) {
-        jv s;
-        if (tev_to_str(e, n, v, &s))
-            return -1;
-        int rc = str_strip(e, n, s, tev_arg(a, 0, "chars"), 3, out);
-        jv_unref(s);
-        return rc;
-    }
-    if (fname(name, "upper") || fname(name, "lower") || fname(name, "title") || fname(name, "capitalize")) {
-        jv s;
-        if (tev_to_str(e, n, v, &s))
-            return -1;
-        int rc = str_case(e, n, s, name[0] == 'u' ? 'u' : name[0] == 'l' ? 'l' : name[0] == 't' ? 't' : 'c', out);
-        jv_unref(s);
-        return rc;
-    }
-    if (fname(name, "escape") || fname(name, "e")) {
-        jv s;
-        if (tev_to_str(e, n, v, &s))
-            return -1;
-        jbuf b = {0};
-        for (size_t i = 0; i < s.u.s->len; i++) {
-            char c = s.u.s->s[i];
-            if (c == '&')
-                jbuf_puts(&b, "&amp;");
-            else if (c == '<')
-                jbuf_puts(&b, "&lt;");
-            else if (c == '>')
-                jbuf_puts(&b, "&gt;");
-            else if (c == '"')
-                jbuf_puts(&b, "&#34;");
-            else if (c == '\'')
-                jbuf_puts(&b, "&#39;");
-            else
-                jbuf_putc(&b, c);
-        }
-        jv_unref(s);
-        *out = tev_str(e, b.p ? b.p : "", b.n);
-        jbuf_free(&b);
-        return tev_built(e, n, out);
-    }
-    if (fname(name, "replace")) {
-        jv s, *old = tev_arg(a, 0, "old"), *nw = tev_arg(a, 1, "new"), *cnt = tev_arg(a, 2, "count");
-        jv so, sn;
-        if (!old || !nw)
-            return tev_fail(e, n, "replace needs old and new strings");
-        if (tev_to_str(e, n, v, &s))
-            return -1;
-        if (tev_to_str(e, n, *old, &so))
-            return jv_unref(s), -1;
-        if (tev_to_str(e, n, *nw, &sn))
-            return jv_unref(s), jv_unref(so), -1;
-        int rc = str_replace(e, n, s, so, sn, cnt && is_int(*cnt) ? as_int(*cnt) : -1, out);
-        jv_unref(s);
-        jv_unref(so);
-        jv_unref(sn);
-        return rc;
-    }
-    if (fname(name, "tojson"))
-        return filter_tojson(e, n, v, a, out);
-    if (fname(name, "join"))
-        return filter_join(e, n, v, a, out);
-    if (fname(name, "list"))
-        return tev_copy_list(e, n, v, out);
-    if (fname(name, "items")) {
-        if (v.t == JV_UNDEF) {
-            *out = jv_list(&e->heap, 0, false);
-            return tev_built(e, n, out);
-        }
-        if (v.t != JV_DICT)
-            return tev_fail(e, n, "Can only get item pairs from a mapping.");
-        *out = jv_list(&e->heap, v.u.d->n, false);
-        for (size_t i = 0; i < v.u.d->n && out->t == JV_LIST; i++) {
-            jv pair = jv_list(&e->heap, 2, true);
-            if (pair.t != JV_LIST)
-                break;
-            jv_list_push(pair, jv_ref(v.u.d->k[i]));
-            jv_list_push(pair, jv_ref(v.u.d->v[i]));
-            jv_list_push(*out, pair);
-        }
-        return tev_built(e, n, out);
-    }
-    if (fname(name, "select"))
-        return filter_select(e, n, v, a, false, true, out);
-    if (fname(name, "reject"))
-        return filter_select(e, n, v, a, false, false, out);
-    if (fname(name, "selectattr"))
-        return filter_select(e, n, v, a, true, true, out);
-    if (fname(name, "rejectattr"))
-        return filter_select(e, n, v, a, true, false, out);
-    if (fname(name, "map")) {
-        jv items, *attr = tev_arg(a, (size_t)-1, "attribute"), *dflt = tev_arg(a, (size_t)-1, "default");
-        if (!jv_truthy(v)) {
-            *out = jv_list(&e->heap, 0, false);
-            return tev_built(e, n, out);
-        }
-        if (!attr && (!a->npos || a->pos[0].t != JV_STR))
-            return tev_fail(e, n, "map needs a filter name or attribute=");
-        if (tev_iterate(e, n, v, &items))
-            return -1;
-        *out = jv_list(&e->heap, items.u.l->n, false);
-        cargs rest = {a->pos + (a->npos ? 1 : 0), a->npos ? a->npos - 1 : 0, NULL, NULL, 0};
-        for (size_t i = 0; i < items.u.l->n && out->t == JV_LIST; i++) {
-            jv r;
-            int rc = attr ? get_path(e, n, items.u.l->v[i], *attr, &r)
-                          : tev_filter(e, n, a->pos[0].u.s->s, items.u.l->v[i], &rest, &r);
-            if (rc) {
-                jv_unref(items);
-                jv_drop(out);
-                return -1;
-            }
-            if (attr && dflt && r.t == JV_UNDEF) {
-                jv_unref(r);
-                r = jv_ref(*dflt);
-            }
-            jv_list_push(*out, r);
-        }
-        jv_unref(items);
-        return tev_built(e, n, out);
-    }
-    if (fname(name, "first") || fname(name, "last")) {
-        jv items;
-        if (fname(name, "last") && v.t == JV_LIST && v.u.l->gen)
-            return tev_fail(e, n, "'generator' object is not reversible");
-        if (v.t == JV_STR && fname(name, "last") == false && v.u.s->len == 0) {
-            *out = jv_undef_hint(&e->heap, "No first item, sequence was empty.");
-            return 0;
-        }
-        if (tev_iterate(e, n, v, &items))
-            return -1;
-        if (!items.u.l->n)
-            *out = jv_undef_hint(&e->heap, "No %s item, sequence was empty.", name);
+    return tev_fail(e, n, "object of type '%s' has no len()", jv_type_name(v));
+}
+
+/* string: Python str(value) */
+static int filter_string(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    return tev_to_str(e, n, v, out);
+}
+
+/* safe: the string itself (there is no autoescaping to mark it against) */
+static int filter_safe(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    return v.t == JV_STR ? (*out = jv_ref(v), 0) : tev_to_str(e, n, v, out);
+}
+
+/* trim(chars=None): str(value).strip(chars) */
+static int filter_trim(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv s;
+    if (tev_to_str(e, n, v, &s))
+        return -1;
+    int rc = tev_str_strip(e, n, s, tev_arg(a, 0, "chars"), 3, out);
+    jv_unref(s);
+    return rc;
+}
+
+/* upper, lower, title, capitalize: the str method of str(value) */
+static int filter_upper(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv s;
+    if (tev_to_str(e, n, v, &s))
+        return -1;
+    int rc = tev_str_case(e, n, s, name[0] == 'u' ? 'u' : name[0] == 'l' ? 'l' : name[0] == 't' ? 't' : 'c', out);
+    jv_unref(s);
+    return rc;
+}
+
+/* escape, alias e: markupsafe's HTML escaping of & < > " ' in str(value) */
+static int filter_escape(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv s;
+    if (tev_to_str(e, n, v, &s))
+        return -1;
+    jbuf b = {0};
+    for (size_t i = 0; i < s.u.s->len; i++) {
+        char c = s.u.s->s[i];
+        if (c == '&')
+            jbuf_puts(&b, "&amp;");
+        else if (c == '<')
+            jbuf_puts(&b, "&lt;");
+        else if (c == '>')
+            jbuf_puts(&b, "&gt;");
+        else if (c == '"')
+            jbuf_puts(&b, "&#34;");
+        else if (c == '\'')
+            jbuf_puts(&b, "&#39;");
         else
-            *out = jv_ref(items.u.l->v[name[0] == 'f' ? 0 : items.u.l->n - 1]);
-        jv_unref(items);
-        return 0;
+            jbuf_putc(&b, c);
     }
-    if (fname(name, "reverse")) {
-        if (v.t == JV_STR) {
-            jv s = jv_int(-1), none = jv_none();
-            return tev_slice(e, n, v, none, none, s, out);
-        }
-        if (tev_copy_list(e, n, v, out))
-            return -1;
-        jlist *l = out->u.l;
-        for (size_t i = 0; i < l->n / 2; i++) {
-            jv t = l->v[i];
-            l->v[i] = l->v[l->n - 1 - i];
-            l->v[l->n - 1 - i] = t;
-        }
-        return 0;
-    }
-    if (fname(name, "sort")) {
-        jv *rev = tev_arg(a, 0, "reverse"), *cs = tev_arg(a, 1, "case_sensitive"), *attr = tev_arg(a, 2, "attribute");
-        if (tev_copy_list(e, n, v, out))
-            return -1;
-        if (sort_list(e, n, *out, attr, cs && jv_truthy(*cs), rev && jv_truthy(*rev), -1))
-            return jv_drop(out), -1;
-        return 0;
-    }
-    if (fname(name, "dictsort")) {
-        jv *cs = tev_arg(a, 0, "case_sensitive"), *by = tev_arg(a, 1, "by"), *rev = tev_arg(a, 2, "reverse");
-        if (v.t != JV_DICT)
-            return tev_fail(e, n, "dictsort needs a mapping, got %s", jv_type_name(v));
-        int pos = by && by->t == JV_STR && !strcmp(by->u.s->s, "value") ? 1 : 0;
-        cargs none = {0};
-        if (apply_filter_inner(e, n, "items", v, &none, out))
-            return -1;
-        if (sort_list(e, n, *out, NULL, cs && jv_truthy(*cs), rev && jv_truthy(*rev), pos))
-            return jv_drop(out), -1;
-        return 0;
-    }
-    if (fname(name, "unique")) {
-        jv items, *cs = tev_arg(a, 0, "case_sensitive"), *attr = tev_arg(a, 1, "attribute");
-        if (tev_iterate(e, n, v, &items))
-            return -1;
+    jv_unref(s);
+    *out = tev_str(e, b.p ? b.p : "", b.n);
+    jbuf_free(&b);
+    return tev_built(e, n, out);
+}
+
+/* replace(old, new, count=None) on str(value) */
+static int filter_replace(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv s, *old = tev_arg(a, 0, "old"), *nw = tev_arg(a, 1, "new"), *cnt = tev_arg(a, 2, "count");
+    jv so, sn;
+    if (!old || !nw)
+        return tev_fail(e, n, "replace needs old and new strings");
+    if (tev_to_str(e, n, v, &s))
+        return -1;
+    if (tev_to_str(e, n, *old, &so))
+        return jv_unref(s), -1;
+    if (tev_to_str(e, n, *nw, &sn))
+        return jv_unref(s), jv_unref(so), -1;
+    int rc = tev_str_replace(e, n, s, so, sn, cnt && is_int(*cnt) ? as_int(*cnt) : -1, out);
+    jv_unref(s);
+    jv_unref(so);
+    jv_unref(sn);
+    return rc;
+}
+
+/* list: the items of anything iterable, as a fresh list */
+static int filter_list(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    return tev_copy_list(e, n, v, out);
+}
+
+/* items: a mapping's (key, value) pairs as tuples; undefined gives an empty list */
+static int filter_items(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    if (v.t == JV_UNDEF) {
         *out = jv_list(&e->heap, 0, false);
-        jv seen = jv_list(&e->heap, 0, false);
-        for (size_t i = 0; i < items.u.l->n && out->t == JV_LIST && seen.t == JV_LIST; i++) {
-            jv key, x = items.u.l->v[i];
-            if (attr ? get_path(e, n, x, *attr, &key) : (key = jv_ref(x), 0))
-                break;
-            if (!(cs && jv_truthy(*cs)) && key.t == JV_STR) {
-                jv low;
-                int rc = str_case(e, n, key, 'l', &low);
-                jv_unref(key);
-                if (rc)
-                    break;
-                key = low;
-            }
-            bool dup;
-            tev_contains(e, n, key, seen, &dup);
-            if (!dup) {
-                jv_list_push(seen, key);
-                jv_list_push(*out, jv_ref(x));
-            } else {
-                jv_unref(key);
-            }
-        }
-        jv_unref(items);
-        jv_unref(seen);
-        if (e->failed)
-            return jv_drop(out), -1;
         return tev_built(e, n, out);
     }
-    if (fname(name, "min") || fname(name, "max")) {
-        jv items, *cs = tev_arg(a, 0, "case_sensitive"), *attr = tev_arg(a, 1, "attribute");
-        if (tev_copy_list(e, n, v, &items))
+    if (v.t != JV_DICT)
+        return tev_fail(e, n, "Can only get item pairs from a mapping.");
+    *out = jv_list(&e->heap, v.u.d->n, false);
+    for (size_t i = 0; i < v.u.d->n && out->t == JV_LIST; i++) {
+        jv pair = jv_list(&e->heap, 2, true);
+        if (pair.t != JV_LIST)
+            break;
+        jv_list_push(pair, jv_ref(v.u.d->k[i]));
+        jv_list_push(pair, jv_ref(v.u.d->v[i]));
+        jv_list_push(*out, pair);
+    }
+    return tev_built(e, n, out);
+}
+
+/* select(test, *args), reject, selectattr(attr, test, *args), rejectattr */
+static int filter_select(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    return select_items(e, n, v, a, false, true, out);
+}
+
+static int filter_reject(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    return select_items(e, n, v, a, false, false, out);
+}
+
+static int filter_selectattr(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    return select_items(e, n, v, a, true, true, out);
+}
+
+static int filter_rejectattr(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    return select_items(e, n, v, a, true, false, out);
+}
+
+/* map(filter_name, *args) or map(attribute=path, default=None); a falsy value maps to [] */
+static int filter_map(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv items, *attr = tev_arg(a, (size_t)-1, "attribute"), *dflt = tev_arg(a, (size_t)-1, "default");
+    if (!jv_truthy(v)) {
+        *out = jv_list(&e->heap, 0, false);
+        return tev_built(e, n, out);
+    }
+    if (!attr && (!a->npos || a->pos[0].t != JV_STR))
+        return tev_fail(e, n, "map needs a filter name or attribute=");
+    if (tev_iterate(e, n, v, &items))
+        return -1;
+    *out = jv_list(&e->heap, items.u.l->n, false);
+    cargs rest = {a->pos + (a->npos ? 1 : 0), a->npos ? a->npos - 1 : 0, NULL, NULL, 0};
+    for (size_t i = 0; i < items.u.l->n && out->t == JV_LIST; i++) {
+        jv r;
+        int rc = attr ? get_path(e, n, items.u.l->v[i], *attr, &r)
+                      : tev_filter(e, n, a->pos[0].u.s->s, items.u.l->v[i], &rest, &r);
+        if (rc) {
+            jv_unref(items);
+            jv_drop(out);
             return -1;
-        if (sort_list(e, n, items, attr, cs && jv_truthy(*cs), false, -1))
-            return jv_unref(items), -1;
-        if (!items.u.l->n)
-            *out = jv_undef_hint(&e->heap, "No aggregated item, sequence was empty.");
-        else
-            *out = jv_ref(items.u.l->v[name[1] == 'i' ? 0 : items.u.l->n - 1]);
-        jv_unref(items);
+        }
+        if (attr && dflt && r.t == JV_UNDEF) {
+            jv_unref(r);
+            r = jv_ref(*dflt);
+        }
+        jv_list_push(*out, r);
+    }
+    jv_unref(items);
+    return tev_built(e, n, out);
+}
+
+/* first, last: the first / last item; undefined (with jinja2's hint) when empty; last of a
+ * generator is a TypeError */
+static int filter_first(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv items;
+    if (fname(name, "last") && v.t == JV_LIST && v.u.l->gen)
+        return tev_fail(e, n, "'generator' object is not reversible");
+    if (v.t == JV_STR && fname(name, "last") == false && v.u.s->len == 0) {
+        *out = jv_undef_hint(&e->heap, "No first item, sequence was empty.");
         return 0;
     }
-    if (fname(name, "sum")) {
-        jv items, *attr = tev_arg(a, 0, "attribute"), *start = tev_arg(a, 1, "start");
-        if (tev_iterate(e, n, v, &items))
-            return -1;
-        jv acc = start ? jv_ref(*start) : jv_int(0);
-        for (size_t i = 0; i < items.u.l->n; i++) {
-            jv x, r;
-            if (attr ? get_path(e, n, items.u.l->v[i], *attr, &x) : (x = jv_ref(items.u.l->v[i]), 0))
-                break;
-            int rc = tev_arith(e, n, OP_ADD, acc, x, &r);
-            jv_unref(x);
+    if (tev_iterate(e, n, v, &items))
+        return -1;
+    if (!items.u.l->n)
+        *out = jv_undef_hint(&e->heap, "No %s item, sequence was empty.", name);
+    else
+        *out = jv_ref(items.u.l->v[name[0] == 'f' ? 0 : items.u.l->n - 1]);
+    jv_unref(items);
+    return 0;
+}
+
+/* reverse: a string reversed, or the items in reverse order */
+static int filter_reverse(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    if (v.t == JV_STR) {
+        jv s = jv_int(-1), none = jv_none();
+        return tev_slice(e, n, v, none, none, s, out);
+    }
+    if (tev_copy_list(e, n, v, out))
+        return -1;
+    jlist *l = out->u.l;
+    for (size_t i = 0; i < l->n / 2; i++) {
+        jv t = l->v[i];
+        l->v[i] = l->v[l->n - 1 - i];
+        l->v[l->n - 1 - i] = t;
+    }
+    return 0;
+}
+
+/* sort(reverse=False, case_sensitive=False, attribute=None): a stable sort, as Python's sorted() */
+static int filter_sort(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv *rev = tev_arg(a, 0, "reverse"), *cs = tev_arg(a, 1, "case_sensitive"), *attr = tev_arg(a, 2, "attribute");
+    if (tev_copy_list(e, n, v, out))
+        return -1;
+    if (sort_list(e, n, *out, attr, cs && jv_truthy(*cs), rev && jv_truthy(*rev), -1))
+        return jv_drop(out), -1;
+    return 0;
+}
+
+/* dictsort(case_sensitive=False, by='key', reverse=False): a mapping's pairs sorted by key or value */
+static int filter_dictsort(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv *cs = tev_arg(a, 0, "case_sensitive"), *by = tev_arg(a, 1, "by"), *rev = tev_arg(a, 2, "reverse");
+    if (v.t != JV_DICT)
+        return tev_fail(e, n, "dictsort needs a mapping, got %s", jv_type_name(v));
+    int pos = by && by->t == JV_STR && !strcmp(by->u.s->s, "value") ? 1 : 0;
+    cargs none = {0};
+    if (filter_items(e, n, "items", v, &none, out))
+        return -1;
+    if (sort_list(e, n, *out, NULL, cs && jv_truthy(*cs), rev && jv_truthy(*rev), pos))
+        return jv_drop(out), -1;
+    return 0;
+}
+
+/* unique(case_sensitive=False, attribute=None): first occurrences, in order */
+static int filter_unique(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv items, *cs = tev_arg(a, 0, "case_sensitive"), *attr = tev_arg(a, 1, "attribute");
+    if (tev_iterate(e, n, v, &items))
+        return -1;
+    *out = jv_list(&e->heap, 0, false);
+    jv seen = jv_list(&e->heap, 0, false);
+    for (size_t i = 0; i < items.u.l->n && out->t == JV_LIST && seen.t == JV_LIST; i++) {
+        jv key, x = items.u.l->v[i];
+        if (attr ? get_path(e, n, x, *attr, &key) : (key = jv_ref(x), 0))
+            break;
+        if (!(cs && jv_truthy(*cs)) && key.t == JV_STR) {
+            jv low;
+            int rc = tev_str_case(e, n, key, 'l', &low);
+            jv_unref(key);
             if (rc)
                 break;
-            jv_unref(acc);
-            acc = r;
+            key = low;
         }
-        jv_unref(items);
-        if (e->failed)
-            return jv_unref(acc), -1;
-        *out = acc;
-        return 0;
+        bool dup;
+        tev_contains(e, n, key, seen, &dup);
+        if (!dup) {
+            jv_list_push(seen, key);
+            jv_list_push(*out, jv_ref(x));
+        } else {
+            jv_unref(key);
+        }
     }
-    if (fname(name, "abs")) {
-        if (v.t == JV_FLOAT)
-            *out = jv_float(fabs(v.u.f));
-        else if (is_int(v)) {
-            if (as_int(v) == INT64_MIN)
-                return tev_fail(e, n, "integer overflow in abs");
-            *out = jv_int(as_int(v) < 0 ? -as_int(v) : as_int(v));
-        } else
-            return tev_fail(e, n, "bad operand type for abs(): '%s'", jv_type_name(v));
-        return 0;
-    }
-    if (fname(name, "int")) {
-        jv *dflt = tev_arg(a, 0, "default"), *base = tev_arg(a, 1, "base");
-        int64_t r;
-        double d;
-        if (v.t == JV_UNDEF)
-            return tev_fail_undef(e, n, v);
-        if (is_int(v))
-            *out = jv_int(as_int(v));
-        else if (v.t == JV_FLOAT && isfinite(v.u.f) && fabs(v.u.f) < 9.2e18)
-            *out = jv_int((int64_t)v.u.f);
-        else if (v.t == JV_STR && parse_pyint(v.u.s->s, base && is_int(*base) ? (int)as_int(*base) : 10, &r))
-            *out = jv_int(r);
-        else if (v.t == JV_STR && parse_pyfloat(v.u.s->s, &d) && isfinite(d) && fabs(d) < 9.2e18)
-            *out = jv_int((int64_t)d);
-        else
-            *out = dflt ? jv_ref(*dflt) : jv_int(0);
-        return 0;
-    }
-    if (fname(name, "float")) {
-        jv *dflt = tev_arg(a, 0, "default");
-        double d;
-        if (v.t == JV_UNDEF)
-            return tev_fail_undef(e, n, v);
-        if (is_num(v))
-            *out = jv_float(as_num(v));
-        else if (v.t == JV_STR && parse_pyfloat(v.u.s->s, &d))
-            *out = jv_float(d);
-        else
-            *out = dflt ? jv_ref(*dflt) : jv_float(0.0);
-        return 0;
-    }
-    if (fname(name, "round")) {
-        jv *prec = tev_arg(a, 0, "precision"), *method = tev_arg(a, 1, "method");
-        if (!is_num(v))
-            return tev_fail(e, n, "round needs a number, got %s", jv_type_name(v));
-        double x = as_num(v), m = pow(10.0, prec && is_int(*prec) ? (double)as_int(*prec) : 0.0);
-        const char *md = method && method->t == JV_STR ? method->u.s->s : "common";
-        double r;
-        if (!strcmp(md, "common") && is_int(v))
-            return *out = jv_int(as_int(v)), 0; /* Python round(int, k) is int */
-        if (!strcmp(md, "common"))
-            r = nearbyint(x * m) / m;
-        else if (!strcmp(md, "ceil"))
-            r = ceil(x * m) / m;
-        else if (!strcmp(md, "floor"))
-            r = floor(x * m) / m;
-        else
-            return tev_fail(e, n, "method must be common, ceil or floor");
-        *out = jv_float(r);
-        return 0;
-    }
-    if (fname(name, "indent"))
-        return filter_indent(e, n, v, a, out);
-    if (fname(name, "attr")) {
-        jv *nm = tev_arg(a, 0, "name");
-        if (!nm || nm->t != JV_STR)
-            return tev_fail(e, n, "attr needs a name");
-        return tev_getattr(e, n, v, nm->u.s->s, out);
-    }
-    return tev_fail(e, n, "filter '%s' is not implemented", name);
+    jv_unref(items);
+    jv_unref(seen);
+    if (e->failed)
+        return jv_drop(out), -1;
+    return tev_built(e, n, out);
 }
+
+/* min, max (case_sensitive=False, attribute=None): undefined (with a hint) when empty */
+static int filter_min(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv items, *cs = tev_arg(a, 0, "case_sensitive"), *attr = tev_arg(a, 1, "attribute");
+    if (tev_copy_list(e, n, v, &items))
+        return -1;
+    if (sort_list(e, n, items, attr, cs && jv_truthy(*cs), false, -1))
+        return jv_unref(items), -1;
+    if (!items.u.l->n)
+        *out = jv_undef_hint(&e->heap, "No aggregated item, sequence was empty.");
+    else
+        *out = jv_ref(items.u.l->v[name[1] == 'i' ? 0 : items.u.l->n - 1]);
+    jv_unref(items);
+    return 0;
+}
+
+/* sum(attribute=None, start=0): Python + over the items */
+static int filter_sum(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv items, *attr = tev_arg(a, 0, "attribute"), *start = tev_arg(a, 1, "start");
+    if (tev_iterate(e, n, v, &items))
+        return -1;
+    jv acc = start ? jv_ref(*start) : jv_int(0);
+    for (size_t i = 0; i < items.u.l->n; i++) {
+        jv x, r;
+        if (attr ? get_path(e, n, items.u.l->v[i], *attr, &x) : (x = jv_ref(items.u.l->v[i]), 0))
+            break;
+        int rc = tev_arith(e, n, OP_ADD, acc, x, &r);
+        jv_unref(x);
+        if (rc)
+            break;
+        jv_unref(acc);
+        acc = r;
+    }
+    jv_unref(items);
+    if (e->failed)
+        return jv_unref(acc), -1;
+    *out = acc;
+    return 0;
+}
+
+/* abs: Python abs() of a number */
+static int filter_abs(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    if (v.t == JV_FLOAT)
+        *out = jv_float(fabs(v.u.f));
+    else if (is_int(v)) {
+        if (as_int(v) == INT64_MIN)
+            return tev_fail(e, n, "integer overflow in abs");
+        *out = jv_int(as_int(v) < 0 ? -as_int(v) : as_int(v));
+    } else
+        return tev_fail(e, n, "bad operand type for abs(): '%s'", jv_type_name(v));
+    return 0;
+}
+
+/* int(default=0, base=10): Python int() of a number or string, the default when it fails */
+static int filter_int(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv *dflt = tev_arg(a, 0, "default"), *base = tev_arg(a, 1, "base");
+    int64_t r;
+    double d;
+    if (v.t == JV_UNDEF)
+        return tev_fail_undef(e, n, v);
+    if (is_int(v))
+        *out = jv_int(as_int(v));
+    else if (v.t == JV_FLOAT && isfinite(v.u.f) && fabs(v.u.f) < 9.2e18)
+        *out = jv_int((int64_t)v.u.f);
+    else if (v.t == JV_STR && parse_pyint(v.u.s->s, base && is_int(*base) ? (int)as_int(*base) : 10, &r))
+        *out = jv_int(r);
+    else if (v.t == JV_STR && parse_pyfloat(v.u.s->s, &d) && isfinite(d) && fabs(d) < 9.2e18)
+        *out = jv_int((int64_t)d);
+    else
+        *out = dflt ? jv_ref(*dflt) : jv_int(0);
+    return 0;
+}
+
+/* float(default=0.0): Python float() of a number or string, the default when it fails */
+static int filter_float(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv *dflt = tev_arg(a, 0, "default");
+    double d;
+    if (v.t == JV_UNDEF)
+        return tev_fail_undef(e, n, v);
+    if (is_num(v))
+        *out = jv_float(as_num(v));
+    else if (v.t == JV_STR && parse_pyfloat(v.u.s->s, &d))
+        *out = jv_float(d);
+    else
+        *out = dflt ? jv_ref(*dflt) : jv_float(0.0);
+    return 0;
+}
+
+/* round(precision=0, method='common'): Python round (ties to even), ceil or floor */
+static int filter_round(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv *prec = tev_arg(a, 0, "precision"), *method = tev_arg(a, 1, "method");
+    if (!is_num(v))
+        return tev_fail(e, n, "round needs a number, got %s", jv_type_name(v));
+    double x = as_num(v), m = pow(10.0, prec && is_int(*prec) ? (double)as_int(*prec) : 0.0);
+    const char *md = method && method->t == JV_STR ? method->u.s->s : "common";
+    double r;
+    if (!strcmp(md, "common") && is_int(v))
+        return *out = jv_int(as_int(v)), 0; /* Python round(int, k) is int */
+    if (!strcmp(md, "common"))
+        r = nearbyint(x * m) / m;
+    else if (!strcmp(md, "ceil"))
+        r = ceil(x * m) / m;
+    else if (!strcmp(md, "floor"))
+        r = floor(x * m) / m;
+    else
+        return tev_fail(e, n, "method must be common, ceil or floor");
+    *out = jv_float(r);
+    return 0;
+}
+
+/* attr(name): obj.name, as tev_getattr resolves it */
+static int filter_attr(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
+{
+    jv *nm = tev_arg(a, 0, "name");
+    if (!nm || nm->t != JV_STR)
+        return tev_fail(e, n, "attr needs a name");
+    return tev_getattr(e, n, v, nm->u.s->s, out);
+}
+
+/* Every filter by name (aliases share a function).  gen: jinja2 returns a generator, so the result
+ * list is flagged `gen` (truthy when empty, no len(), compares by identity); reverse does for lists
+ * only (a string reverses to a string). */
+enum { GEN_NEVER, GEN_ALWAYS, GEN_UNLESS_STR };
+static const struct filter_def {
+    const char *name;
+    filter_fn fn;
+    int gen;
+} FILTERS[] = {
+    {"abs", filter_abs, GEN_NEVER},           {"attr", filter_attr, GEN_NEVER},
+    {"capitalize", filter_upper, GEN_NEVER},  {"count", filter_length, GEN_NEVER},
+    {"d", filter_default, GEN_NEVER},         {"default", filter_default, GEN_NEVER},
+    {"dictsort", filter_dictsort, GEN_NEVER}, {"e", filter_escape, GEN_NEVER},
+    {"escape", filter_escape, GEN_NEVER},     {"first", filter_first, GEN_NEVER},
+    {"float", filter_float, GEN_NEVER},       {"indent", filter_indent, GEN_NEVER},
+    {"int", filter_int, GEN_NEVER},           {"items", filter_items, GEN_ALWAYS},
+    {"join", filter_join, GEN_NEVER},         {"last", filter_first, GEN_NEVER},
+    {"length", filter_length, GEN_NEVER},     {"list", filter_list, GEN_NEVER},
+    {"lower", filter_upper, GEN_NEVER},       {"map", filter_map, GEN_ALWAYS},
+    {"max", filter_min, GEN_NEVER},           {"min", filter_min, GEN_NEVER},
+    {"reject", filter_reject, GEN_ALWAYS},    {"rejectattr", filter_rejectattr, GEN_ALWAYS},
+    {"replace", filter_replace, GEN_NEVER},   {"reverse", filter_reverse, GEN_UNLESS_STR},
+    {"round", filter_round, GEN_NEVER},       {"safe", filter_safe, GEN_NEVER},
+    {"select", filter_select, GEN_ALWAYS},    {"selectattr", filter_selectattr, GEN_ALWAYS},
+    {"sort", filter_sort, GEN_NEVER},         {"string", filter_string, GEN_NEVER},
+    {"sum", filter_sum, GEN_NEVER},           {"title", filter_upper, GEN_NEVER},
+    {"tojson", filter_tojson, GEN_NEVER},     {"trim", filter_trim, GEN_NEVER},
+    {"unique", filter_unique, GEN_ALWAYS},    {"upper", filter_upper, GEN_NEVER},
+};
 
 int tev_filter(ev *e, const node *n, const char *name, jv v, cargs *a, jv *out)
 {
     *out = jv_undef();
     if (tev_tick(e, n, 1))
         return -1;
-    int rc = apply_filter_inner(e, n, name, v, a, out);
+    const struct filter_def *f = NULL;
+    for (size_t i = 0; i < sizeof FILTERS / sizeof FILTERS[0] && !f; i++)
+        if (!strcmp(FILTERS[i].name, name))
+            f = &FILTERS[i];
+    if (!f)
+        return tev_fail(e, n, "filter '%s' is not implemented", name);
+    int rc = f->fn(e, n, name, v, a, out);
     if (rc)
         jv_drop(out);
-    static const char *const lazy[] = {"select", "reject", "selectattr", "rejectattr", "map", "unique", "items", NULL};
-    if (!rc && out->t == JV_LIST && tev_find_name(lazy, name))
-        out->u.l->gen = true; /* jinja returns generators */
-    if (!rc && out->t == JV_LIST && !strcmp(name, "reverse") && v.t != JV_STR)
-        out->u.l->gen = true; /* an iterator */
+    else if (out->t == JV_LIST && (f->gen == GEN_ALWAYS || (f->gen == GEN_UNLESS_STR && v.t != JV_STR)))
+        out->u.l->gen = true;
     return rc;
 }
 
-/* ---------------------------------------------------------------- methods */
-
-static int check_str_arg(ev *e, const node *n, jv *v, const char *meth)
+int tev_items(ev *e, const node *n, jv v, jv *out)
 {
-    if (!v || v->t != JV_STR)
-        return tev_fail(e, n, "%s() needs a string argument", meth);
-    return 0;
-}
-
-static bool has_affix(jv s, jv x, bool end)
-{
-    if (x.u.s->len > s.u.s->len)
-        return false;
-    return !memcmp(s.u.s->s + (end ? s.u.s->len - x.u.s->len : 0), x.u.s->s, x.u.s->len);
-}
-
-/* str.format with auto/manual numbering and names; no format specs. */
-static int str_format(ev *e, const node *n, jv s, cargs *a, jv *out)
-{
-    jbuf b = {.max = e->lim->max_output};
-    const char *p = s.u.s->s, *end = p + s.u.s->len;
-    size_t autoi = 0;
-    while (p < end) {
-        if (*p == '{' && p + 1 < end && p[1] == '{') {
-            jbuf_putc(&b, '{');
-            p += 2;
-            continue;
-        }
-        if (*p == '}' && p + 1 < end && p[1] == '}') {
-            jbuf_putc(&b, '}');
-            p += 2;
-            continue;
-        }
-        if (*p == '}') {
-            jbuf_free(&b);
-            return tev_fail(e, n, "Single '}' encountered in format string");
-        }
-        if (*p != '{') {
-            jbuf_putc(&b, *p++);
-            continue;
-        }
-        const char *q = memchr(p, '}', (size_t)(end - p));
-        if (!q) {
-            jbuf_free(&b);
-            return tev_fail(e, n, "Single '{' encountered in format string");
-        }
-        const char *f = p + 1;
-        size_t fl = (size_t)(q - f);
-        if (memchr(f, ':', fl) || memchr(f, '!', fl) || memchr(f, '[', fl) || memchr(f, '.', fl)) {
-            jbuf_free(&b);
-            return tev_fail(e, n, "str.format fields with conversions or format specs are not supported");
-        }
-        jv *val = NULL;
-        if (!fl)
-            val = tev_arg(a, autoi++, NULL);
-        else if (f[0] >= '0' && f[0] <= '9')
-            val = tev_arg(a, (size_t)strtoul(f, NULL, 10), NULL);
-        else {
-            char nm[64];
-            snprintf(nm, sizeof nm, "%.*s", (int)(fl < 63 ? fl : 63), f);
-            for (size_t k = 0; k < a->nkw; k++)
-                if (!strcmp(a->kwn[k], nm))
-                    val = &a->kw[k];
-        }
-        if (!val) {
-            jbuf_free(&b);
-            return tev_fail(e, n, "str.format: no argument for field '{%.*s}'", (int)fl, f);
-        }
-        jv_to_str(&b, *val);
-        p = q + 1;
-    }
-    if (b.over) {
-        jbuf_free(&b);
-        return tev_fail(e, n, "format result exceeds the output limit");
-    }
-    *out = tev_str(e, b.p ? b.p : "", b.n);
-    jbuf_free(&b);
-    return tev_built(e, n, out);
-}
-
-static int str_method(ev *e, const node *n, const char *m, jv s, cargs *a, jv *out)
-{
-    jv *x = tev_arg(a, 0, NULL);
-    if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
-        bool end = m[0] == 'e', r = false;
-        if (x && x->t == JV_LIST && x->u.l->tuple) {
-            for (size_t i = 0; i < x->u.l->n; i++) {
-                if (check_str_arg(e, n, &x->u.l->v[i], m))
-                    return -1;
-                r = r || has_affix(s, x->u.l->v[i], end);
-            }
-        } else {
-            if (check_str_arg(e, n, x, m))
-                return -1;
-            r = has_affix(s, *x, end);
-        }
-        *out = jv_bool(r);
-        return 0;
-    }
-    if (!strcmp(m, "split") || !strcmp(m, "rsplit")) {
-        jv *sep = tev_arg(a, 0, "sep"), *mx = tev_arg(a, 1, "maxsplit");
-        return str_split(e, n, s, sep, mx && is_int(*mx) ? as_int(*mx) : -1, m[0] == 'r', out);
-    }
-    if (!strcmp(m, "strip"))
-        return str_strip(e, n, s, x, 3, out);
-    if (!strcmp(m, "lstrip"))
-        return str_strip(e, n, s, x, 1, out);
-    if (!strcmp(m, "rstrip"))
-        return str_strip(e, n, s, x, 2, out);
-    if (!strcmp(m, "upper"))
-        return str_case(e, n, s, 'u', out);
-    if (!strcmp(m, "lower"))
-        return str_case(e, n, s, 'l', out);
-    if (!strcmp(m, "title"))
-        return str_case(e, n, s, 't', out);
-    if (!strcmp(m, "capitalize"))
-        return str_case(e, n, s, 'c', out);
-    if (!strcmp(m, "replace")) {
-        jv *nw = tev_arg(a, 1, NULL), *cnt = tev_arg(a, 2, "count");
-        if (!x || !nw)
-            return tev_fail(e, n, "replace() takes at least 2 arguments");
-        return str_replace(e, n, s, *x, *nw, cnt && is_int(*cnt) ? as_int(*cnt) : -1, out);
-    }
-    if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "index") || !strcmp(m, "count")) {
-        if (check_str_arg(e, n, x, m))
-            return -1;
-        const char *p = s.u.s->s, *hit = NULL;
-        size_t len = s.u.s->len, xl = x->u.s->len;
-        if (!strcmp(m, "count")) {
-            int64_t c = 0;
-            if (!xl)
-                c = (int64_t)jv_utf8_count(p, len) + 1;
-            else
-                for (size_t i = 0; i + xl <= len && (hit = memmem(p + i, len - i, x->u.s->s, xl)); c++)
-                    i = (size_t)(hit - p) + xl;
-            *out = jv_int(c);
-            return 0;
-        }
-        if (m[0] == 'r') {
-            for (size_t k = len + 1 >= xl + 1 ? len - xl + 1 : 0; k-- > 0;)
-                if (!memcmp(p + k, x->u.s->s, xl)) {
-                    hit = p + k;
-                    break;
-                }
-        } else {
-            hit = xl ? memmem(p, len, x->u.s->s, xl) : p;
-        }
-        if (!hit && m[0] == 'i')
-            return tev_fail(e, n, "substring not found");
-        *out = jv_int(hit ? (int64_t)jv_utf8_count(p, (size_t)(hit - p)) : -1);
-        return 0;
-    }
-    if (!strcmp(m, "join")) {
-        jv items;
-        if (!x)
-            return tev_fail(e, n, "join() takes exactly one argument");
-        if (tev_iterate(e, n, *x, &items))
-            return -1;
-        jbuf b = {.max = e->lim->max_output};
-        for (size_t i = 0; i < items.u.l->n; i++) {
-            if (items.u.l->v[i].t != JV_STR) {
-                jv_unref(items);
-                jbuf_free(&b);
-                return tev_fail(e, n, "sequence item %zu: expected str instance, %s found", i,
-                                jv_type_name(items.u.l->v[i]));
-            }
-            if (i)
-                jbuf_put(&b, s.u.s->s, s.u.s->len);
-            jv_to_str(&b, items.u.l->v[i]);
-        }
-        jv_unref(items);
-        if (b.over) {
-            jbuf_free(&b);
-            return tev_fail(e, n, "join result exceeds the output limit");
-        }
-        *out = tev_str(e, b.p ? b.p : "", b.n);
-        jbuf_free(&b);
-        return tev_built(e, n, out);
-    }
-    if (!strncmp(m, "is", 2)) {
-        bool r = s.u.s->len > 0, any_cased = false, lower = true, upper = true;
-        for (size_t i = 0; i < s.u.s->len;) {
-            uint32_t c;
-            i += (size_t)jv_utf8_decode(s.u.s->s + i, s.u.s->len - i, &c);
-            utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)c);
-            bool digit = cat == UTF8PROC_CATEGORY_ND,
-                 alpha = cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO;
-            if (cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LT)
-                any_cased = true, lower = false;
-            if (cat == UTF8PROC_CATEGORY_LL)
-                any_cased = true, upper = false;
-            if (!strcmp(m, "isdigit"))
-                r = r && digit;
-            else if (!strcmp(m, "isalpha"))
-                r = r && alpha;
-            else if (!strcmp(m, "isalnum"))
-                r = r && (alpha || digit);
-            else if (!strcmp(m, "isspace"))
-                r = r && jv_py_isspace(c);
-        }
-        if (!strcmp(m, "islower"))
-            r = any_cased && lower;
-        if (!strcmp(m, "isupper"))
-            r = any_cased && upper;
-        *out = jv_bool(r);
-        return 0;
-    }
-    if (!strcmp(m, "splitlines"))
-        return str_splitlines(e, n, s, out);
-    if (!strcmp(m, "format"))
-        return str_format(e, n, s, a, out);
-    if (!strcmp(m, "zfill")) {
-        if (!x || !is_int(*x))
-            return tev_fail(e, n, "zfill() needs an integer width");
-        size_t cps = jv_utf8_count(s.u.s->s, s.u.s->len);
-        int64_t w = as_int(*x);
-        if (w <= (int64_t)cps)
-            return *out = jv_ref(s), 0;
-        if (w > (int64_t)e->lim->max_output)
-            return tev_fail(e, n, "zfill width exceeds the output limit");
-        jbuf b = {0};
-        size_t sign = s.u.s->len && (s.u.s->s[0] == '-' || s.u.s->s[0] == '+');
-        jbuf_put(&b, s.u.s->s, sign);
-        for (int64_t i = 0; i < w - (int64_t)cps; i++)
-            jbuf_putc(&b, '0');
-        jbuf_put(&b, s.u.s->s + sign, s.u.s->len - sign);
-        *out = tev_str(e, b.p, b.n);
-        jbuf_free(&b);
-        return tev_built(e, n, out);
-    }
-    return tev_fail(e, n, "str has no method '%s'", m);
-}
-
-int tev_call_method(ev *e, const node *n, jfunc *f, cargs *a, jv *out)
-{
-    jv self = f->self;
-    const char *m = f->name;
-    if (self.t == JV_STR)
-        return str_method(e, n, m, self, a, out);
-    if (self.t == JV_DICT) {
-        cargs none = {0};
-        if (!strcmp(m, "items"))
-            return apply_filter_inner(e, n, "items", self, &none, out);
-        if (!strcmp(m, "keys"))
-            return tev_copy_list(e, n, self, out);
-        if (!strcmp(m, "values")) {
-            *out = jv_list(&e->heap, self.u.d->n, false);
-            for (size_t i = 0; i < self.u.d->n && out->t == JV_LIST; i++)
-                jv_list_push(*out, jv_ref(self.u.d->v[i]));
-            return tev_built(e, n, out);
-        }
-        if (!strcmp(m, "get")) {
-            jv *k = tev_arg(a, 0, NULL), *d = tev_arg(a, 1, NULL);
-            if (!k)
-                return tev_fail(e, n, "get expected at least 1 argument, got 0");
-            jv *v = jv_dict_get(self, *k);
-            *out = v ? jv_ref(*v) : d ? jv_ref(*d) : jv_none();
-            return 0;
-        }
-    }
-    if (self.t == JV_LIST) {
-        jv *x = tev_arg(a, 0, NULL);
-        if (!x)
-            return tev_fail(e, n, "%s() takes exactly one argument", m);
-        int64_t c = 0;
-        for (size_t i = 0; i < self.u.l->n; i++)
-            if (jv_equal(self.u.l->v[i], *x)) {
-                if (!strcmp(m, "index"))
-                    return *out = jv_int((int64_t)i), 0;
-                c++;
-            }
-        if (!strcmp(m, "index"))
-            return tev_fail(e, n, "value is not in list");
-        *out = jv_int(c);
-        return 0;
-    }
-    return tev_fail(e, n, "'%s' object has no method '%s'", jv_type_name(self), m);
+    cargs none = {0};
+    return filter_items(e, n, "items", v, &none, out);
 }

@@ -57,21 +57,6 @@ static int loop_attr(ev *e, const node *n, jv loop, const char *name, jv *out)
 
 /* ---------------------------------------------------------------- attribute / item access */
 
-static const char *const STR_METHODS[] = {
-    "startswith", "endswith",   "split",   "rsplit",  "strip",   "lstrip",     "rstrip", "upper", "lower",
-    "title",      "capitalize", "replace", "find",    "rfind",   "count",      "index",  "join",  "isdigit",
-    "isalpha",    "isalnum",    "isspace", "islower", "isupper", "splitlines", "format", "zfill", NULL};
-static const char *const DICT_METHODS[] = {"items", "keys", "values", "get", NULL};
-static const char *const LIST_METHODS[] = {"index", "count", NULL};
-
-const char *tev_find_name(const char *const *list, const char *nm)
-{
-    for (; *list; list++)
-        if (!strcmp(*list, nm))
-            return *list;
-    return NULL;
-}
-
 /* jinja2 `obj.name`: attribute first, then item. */
 int tev_getattr(ev *e, const node *n, jv obj, const char *name, jv *out)
 {
@@ -80,7 +65,7 @@ int tev_getattr(ev *e, const node *n, jv obj, const char *name, jv *out)
     case JV_UNDEF:
         return tev_fail_undef(e, n, obj);
     case JV_DICT:
-        if ((m = tev_find_name(DICT_METHODS, name))) {
+        if ((m = tev_method_name(JV_DICT, name))) {
             *out = jv_func(&e->heap, JF_METHOD, m, jv_ref(obj));
             return tev_built(e, n, out);
         }
@@ -101,13 +86,13 @@ int tev_getattr(ev *e, const node *n, jv obj, const char *name, jv *out)
     case JV_LOOP:
         return loop_attr(e, n, obj, name, out);
     case JV_STR:
-        if ((m = tev_find_name(STR_METHODS, name))) {
+        if ((m = tev_method_name(JV_STR, name))) {
             *out = jv_func(&e->heap, JF_METHOD, m, jv_ref(obj));
             return tev_built(e, n, out);
         }
         break;
     case JV_LIST:
-        if ((m = tev_find_name(LIST_METHODS, name))) {
+        if ((m = tev_method_name(JV_LIST, name))) {
             *out = jv_func(&e->heap, JF_METHOD, m, jv_ref(obj));
             return tev_built(e, n, out);
         }

@@ -1,6 +1,6 @@
 /*
  * template_parse.c — chat templates: the recursive-descent parser turning the
- * lexer's tokens (template.c) into the tree in template_ast.h.
+ * lexer's tokens (template_lex.c) into the tree in template_ast.h.
  *
  * Key decisions: the parser mirrors jinja2/parser.py function by function
  * (precedence, left-associative `**`, unary minus binding tighter than `**`,

@@ -1,8 +1,9 @@
 /*
  * tok_internal.h — the tokenizer's internal types, shared by tokenizer.c
  * (construction, encode, decode), tok_pipeline.c (regexes, normalizers,
- * pre-tokenizers, decoders, added-token trie) and tok_gguf.c (GGUF
- * vocabularies).  Not a public interface: only those files include it.
+ * pre-tokenizers, decoders, added-token trie), tok_gguf.c (GGUF
+ * vocabularies) and tok_config.c (the special tokens' text beside a
+ * tokenizer.json).  Not a public interface: only those files include it.
  */
 #ifndef SPILL_TOK_INTERNAL_H
 #define SPILL_TOK_INTERNAL_H
@@ -192,6 +193,11 @@ struct tokenizer {
     int32_t *post_pre, *post_post; /* ids around the sequence when add_special */
     size_t n_post_pre, n_post_post;
     int32_t special[TOK_SPECIAL_COUNT];
+    /* The special tokens' text from the files beside a tokenizer.json (tok_config.c); known false: nothing
+     * read (GGUF, in-memory images).  Only TOK_BOS and TOK_EOS are read; NULL = the files name none. */
+    bool special_text_known;
+    char *special_text[TOK_SPECIAL_COUNT];
+    size_t special_text_len[TOK_SPECIAL_COUNT];
 };
 
 /* ---- tok_pipeline.c --------------------------------------------------- */
@@ -225,6 +231,12 @@ int tk_pt_apply(const node *n, rx_ctx *rc, plist *cur, plist *tmp, char *err, si
 int tk_dc_apply(const node *n, rx_ctx *rc, slist *l, bool raw, char *err, size_t errlen);
 extern const char TK_GPT2_SPLIT[], TK_LLAMA3_SPLIT[], TK_QWEN2_SPLIT[], TK_TEKKEN_SPLIT[], TK_GPT4O_SPLIT[],
     TK_WHITESPACE_SPLIT[], TK_WS_CLASS[], TK_PUNCT_CLASS[];
+
+/* ---- tok_config.c ----------------------------------------------------- */
+/* Reads the bos/eos text from tokenizer_config.json / special_tokens_map.json beside the tokenizer.json at
+ * path (files that do not exist name none); 0, or -1 with a sentence for a file that is not a JSON object or a
+ * value of the wrong type. */
+int tk_config_load(tokenizer *t, const char *tokenizer_json, char *err, size_t errlen);
 
 /* ---- tokenizer.c: construction helpers shared with tok_gguf.c --------- */
 char *tk_dupn(const char *s, size_t n);

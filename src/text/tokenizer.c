@@ -4,9 +4,11 @@
  *
  * Files: tokenizer.c (this: building, encode/decode), tok_pipeline.c (what
  * normalizers, pre-tokenizers and decoders do; regexes), bpe.c (the BPE
- * model), tok_gguf.c (GGUF vocabularies), tok_internal.h (shared types).
- * Does not own: chat templates, reading tokenizer_config.json (the caller
- * sets special ids), Unigram/WordPiece models (rejected with a sentence).
+ * model), tok_gguf.c (GGUF vocabularies), tok_config.c (the bos/eos text
+ * in tokenizer_config.json beside a tokenizer.json), tok_internal.h (shared
+ * types).  Does not own: chat templates, the special ids tokenizer_config.json
+ * names (the caller may set them), Unigram/WordPiece models (rejected with a
+ * sentence).
  *
  * Encode pipeline (tokenizers' Tokenizer::encode, mirrored step for step so
  * that ids agree on every input):
@@ -83,6 +85,8 @@ void tokenizer_free(tokenizer *t)
     free(t->decoder);
     free(t->post_pre);
     free(t->post_post);
+    for (int i = 0; i < TOK_SPECIAL_COUNT; i++)
+        free(t->special_text[i]);
     free(t);
 }
 
@@ -870,6 +874,11 @@ int tokenizer_from_json_file(const char *path, tokenizer **out, char *err, size_
         return -1;
     int r = tokenizer_from_json(buf, len, path, out, err, errlen);
     free(buf);
+    if (r == 0 && tk_config_load(*out, path, err, errlen) != 0) {
+        tokenizer_free(*out);
+        *out = NULL;
+        r = -1;
+    }
     return r;
 }
 

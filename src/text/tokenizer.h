@@ -30,7 +30,9 @@ typedef struct tokenizer tokenizer;
 /* Largest tokenizer.json accepted (Gemma 3's is 33 MB). */
 #define TOKENIZER_JSON_MAX ((size_t)256 << 20)
 
-/* Loads a tokenizer.json file.  On failure *out is NULL and err holds one sentence. */
+/* Loads a tokenizer.json file, and the bos/eos text of the tokenizer_config.json (or special_tokens_map.json)
+ * beside it, as transformers' AutoTokenizer does (tokenizer_special_text).  On failure *out is NULL and err
+ * holds one sentence. */
 int tokenizer_from_json_file(const char *path, tokenizer **out, char *err, size_t errlen);
 
 /* Parses a tokenizer.json image of len bytes (need not be NUL-terminated);
@@ -85,6 +87,14 @@ typedef enum { TOK_BOS, TOK_EOS, TOK_EOT, TOK_EOM, TOK_UNK, TOK_PAD, TOK_SPECIAL
  * <end_of_turn>, <|end|>, eom = <|eom_id|>). */
 int32_t tokenizer_special(const tokenizer *tok, tok_special which);
 void tokenizer_set_special(tokenizer *tok, tok_special which, int32_t id);
+
+/* The text a chat template sees as bos_token (TOK_BOS) or eos_token (TOK_EOS): tokenizer_config.json's
+ * (special_tokens_map.json's when the config has no added_tokens_decoder) beside a tokenizer.json file, the
+ * strings transformers renders.  Returns true when those files decide, with *text NULL when they name none
+ * (transformers then leaves the template's bos_token undefined); false when nothing was read (GGUF
+ * vocabularies, tokenizer_from_json images, other `which`): the caller falls back on the special id's piece.
+ * *text is NUL-terminated, *len bytes, owned by tok. */
+bool tokenizer_special_text(const tokenizer *tok, tok_special which, const char **text, size_t *len);
 
 /* Incremental detokenization: push ids one at a time and get back only text
  * that can no longer change (never a split UTF-8 sequence or a trailing
