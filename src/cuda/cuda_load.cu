@@ -161,15 +161,15 @@ static int upload_mat(cuda_engine *e, file_reader *fr, const dmat *w, uint8_t *d
 int rope_setup(cuda_engine *e, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
-    cpu_rope_cfg c;
+    rope_cfg c;
     memset(&c, 0, sizeof c);
-    c.style = m->rope_style == ROPE_NORM ? CPU_ROPE_NORM : CPU_ROPE_NEOX;
+    c.style = m->rope_style == ROPE_NORM ? ROPE_NORM : ROPE_NEOX;
     c.n_rot = m->rope_dim;
     c.freq_base = m->rope_theta;
-    c.scaling = m->rope_scaling == ROPE_SCALE_LINEAR   ? CPU_ROPE_SCALE_LINEAR
-                : m->rope_scaling == ROPE_SCALE_LLAMA3 ? CPU_ROPE_SCALE_LLAMA3
-                : m->rope_scaling == ROPE_SCALE_YARN   ? CPU_ROPE_SCALE_YARN
-                                                       : CPU_ROPE_SCALE_NONE;
+    c.scaling = m->rope_scaling == ROPE_SCALE_LINEAR   ? ROPE_SCALE_LINEAR
+                : m->rope_scaling == ROPE_SCALE_LLAMA3 ? ROPE_SCALE_LLAMA3
+                : m->rope_scaling == ROPE_SCALE_YARN   ? ROPE_SCALE_YARN
+                                                       : ROPE_SCALE_NONE;
     if (m->rope_scaling == ROPE_SCALE_DYNAMIC)
         return util_errf(err, errlen, "%s: dynamic RoPE scaling is not implemented.", m->source);
     if (m->format == MODEL_GGUF && m->rope_scaling == ROPE_SCALE_LLAMA3)
@@ -185,7 +185,7 @@ int rope_setup(cuda_engine *e, char *err, size_t errlen)
         return -1;
     c.freq_base = m->rope_theta_local > 0 ? m->rope_theta_local : m->rope_theta;
     if (m->rope_theta_local > 0)
-        c.scaling = CPU_ROPE_SCALE_NONE;
+        c.scaling = ROPE_SCALE_NONE;
     if (cpu_rope_init(&e->rope_local, &c, err, errlen))
         return -1;
     size_t bytes = (size_t)(m->rope_dim / 2) * sizeof(float);

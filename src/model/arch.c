@@ -1,33 +1,48 @@
 /*
- * arch.c — the architecture families: one table row per family and the
- * tensor names every family draws from.
+ * arch.c — the architecture families: one table row per family, the tensor
+ * names every family draws from, and the resolution of one model against
+ * its row into what an engine needs to run it (arch_layout).
  *
  * Owns: which families spill knows and their state; on which engine each
  * family's pass is wired; each family's tensors per layer (required,
  * optional, absent; split or fused), activation, norm offset, embedding
  * scale, query scale and softcap conventions, per-layer window rule, GGUF
  * RoPE pairing, expert layout; the canonical tensor names (GGUF's) and the
- * Hugging Face names they come from.
+ * Hugging Face names they come from; the RoPE parameters of global and
+ * sliding layers; the shape check of every tensor an engine binds.
  * Does not own: reading config keys (model.c turns config.json and GGUF keys
  * into a model_desc, consulting the row for family conventions), the
- * kernels (engine/, cuda/).
+ * kernels (engine/, cuda/), which engine field holds which tensor (each
+ * engine maps slots to its own layer struct).
  *
  * Key decisions:
- *  - Adding a family is a row here plus the kernels it needs.  A row says
- *    wired per engine, so a family can land on the CPU first (STYLE.md: the
- *    CPU backend is the oracle).
+ *  - Adding a family is a row here plus the kernels it needs: the engines
+ *    bind whatever the row lists (refusing a tensor they have no kernel for)
+ *    and read the pass's flags from the resolved layout, never the family
+ *    name.  A row says wired per engine, so a family can land on the CPU
+ *    first (STYLE.md: the CPU backend is the oracle).
  *  - Tensors are slots with fixed canonical names and shapes in dimension
- *    letters; a row only says each slot's need.
+ *    letters; a row only says each slot's need.  Slot order is the order
+ *    both engines bind in, so both report the same first missing tensor.
+ *  - The RoPE parameter struct (rope_cfg) lives here, below the engines:
+ *    model_arch_resolve fills it from the description (variant, scaling,
+ *    the sliding layers' own base) and the CPU backend's cpu_rope_init turns
+ *    it into frequency tables for both engines, with no translation between
+ *    a model-side and an engine-side copy.
  *  - Expert layout (MoE rows: router, stacked experts, shared expert) is
- *    described though no engine runs experts yet; HF per-expert tensors keep
- *    their own names (model_arch_hf_canonical).
+ *    described and shape-checked though no engine runs experts yet; HF
+ *    per-expert tensors keep their own names (model_arch_hf_canonical).
  */
 #include "arch.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/util.h"
+#include "gguf.h"
+#include "quant.h"
 
 /* ---------------------------------------------------------------- slots */
 
@@ -263,4 +278,146 @@ bool model_arch_hf_canonical(const arch_family *fam, const char *hf, char *out, 
     if (!strncmp(rest, "mlp.experts.", 12) || !strncmp(rest, "block_sparse_moe.experts.", 25))
         return snprintf(out, cap, "blk.%ld.%s", l, rest) > 0 && strlen(rest) + 12 < cap;
     return false;
+}
+
+/* ---------------------------------------------------------------- one model */
+
+/* Fills the RoPE parameters of global and sliding layers from the description. */
+static int rope_setup(const model_desc *m, arch_layout *a, char *err, size_t errlen)
+{
+    if (m->rope_scaling == ROPE_SCALE_DYNAMIC)
+        return util_errf(err, errlen, "%s: dynamic RoPE scaling is not implemented.", m->source);
+    if (m->format == MODEL_GGUF && m->rope_scaling == ROPE_SCALE_LLAMA3)
+        return util_errf(err, errlen,
+                         "%s: GGUF llama3 RoPE scaling (rope_freqs tensor) is not wired yet; use the safetensors "
+                         "checkpoint.",
+                         m->source);
+    rope_cfg *c = &a->rope;
+    c->style = m->rope_style;
+    c->n_rot = m->rope_dim;
+    c->freq_base = m->rope_theta;
+    c->scaling = m->rope_scaling;
+    c->factor = m->rope_factor;
+    c->low_freq_factor = m->rope_low_freq;
+    c->high_freq_factor = m->rope_high_freq;
+    c->orig_max_pos = m->rope_orig_ctx;
+    c->beta_fast = m->rope_beta_fast;
+    c->beta_slow = m->rope_beta_slow;
+    c->attn_factor = m->rope_attn_factor;
+    /* Gemma 3: the sliding layers rotate with their own base and no scaling */
+    a->rope_local = a->rope;
+    a->rope_local_on = m->rope_theta_local > 0;
+    if (a->rope_local_on) {
+        a->rope_local.freq_base = m->rope_theta_local;
+        a->rope_local.scaling = ROPE_SCALE_NONE;
+    }
+    return 0;
+}
+
+static int64_t dim_value(const model_desc *m, enum dim d)
+{
+    int64_t HS = (int64_t)m->n_heads * m->head_dim, KS = (int64_t)m->n_kv_heads * m->head_dim;
+    switch (d) {
+    case DIM_1:
+        return 1;
+    case DIM_D:
+        return m->d_model;
+    case DIM_HS:
+        return HS;
+    case DIM_KS:
+        return KS;
+    case DIM_QKV:
+        return HS + 2 * KS;
+    case DIM_S:
+        return m->head_dim;
+    case DIM_F:
+        return m->ffn_dim;
+    case DIM_F2:
+        return 2 * (int64_t)m->ffn_dim;
+    case DIM_FS:
+        return m->shared_ffn_dim;
+    case DIM_E:
+        return m->n_experts;
+    case DIM_V:
+        return m->vocab;
+    }
+    return 0;
+}
+
+int model_arch_resolve(const model_desc *m, enum arch_engine engine, arch_layout *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (m->state == ARCH_UNSUPPORTED)
+        return util_errf(err, errlen, "%s: architecture %s is not supported: %s", m->source, m->arch, m->state_note);
+    const arch_family *f = model_arch_find(m->arch);
+    if (!f || !(engine == ARCH_ENGINE_CPU ? f->cpu : f->cuda)) {
+        if (f && f->cpu)
+            return util_errf(err, errlen,
+                             "%s: architecture %s runs on the CPU engine but is not wired into the CUDA engine yet; "
+                             "run it without --gpu.",
+                             m->source, m->arch);
+        return util_errf(err, errlen, "%s: architecture %s is described but its forward pass is not wired yet.",
+                         m->source, m->arch);
+    }
+    out->family = f;
+    for (int s = 0; s < ARCH_SLOT_COUNT; s++) {
+        out->t[s].need = (enum arch_need)f->tensors[s];
+        out->t[s].kind = slots[s].kind;
+        out->t[s].n = dim_value(m, slots[s].n);
+        out->t[s].k = dim_value(m, slots[s].k);
+    }
+    out->act = f->act;
+    out->embed_scale = f->embed_scale ? sqrtf((float)m->d_model) : 1.0f;
+    out->norm_plus_one = m->norm_plus_one;
+    out->attn_scale = m->query_scale > 0 ? (float)m->query_scale : 1.0f / sqrtf((float)m->head_dim);
+    out->attn_softcap = m->attn_softcap;
+    out->final_softcap = m->final_softcap;
+    out->sliding_window = m->sliding_window;
+    out->layer_sliding = m->layer_sliding;
+    out->n_experts = m->n_experts;
+    out->n_experts_used = m->n_experts_used;
+    out->shared_expert = f->shared_expert;
+    return rope_setup(m, out, err, errlen);
+}
+
+int model_arch_tensor(const model_desc *m, const arch_layout *a, enum arch_slot s, int layer, const model_tensor **out,
+                      char *err, size_t errlen)
+{
+    const arch_tensor *at = &a->t[s];
+    char name[sizeof m->tensors[0].name];
+    *out = NULL;
+    if (at->need == ARCH_ABSENT)
+        return 0;
+    if (s < ARCH_LAYER_FIRST)
+        snprintf(name, sizeof name, "%s", slots[s].name);
+    else
+        snprintf(name, sizeof name, "blk.%d.%s", layer, slots[s].name);
+    const model_tensor *t = model_tensor_find(m, name);
+    if (!t)
+        return at->need == ARCH_REQUIRED ? util_errf(err, errlen, "%s: tensor %s is missing.", m->source, name) : 0;
+    unsigned long long n0 = t->ne[0], n1 = t->ne[1], n2 = t->ne[2];
+    long long n = at->n, k = at->k;
+    switch (at->kind) {
+    case ARCH_VECTOR:
+        if (t->ne[0] != (uint64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+            return util_errf(err, errlen, "%s: tensor %s has %llu elements but the config implies %lld.", m->source,
+                             name, n0, n);
+        if (t->dtype != GGML_F32 && t->dtype != GGML_F16 && t->dtype != GGML_BF16)
+            return util_errf(err, errlen, "%s: tensor %s is stored as %s; norms and biases must be F32, F16 or BF16.",
+                             m->source, name, quant_type_name(t->dtype));
+        break;
+    case ARCH_MATRIX:
+        if (t->n_dims != 2 || t->ne[0] != (uint64_t)k || t->ne[1] != (uint64_t)n)
+            return util_errf(err, errlen, "%s: tensor %s has shape [%llu, %llu] but the config implies [%lld, %lld].",
+                             m->source, name, n1, n0, n, k);
+        break;
+    case ARCH_EXPERTS:
+        if (t->n_dims != 3 || t->ne[0] != (uint64_t)k || t->ne[1] != (uint64_t)n || t->ne[2] != (uint64_t)a->n_experts)
+            return util_errf(err, errlen,
+                             "%s: tensor %s has shape [%llu, %llu, %llu] but the config implies [%d, %lld, %lld].",
+                             m->source, name, n2, n1, n0, a->n_experts, n, k);
+        break;
+    }
+    *out = t;
+    return 0;
 }

@@ -3,9 +3,14 @@
  * while it describes a file and by both engines (CPU and CUDA) when they bind
  * a model.  See arch.c for the table and the design.
  *
- * arch_family is one row of the table: what a family is (its tensors per
- * layer, activation, norm and RoPE conventions, window rule, expert layout)
- * and on which engines its pass is wired.
+ * Two levels:
+ *   arch_family  one row of the table: what a family is (its tensors per
+ *                layer, activation, norm and RoPE conventions, window rule,
+ *                expert layout) and on which engines its pass is wired.
+ *   arch_layout  one model resolved against its family: every tensor's need
+ *                and shape in this model's dimensions, the flags of the pass,
+ *                the RoPE parameters of global and sliding layers.  An engine
+ *                builds one at open and reads nothing else about the family.
  *
  * Dimension letters: D model dim, H heads, K kv heads, S head size, F FFN dim
  * (per expert), FS shared-expert FFN dim, E experts, V vocab.
@@ -74,6 +79,8 @@ enum arch_act {
     ARCH_ACT_GELU_TANH, /* GeGLU: down(gelu_tanh(gate x) * up x) (Gemma) */
 };
 
+enum arch_engine { ARCH_ENGINE_CPU, ARCH_ENGINE_CUDA };
+
 /* ---------------------------------------------------------------- the table */
 
 typedef struct arch_family {
@@ -123,5 +130,75 @@ bool model_arch_hf_canonical(const arch_family *fam, const char *hf, char *out, 
 
 /* The canonical name of slot s: the whole name of a global, the part after blk.N. of a per-layer slot. */
 const char *model_arch_slot_name(enum arch_slot s);
+
+/* ---------------------------------------------------------------- one model, resolved */
+
+/* RoPE parameters of one kind of layer; names follow transformers' rope_parameters.  The CPU backend turns
+ * them into frequency tables (cpu_rope_init), which the CUDA engine uploads. */
+typedef struct rope_cfg {
+    enum rope_style style;
+    int n_rot;                 /* rotated dims per head = int(S * partial_rotary_factor); even, <= S */
+    double freq_base;          /* rope_theta */
+    enum rope_scaling scaling; /* never ROPE_SCALE_DYNAMIC (model_arch_resolve refuses it) */
+    double factor;             /* linear, llama3, yarn */
+    double low_freq_factor;    /* llama3 */
+    double high_freq_factor;   /* llama3 */
+    double orig_max_pos;       /* llama3, yarn: original_max_position_embeddings */
+    double beta_fast;          /* yarn; 0 means the default 32 */
+    double beta_slow;          /* yarn; 0 means the default 1 */
+    double attn_factor;        /* yarn attention_factor; 0 means derive it from factor (and mscale) */
+    double mscale;             /* yarn, optional (0 = absent) */
+    double mscale_all_dim;     /* yarn, optional (0 = absent) */
+    bool yarn_no_truncate;     /* yarn `truncate: false` */
+} rope_cfg;
+
+typedef struct arch_tensor {
+    enum arch_need need;
+    enum arch_kind kind;
+    int64_t n, k; /* vector: n elements; matrix: n rows of k; experts: E of those */
+} arch_tensor;
+
+typedef struct arch_layout {
+    const arch_family *family;
+    arch_tensor t[ARCH_SLOT_COUNT]; /* in this model's dimensions */
+
+    enum arch_act act;
+    float embed_scale;    /* embedding rows are multiplied by it (sqrt(D) or 1) */
+    bool norm_plus_one;   /* every RMSNorm applies (1 + w) */
+    float attn_scale;     /* scores = q.k * attn_scale (query_scale, or 1/sqrt(S)) */
+    double attn_softcap;  /* scores -> c * tanh(scores / c); 0 = off */
+    double final_softcap; /* the same on the logits */
+
+    int sliding_window;        /* positions a sliding layer attends to (0 = none) */
+    const bool *layer_sliding; /* (L) the model's per-layer pattern, or NULL: no layer slides */
+    rope_cfg rope;             /* global layers */
+    rope_cfg rope_local;       /* sliding layers, when rope_local_on */
+    bool rope_local_on;        /* sliding layers rotate with their own base (Gemma 3: 10000, unscaled) */
+
+    int n_experts, n_experts_used; /* MoE: experts per layer and per token; 0 for dense families */
+    bool shared_expert;
+} arch_layout;
+
+/*
+ * Resolves model m for `engine`: checks that its family is supported and wired on that engine, and fills
+ * *out (which borrows m's per-layer window pattern: m outlives it).  Returns 0, or -1 with one sentence
+ * (unsupported, not wired on this engine, a RoPE variant spill does not implement).
+ */
+int model_arch_resolve(const model_desc *m, enum arch_engine engine, arch_layout *out, char *err, size_t errlen);
+
+/*
+ * Finds slot s of layer `layer` (ignored for global slots) in m and checks it against the layout: *out is
+ * the tensor, or NULL when the family has none or it is optional and missing.  Returns 0, or -1 with one
+ * sentence: required and missing, another shape than the config implies, or a 1-D tensor not stored as
+ * F32, F16 or BF16.
+ */
+int model_arch_tensor(const model_desc *m, const arch_layout *a, enum arch_slot s, int layer, const model_tensor **out,
+                      char *err, size_t errlen);
+
+/* Whether layer l attends through the sliding window (and rotates with rope_local when rope_local_on). */
+static inline bool arch_layer_sliding(const arch_layout *a, int l)
+{
+    return a->layer_sliding && a->layer_sliding[l];
+}
 
 #endif
