@@ -736,38 +736,6 @@ const model_tensor *model_tensor_find(const model_desc *m, const char *name)
     return NULL;
 }
 
-int model_matrix(const model_desc *m, const char *name, int64_t n, int64_t k, bool required, const model_tensor **out,
-                 char *err, size_t errlen)
-{
-    const model_tensor *t = model_tensor_find(m, name);
-    *out = NULL;
-    if (!t)
-        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", m->source, name) : 0;
-    if (t->n_dims != 2 || (int64_t)t->ne[0] != k || (int64_t)t->ne[1] != n)
-        return util_errf(err, errlen, "%s: tensor %s has shape [%llu, %llu] but the config implies [%lld, %lld].",
-                         m->source, name, (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (long long)n,
-                         (long long)k);
-    *out = t;
-    return 0;
-}
-
-int model_vector(const model_desc *m, const char *name, int64_t n, bool required, const model_tensor **out, char *err,
-                 size_t errlen)
-{
-    const model_tensor *t = model_tensor_find(m, name);
-    *out = NULL;
-    if (!t)
-        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", m->source, name) : 0;
-    if (t->ne[0] != (uint64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return util_errf(err, errlen, "%s: tensor %s has %llu elements but the config implies %lld.", m->source, name,
-                         (unsigned long long)t->ne[0], (long long)n);
-    if (t->dtype != GGML_F32 && t->dtype != GGML_F16 && t->dtype != GGML_BF16)
-        return util_errf(err, errlen, "%s: tensor %s is stored as %s; norms and biases must be F32, F16 or BF16.",
-                         m->source, name, quant_type_name(t->dtype));
-    *out = t;
-    return 0;
-}
-
 void model_close(model_desc *m)
 {
     if (!m)

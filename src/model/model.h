@@ -118,15 +118,6 @@ void model_close(model_desc *m);
 /* The tensor called name, or NULL. */
 const model_tensor *model_tensor_find(const model_desc *m, const char *name);
 
-/* The matrix `name` of n rows of k columns (GGUF ne = [k, n]) for an engine to bind: *out is the tensor, or NULL
- * when it is absent and not required.  0, or -1 with a sentence (missing and required, or another shape). */
-int model_matrix(const model_desc *m, const char *name, int64_t n, int64_t k, bool required, const model_tensor **out,
-                 char *err, size_t errlen);
-
-/* The 1-D tensor `name` of n elements stored as F32, F16 or BF16 (norms, biases): as model_matrix. */
-int model_vector(const model_desc *m, const char *name, int64_t n, bool required, const model_tensor **out, char *err,
-                 size_t errlen);
-
 /* SHA-256 hex of the model's identity (arch, dims, tensor names/types/shapes/sizes, file sizes). */
 void model_fingerprint(const model_desc *m, char out[65]);
 
