@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "batch/check.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "model/pack.h"
 #include "model/quant.h"

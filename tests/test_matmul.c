@@ -542,14 +542,14 @@ static void test_rope(void)
     json_array_foreach(cases, ci, c) {
         const char *name = json_string_value(json_object_get(c, "name"));
         const char *sc = json_string_value(json_object_get(c, "scaling"));
-        cpu_rope_cfg cfg = {0};
-        cfg.style = strcmp(json_string_value(json_object_get(c, "style")), "norm") == 0 ? CPU_ROPE_NORM : CPU_ROPE_NEOX;
+        rope_cfg cfg = {0};
+        cfg.style = strcmp(json_string_value(json_object_get(c, "style")), "norm") == 0 ? ROPE_NORM : ROPE_NEOX;
         cfg.n_rot = (int)jnum(c, "n_rot", 0);
         cfg.freq_base = jnum(c, "base", 0);
-        cfg.scaling = strcmp(sc, "linear") == 0   ? CPU_ROPE_SCALE_LINEAR
-                      : strcmp(sc, "llama3") == 0 ? CPU_ROPE_SCALE_LLAMA3
-                      : strcmp(sc, "yarn") == 0   ? CPU_ROPE_SCALE_YARN
-                                                  : CPU_ROPE_SCALE_NONE;
+        cfg.scaling = strcmp(sc, "linear") == 0   ? ROPE_SCALE_LINEAR
+                      : strcmp(sc, "llama3") == 0 ? ROPE_SCALE_LLAMA3
+                      : strcmp(sc, "yarn") == 0   ? ROPE_SCALE_YARN
+                                                  : ROPE_SCALE_NONE;
         cfg.factor = jnum(c, "factor", 0);
         cfg.low_freq_factor = jnum(c, "low_freq_factor", 0);
         cfg.high_freq_factor = jnum(c, "high_freq_factor", 0);
@@ -609,7 +609,7 @@ static void test_rope(void)
                     }
                     int fi;
                     size_t ia, ib;
-                    if (cfg.style == CPU_ROPE_NEOX) {
+                    if (cfg.style == ROPE_NEOX) {
                         fi = (int)(d % half);
                         ia = i - (size_t)(d >= half ? half : 0);
                         ib = ia + (size_t)half;
@@ -632,15 +632,15 @@ static void test_rope(void)
     }
     json_decref(root);
 
-    cpu_rope_cfg bad = {.style = CPU_ROPE_NEOX, .n_rot = 63, .freq_base = 10000};
+    rope_cfg bad = {.style = ROPE_NEOX, .n_rot = 63, .freq_base = 10000};
     cpu_rope r;
     char err[256] = "";
     CHECK(cpu_rope_init(&r, &bad, err, sizeof err) < 0 && strstr(err, "even"), "odd rotary dim rejected: %s", err);
     bad.n_rot = 64;
-    bad.scaling = CPU_ROPE_SCALE_LLAMA3;
+    bad.scaling = ROPE_SCALE_LLAMA3;
     bad.factor = 8;
     CHECK(cpu_rope_init(&r, &bad, err, sizeof err) < 0, "llama3 without its factors rejected: %s", err);
-    bad.scaling = CPU_ROPE_SCALE_LINEAR;
+    bad.scaling = ROPE_SCALE_LINEAR;
     bad.factor = 0;
     CHECK(cpu_rope_init(&r, &bad, err, sizeof err) < 0, "linear with factor 0 rejected: %s", err);
 }

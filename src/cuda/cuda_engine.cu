@@ -288,11 +288,9 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
         util_errf(err, errlen, "the CUDA context is unusable after an earlier GPU fault; restart the process.");
         return CUDA_ENGINE_EDEVICE;
     }
-    if (m->state == ARCH_UNSUPPORTED)
-        return util_errf(err, errlen, "%s: architecture %s is not supported: %s", m->source, m->arch, m->state_note);
-    if (strcmp(m->arch, "llama") && strcmp(m->arch, "qwen2") && strcmp(m->arch, "qwen3") && strcmp(m->arch, "mistral"))
-        return util_errf(err, errlen, "%s: architecture %s is described but its forward pass is not wired yet.",
-                         m->source, m->arch);
+    arch_layout a;
+    if (model_arch_resolve(m, ARCH_ENGINE_CUDA, &a, err, errlen))
+        return -1;
     if (m->head_dim > 256 || m->n_experts > 0)
         return util_errf(err, errlen,
                          "%s: head size %d or %d experts is beyond the CUDA backend (head size <= 256, "
@@ -302,12 +300,11 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
     if (!e)
         return util_errf(err, errlen, "out of host memory.");
     e->m = m;
+    e->a = a;
     e->o = *o;
     e->max_T = o->max_pass_tokens > 0 ? o->max_pass_tokens : 512;
     e->max_seqs = o->max_pass_seqs > 0 ? o->max_pass_seqs : e->max_T;
     e->max_rows = o->max_logit_rows > 0 ? o->max_logit_rows : e->max_seqs;
-    e->embed_scale = !strncmp(m->arch, "gemma", 5) ? sqrtf((float)m->d_model) : 1.0f;
-    e->gelu = !strncmp(m->arch, "gemma", 5);
     int fds_stack[8];
     int *fds = m->n_files <= 8 ? fds_stack : (int *)malloc(m->n_files * sizeof(int));
     file_reader fr = {m, fds};
@@ -593,10 +590,11 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     int64_t D = m->d_model, H = m->n_heads, K = m->n_kv_heads, S = m->head_dim, F = m->ffn_dim;
     int64_t HS = H * S, KS = K * S;
     cudaStream_t s = e->cs;
-    bool sliding = m->layer_sliding && m->layer_sliding[l];
+    const arch_layout *a = &e->a;
+    bool sliding = arch_layer_sliding(a, l);
     int rc;
     MARK(0);
-    CU(k_rmsnorm(e->x, w->attn_norm, T, D, m->norm_eps, m->norm_plus_one, NULL, e->xb, s));
+    CU(k_rmsnorm(e->x, w->attn_norm, T, D, m->norm_eps, a->norm_plus_one, NULL, e->xb, s));
     MARK(1);
     if ((rc = gemm(e, &w->m[M_Q], base, e->xb, T, e->q, err, errlen)) ||
         (rc = gemm(e, &w->m[M_K], base, e->xb, T, e->k, err, errlen)) ||
@@ -610,10 +608,10 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     if (w->bv)
         CU(k_add_bias(e->v, w->bv, T, KS, s));
     if (w->q_norm) {
-        CU(k_rmsnorm(e->q, w->q_norm, T * H, S, m->norm_eps, m->norm_plus_one, e->q, NULL, s));
-        CU(k_rmsnorm(e->k, w->k_norm, T * K, S, m->norm_eps, m->norm_plus_one, e->k, NULL, s));
+        CU(k_rmsnorm(e->q, w->q_norm, T * H, S, m->norm_eps, a->norm_plus_one, e->q, NULL, s));
+        CU(k_rmsnorm(e->k, w->k_norm, T * K, S, m->norm_eps, a->norm_plus_one, e->k, NULL, s));
     }
-    bool local = sliding && m->rope_theta_local > 0;
+    bool local = sliding && a->rope_local_on;
     const cpu_rope *rope = local ? &e->rope_local : &e->rope;
     const float *inv = local ? e->d_inv_freq_local : e->d_inv_freq;
     CU(k_rope(e->q, T, (int)H, (int)S, pm->pos, inv, rope->n_rot, rope->style, rope->attn_scale, s));
@@ -626,31 +624,30 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     g.layer_base = e->d_kv + (size_t)l * (size_t)e->kv.n_pages * (size_t)kv_block_bytes(g.P, g.Kh, g.S, g.kvt);
     CU(k_kv_write(g, e->k, e->v, pm->pos, pm->seq, pm->pt_off, pm->pages, T, s));
     MARK(3);
-    float scale = m->query_scale > 0 ? (float)m->query_scale : 1.0f / sqrtf((float)S);
-    CU(k_attention(g, e->q, pm->pos, pm->seq, pm->pt_off, pm->pages, T, (int)H, sliding ? m->sliding_window : 0, scale,
-                   (float)m->attn_softcap, pm->tiles, pm->n_tiles, pm->singles, pm->n_singles, e->att_max_len,
-                   e->o.attention_unsplit ? NULL : e->att_part, e->att, s));
+    CU(k_attention(g, e->q, pm->pos, pm->seq, pm->pt_off, pm->pages, T, (int)H, sliding ? a->sliding_window : 0,
+                   a->attn_scale, (float)a->attn_softcap, pm->tiles, pm->n_tiles, pm->singles, pm->n_singles,
+                   e->att_max_len, e->o.attention_unsplit ? NULL : e->att_part, e->att, s));
     CU(k_to_bf16(e->att, e->xb, T * HS, s));
     MARK(4);
     if ((rc = gemm(e, &w->m[M_O], base, e->xb, T, e->h, err, errlen)))
         return rc;
     if (w->post_attn_norm && w->post_ffw_norm)
-        CU(k_rmsnorm(e->h, w->post_attn_norm, T, D, m->norm_eps, m->norm_plus_one, e->h, NULL, s));
+        CU(k_rmsnorm(e->h, w->post_attn_norm, T, D, m->norm_eps, a->norm_plus_one, e->h, NULL, s));
     CU(k_add(e->x, e->h, T * D, s));
     MARK(5);
 
-    CU(k_rmsnorm(e->x, w->ffn_norm, T, D, m->norm_eps, m->norm_plus_one, NULL, e->xb, s));
+    CU(k_rmsnorm(e->x, w->ffn_norm, T, D, m->norm_eps, a->norm_plus_one, NULL, e->xb, s));
     MARK(6);
     if ((rc = gemm(e, &w->m[M_GATE], base, e->xb, T, e->g, err, errlen)) ||
         (rc = gemm(e, &w->m[M_UP], base, e->xb, T, e->u, err, errlen)))
         return rc;
     MARK(7);
-    CU(k_act_mul(e->g, e->u, T * F, e->gelu, e->xb, NULL, s));
+    CU(k_act_mul(e->g, e->u, T * F, a->act == ARCH_ACT_GELU_TANH, e->xb, NULL, s));
     MARK(8);
     if ((rc = gemm(e, &w->m[M_DOWN], base, e->xb, T, e->h, err, errlen)))
         return rc;
     if (w->post_ffw_norm)
-        CU(k_rmsnorm(e->h, w->post_ffw_norm, T, D, m->norm_eps, m->norm_plus_one, e->h, NULL, s));
+        CU(k_rmsnorm(e->h, w->post_ffw_norm, T, D, m->norm_eps, a->norm_plus_one, e->h, NULL, s));
     CU(k_add(e->x, e->h, T * D, s));
     MARK(9);
     return 0;
@@ -820,7 +817,7 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
                     dm + 3 * Tm + Rm + B + 3 * Tm,
                     e->att_tiles,
                     e->att_singles};
-    CU(k_embed(e->embd.type, e->d_embd, e->embd.row_bytes, pm.tok, T, D, e->embed_scale, e->x, s));
+    CU(k_embed(e->embd.type, e->d_embd, e->embd.row_bytes, pm.tok, T, D, e->a.embed_scale, e->x, s));
     if (e->ns && (rc = pump(e, err, errlen)))
         return rc;
     for (int l = 0; l < m->n_layers; l++) {
@@ -844,11 +841,11 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
         CU(cudaEventRecord(e->phead[0], s));
     if (R > 0) {
         CU(k_gather(e->last, e->x, pm.rows, R, D, s));
-        CU(k_rmsnorm(e->last, e->out_norm, R, D, m->norm_eps, m->norm_plus_one, NULL, e->lastb, s));
+        CU(k_rmsnorm(e->last, e->out_norm, R, D, m->norm_eps, e->a.norm_plus_one, NULL, e->lastb, s));
         if ((rc = gemm(e, &e->out, e->d_out, e->lastb, R, e->logits, err, errlen)))
             return rc;
-        if (m->final_softcap > 0)
-            CU(k_softcap(e->logits, (int64_t)R * V, (float)m->final_softcap, s));
+        if (e->a.final_softcap > 0)
+            CU(k_softcap(e->logits, (int64_t)R * V, (float)e->a.final_softcap, s));
         if (want) {
             /* picks on the device; only the rows the host samples come back whole, in runs of rows */
             memcpy(e->h_want, want, (size_t)R * 4);

@@ -26,6 +26,7 @@
 extern "C" {
 #include "../engine/cpu.h"
 #include "../engine/stream.h"
+#include "../model/arch.h"
 #include "../model/gguf.h"
 #include "../model/quant.h"
 #include "../base/util.h"
@@ -75,10 +76,9 @@ struct cuda_engine {
     uint8_t *d_res;    /* resident packs */
     uint8_t *h_pinned; /* streamed packs */
     size_t h_pinned_map; /* > 0: h_pinned is an anonymous mapping of this size (registered if st.pin_registered) */
-    float *d_inv_freq, *d_inv_freq_local;
-    cpu_rope rope, rope_local;
-    float embed_scale;
-    bool gelu;
+    arch_layout a;       /* what the family makes of the pass: tensors, flags, RoPE parameters (model/arch.h) */
+    float *d_inv_freq, *d_inv_freq_local; /* (rope_dim/2) of rope, rope_local */
+    cpu_rope rope, rope_local;            /* global and sliding layers */
 
     /* ring */
     int ns, slots, first_streamed;

@@ -3,8 +3,11 @@
  * matrices (type, shape, offset in its layer pack), uploading globals and
  * resident layers to HBM, reading the streamed layers into one pinned host
  * arena (several reader threads, then cudaHostRegister) or opening the disk
- * tier's pinned slots, and the RoPE tables.  The engine's state and helpers
- * are in cuda_internal.h; cuda_engine.cu calls these from cuda_engine_open.
+ * tier's pinned slots, and the RoPE tables.  What to bind, in which shape,
+ * and the RoPE parameters come from the model's arch_layout (model/arch.h),
+ * the same the CPU engine binds from; this file only maps slots to the
+ * engine's fields.  The engine's state and helpers are in cuda_internal.h;
+ * cuda_engine.cu calls these from cuda_engine_open.
  */
 #include "cuda_internal.h"
 
@@ -91,20 +94,21 @@ static int read_tensor(cuda_engine *e, file_reader *fr, const model_tensor *t, v
     return read_from_files(fr, t, dst, err, errlen);
 }
 
-/* Describes a matrix of N rows × K columns (GGUF ne = [K, N]); w->t stays NULL when absent and optional. */
-static int bind_mat(cuda_engine *e, dmat *w, const char *name, int64_t n, int64_t k, bool required, char *err,
-                    size_t errlen)
+/* Describes slot s of layer l (model/arch.h) as a matrix in its file dtype; w->t stays NULL when the model
+ * has none. */
+static int bind_mat(cuda_engine *e, dmat *w, enum arch_slot s, int l, char *err, size_t errlen)
 {
     const model_tensor *t;
     memset(w, 0, sizeof *w);
-    if (model_matrix(e->m, name, n, k, required, &t, err, errlen))
+    if (model_arch_tensor(e->m, &e->a, s, l, &t, err, errlen))
         return -1;
     if (!t)
         return 0;
+    int64_t n = e->a.t[s].n, k = e->a.t[s].k;
     if (!kq_type_supported(t->dtype) || quant_row_bytes(t->dtype, k, &w->row_bytes) != 0 ||
         (uint64_t)w->row_bytes * (uint64_t)n != t->size)
         return util_errf(err, errlen, "%s: tensor %s is stored as %s, which the CUDA backend cannot multiply.",
-                         e->m->source, name, quant_type_name(t->dtype));
+                         e->m->source, t->name, quant_type_name(t->dtype));
     w->t = t;
     w->type = t->dtype;
     w->n = n;
@@ -112,16 +116,17 @@ static int bind_mat(cuda_engine *e, dmat *w, const char *name, int64_t n, int64_
     return 0;
 }
 
-/* Uploads a 1-D tensor of n elements as fp32 (NULL when absent and optional). */
-static int bind_vec(cuda_engine *e, file_reader *fr, float **out, const char *name, int64_t n, bool required, char *err,
-                    size_t errlen)
+/* Uploads slot s of layer l as fp32 (NULL when the model has none). */
+static int bind_vec(cuda_engine *e, file_reader *fr, float **out, enum arch_slot s, int l, char *err, size_t errlen)
 {
     const model_tensor *t;
     *out = NULL;
-    if (model_vector(e->m, name, n, required, &t, err, errlen))
+    if (model_arch_tensor(e->m, &e->a, s, l, &t, err, errlen))
         return -1;
     if (!t)
         return 0;
+    int64_t n = e->a.t[s].n;
+    const char *name = t->name;
     uint8_t *raw = (uint8_t *)malloc((size_t)t->size + 4);
     float *f = (float *)malloc((size_t)n * sizeof(float));
     int rc = !raw || !f ? util_errf(err, errlen, "out of host memory binding %s.", name)
@@ -158,37 +163,14 @@ static int upload_mat(cuda_engine *e, file_reader *fr, const dmat *w, uint8_t *d
     return 0;
 }
 
+/* RoPE tables of global and sliding layers from the layout's parameters (built by the CPU oracle's
+ * cpu_rope_init, so both engines rotate by the same frequencies), uploaded. */
 int rope_setup(cuda_engine *e, char *err, size_t errlen)
 {
-    const model_desc *m = e->m;
-    cpu_rope_cfg c;
-    memset(&c, 0, sizeof c);
-    c.style = m->rope_style == ROPE_NORM ? CPU_ROPE_NORM : CPU_ROPE_NEOX;
-    c.n_rot = m->rope_dim;
-    c.freq_base = m->rope_theta;
-    c.scaling = m->rope_scaling == ROPE_SCALE_LINEAR   ? CPU_ROPE_SCALE_LINEAR
-                : m->rope_scaling == ROPE_SCALE_LLAMA3 ? CPU_ROPE_SCALE_LLAMA3
-                : m->rope_scaling == ROPE_SCALE_YARN   ? CPU_ROPE_SCALE_YARN
-                                                       : CPU_ROPE_SCALE_NONE;
-    if (m->rope_scaling == ROPE_SCALE_DYNAMIC)
-        return util_errf(err, errlen, "%s: dynamic RoPE scaling is not implemented.", m->source);
-    if (m->format == MODEL_GGUF && m->rope_scaling == ROPE_SCALE_LLAMA3)
-        return util_errf(err, errlen, "%s: GGUF llama3 RoPE scaling (rope_freqs tensor) is not wired yet.", m->source);
-    c.factor = m->rope_factor;
-    c.low_freq_factor = m->rope_low_freq;
-    c.high_freq_factor = m->rope_high_freq;
-    c.orig_max_pos = m->rope_orig_ctx;
-    c.beta_fast = m->rope_beta_fast;
-    c.beta_slow = m->rope_beta_slow;
-    c.attn_factor = m->rope_attn_factor;
-    if (cpu_rope_init(&e->rope, &c, err, errlen))
+    if (cpu_rope_init(&e->rope, &e->a.rope, err, errlen) ||
+        cpu_rope_init(&e->rope_local, &e->a.rope_local, err, errlen))
         return -1;
-    c.freq_base = m->rope_theta_local > 0 ? m->rope_theta_local : m->rope_theta;
-    if (m->rope_theta_local > 0)
-        c.scaling = CPU_ROPE_SCALE_NONE;
-    if (cpu_rope_init(&e->rope_local, &c, err, errlen))
-        return -1;
-    size_t bytes = (size_t)(m->rope_dim / 2) * sizeof(float);
+    size_t bytes = (size_t)(e->m->rope_dim / 2) * sizeof(float);
     if (dalloc(e, (void **)&e->d_inv_freq, bytes, "RoPE frequencies", err, errlen) ||
         dalloc(e, (void **)&e->d_inv_freq_local, bytes, "RoPE frequencies", err, errlen))
         return -1;
@@ -197,36 +179,82 @@ int rope_setup(cuda_engine *e, char *err, size_t errlen)
     return 0;
 }
 
-/* Describes every layer's matrices and pack layout, uploads norms and biases. */
+/* The pack matrix (M_*) that holds per-layer slot s, or -1 where the CUDA pass has no kernel that reads it. */
+static int layer_mat(enum arch_slot s)
+{
+    switch (s) {
+    case ARCH_Q:
+        return M_Q;
+    case ARCH_K:
+        return M_K;
+    case ARCH_V:
+        return M_V;
+    case ARCH_O:
+        return M_O;
+    case ARCH_GATE:
+        return M_GATE;
+    case ARCH_UP:
+        return M_UP;
+    case ARCH_DOWN:
+        return M_DOWN;
+    default:
+        return -1;
+    }
+}
+
+/* The field of w that holds per-layer 1-D slot s, or NULL where the CUDA pass has no kernel that reads it. */
+static float **layer_vec(dlayer *w, enum arch_slot s)
+{
+    switch (s) {
+    case ARCH_ATTN_NORM:
+        return &w->attn_norm;
+    case ARCH_Q_BIAS:
+        return &w->bq;
+    case ARCH_K_BIAS:
+        return &w->bk;
+    case ARCH_V_BIAS:
+        return &w->bv;
+    case ARCH_Q_NORM:
+        return &w->q_norm;
+    case ARCH_K_NORM:
+        return &w->k_norm;
+    case ARCH_POST_ATTN_NORM:
+        return &w->post_attn_norm;
+    case ARCH_FFN_NORM:
+        return &w->ffn_norm;
+    case ARCH_POST_FFW_NORM:
+        return &w->post_ffw_norm;
+    default:
+        return NULL;
+    }
+}
+
+/* Describes every layer's matrices and pack layout, then uploads its norms and biases: the slots the layout
+ * lists, matrices first, each group in slot order. */
 int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
-    int64_t D = m->d_model, H = m->n_heads, K = m->n_kv_heads, S = m->head_dim, F = m->ffn_dim;
-    char nm[96];
     e->layers = (dlayer *)calloc((size_t)m->n_layers, sizeof *e->layers);
     if (!e->layers)
         return util_errf(err, errlen, "out of host memory binding layers.");
     for (int l = 0; l < m->n_layers; l++) {
         dlayer *w = &e->layers[l];
-#define NM(s) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), nm)
-        if (bind_mat(e, &w->m[M_Q], NM("attn_q.weight"), H * S, D, true, err, errlen) ||
-            bind_mat(e, &w->m[M_K], NM("attn_k.weight"), K * S, D, true, err, errlen) ||
-            bind_mat(e, &w->m[M_V], NM("attn_v.weight"), K * S, D, true, err, errlen) ||
-            bind_mat(e, &w->m[M_O], NM("attn_output.weight"), D, H * S, true, err, errlen) ||
-            bind_mat(e, &w->m[M_GATE], NM("ffn_gate.weight"), F, D, true, err, errlen) ||
-            bind_mat(e, &w->m[M_UP], NM("ffn_up.weight"), F, D, true, err, errlen) ||
-            bind_mat(e, &w->m[M_DOWN], NM("ffn_down.weight"), D, F, true, err, errlen) ||
-            bind_vec(e, fr, &w->attn_norm, NM("attn_norm.weight"), D, true, err, errlen) ||
-            bind_vec(e, fr, &w->bq, NM("attn_q.bias"), H * S, false, err, errlen) ||
-            bind_vec(e, fr, &w->bk, NM("attn_k.bias"), K * S, false, err, errlen) ||
-            bind_vec(e, fr, &w->bv, NM("attn_v.bias"), K * S, false, err, errlen) ||
-            bind_vec(e, fr, &w->q_norm, NM("attn_q_norm.weight"), S, m->qk_norm, err, errlen) ||
-            bind_vec(e, fr, &w->k_norm, NM("attn_k_norm.weight"), S, m->qk_norm, err, errlen) ||
-            bind_vec(e, fr, &w->post_attn_norm, NM("post_attention_norm.weight"), D, false, err, errlen) ||
-            bind_vec(e, fr, &w->ffn_norm, NM("ffn_norm.weight"), D, true, err, errlen) ||
-            bind_vec(e, fr, &w->post_ffw_norm, NM("post_ffw_norm.weight"), D, false, err, errlen))
-            return -1;
-#undef NM
+        for (int pass = 0; pass < 2; pass++)
+            for (int si = ARCH_LAYER_FIRST; si < ARCH_SLOT_COUNT; si++) {
+                enum arch_slot s = (enum arch_slot)si;
+                const arch_tensor *at = &e->a.t[s];
+                if (at->need == ARCH_ABSENT || (pass == 0) != (at->kind != ARCH_VECTOR))
+                    continue;
+                int mi = at->kind == ARCH_MATRIX ? layer_mat(s) : -1;
+                float **vec = at->kind == ARCH_VECTOR ? layer_vec(w, s) : NULL;
+                if (mi < 0 && !vec)
+                    return util_errf(err, errlen,
+                                     "%s: architecture %s needs tensor blk.%d.%s, which the CUDA engine has no kernel "
+                                     "for (model/arch.c marks the family wired).",
+                                     m->source, m->arch, l, model_arch_slot_name(s));
+                if (mi >= 0 ? bind_mat(e, &w->m[mi], s, l, err, errlen) : bind_vec(e, fr, vec, s, l, err, errlen))
+                    return -1;
+            }
         size_t off = 0;
         for (int i = 0; i < M_COUNT; i++) {
             w->m[i].off = off;
@@ -478,11 +506,8 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
 
 int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
 {
-    const model_desc *m = e->m;
-    int64_t D = m->d_model, V = m->vocab;
-    if (bind_mat(e, &e->embd, "token_embd.weight", V, D, true, err, errlen) ||
-        bind_mat(e, &e->out, "output.weight", V, D, false, err, errlen) ||
-        bind_vec(e, fr, &e->out_norm, "output_norm.weight", D, true, err, errlen))
+    if (bind_mat(e, &e->embd, ARCH_TOKEN_EMBD, -1, err, errlen) || bind_mat(e, &e->out, ARCH_OUTPUT, -1, err, errlen) ||
+        bind_vec(e, fr, &e->out_norm, ARCH_OUTPUT_NORM, -1, err, errlen))
         return -1;
     uint8_t *bounce = NULL;
     size_t cap = 0;

@@ -769,7 +769,7 @@ static double yarn_correction_dim(double num_rot, double dim, double base, doubl
     return (dim * log(max_pos / (num_rot * 2 * M_PI))) / (2 * log(base));
 }
 
-int cpu_rope_init(cpu_rope *r, const cpu_rope_cfg *cfg, char *err, size_t errlen)
+int cpu_rope_init(cpu_rope *r, const rope_cfg *cfg, char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
     int dim = cfg->n_rot;
@@ -778,9 +778,9 @@ int cpu_rope_init(cpu_rope *r, const cpu_rope_cfg *cfg, char *err, size_t errlen
                          "partial_rotary_factor.", dim, CPU_ROPE_MAX_ROT);
     if (!(cfg->freq_base > 1.0) || !isfinite(cfg->freq_base))
         return util_errf(err, errlen, "rope: rope_theta %g must be a finite number > 1.", cfg->freq_base);
-    if (cfg->style != CPU_ROPE_NEOX && cfg->style != CPU_ROPE_NORM)
+    if (cfg->style != ROPE_NEOX && cfg->style != ROPE_NORM)
         return util_errf(err, errlen, "rope: unknown style %d.", cfg->style);
-    bool needs_factor = cfg->scaling != CPU_ROPE_SCALE_NONE;
+    bool needs_factor = cfg->scaling != ROPE_SCALE_NONE;
     if (needs_factor && (!(cfg->factor > 0) || !isfinite(cfg->factor)))
         return util_errf(err, errlen, "rope: rope_parameters.factor %g must be a finite number > 0.", cfg->factor);
     r->style = cfg->style;
@@ -796,13 +796,13 @@ int cpu_rope_init(cpu_rope *r, const cpu_rope_cfg *cfg, char *err, size_t errlen
         f[i] = 1.0f / pos_freq[i];
     }
     switch (cfg->scaling) {
-    case CPU_ROPE_SCALE_NONE:
+    case ROPE_SCALE_NONE:
         break;
-    case CPU_ROPE_SCALE_LINEAR:
+    case ROPE_SCALE_LINEAR:
         for (int i = 0; i < half; i++)
             f[i] /= (float)cfg->factor;
         break;
-    case CPU_ROPE_SCALE_LLAMA3: {
+    case ROPE_SCALE_LLAMA3: {
         double lff = cfg->low_freq_factor, hff = cfg->high_freq_factor, old = cfg->orig_max_pos;
         if (!(lff > 0) || !(hff > lff) || !(old > 0))
             return util_errf(err, errlen, "rope llama3: need 0 < low_freq_factor (%g) < high_freq_factor (%g) and "
@@ -819,7 +819,7 @@ int cpu_rope_init(cpu_rope *r, const cpu_rope_cfg *cfg, char *err, size_t errlen
         }
         break;
     }
-    case CPU_ROPE_SCALE_YARN: {
+    case ROPE_SCALE_YARN: {
         double factor = cfg->factor, old = cfg->orig_max_pos, base_d = cfg->freq_base;
         if (!(old > 0))
             return util_errf(err, errlen, "rope yarn: original_max_position_embeddings (%g) must be > 0.", old);
@@ -871,7 +871,7 @@ void cpu_rope_apply(const cpu_rope *r, float *x, int64_t T, int64_t H, int64_t S
         }
         for (int64_t h = 0; h < H; h++) {
             float *v = x + (t * H + h) * S;
-            if (r->style == CPU_ROPE_NEOX) {
+            if (r->style == ROPE_NEOX) {
                 for (int i = 0; i < half; i++) {
                     float a = v[i], b = v[i + half];
                     v[i] = a * c[i] - b * s[i];

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "../base/pool.h"
+#include "../model/arch.h"
 
 /* ---------------------------------------------------------------- the engine's pool */
 
@@ -136,41 +137,13 @@ void cpu_scale(float *x, int64_t n, float s);
 
 /* ---------------------------------------------------------------- RoPE */
 
-enum cpu_rope_style {
-    CPU_ROPE_NEOX = 0, /* rotate-half: pairs (i, i + n_rot/2); HF layout, qwen/gemma/phi GGUFs */
-    CPU_ROPE_NORM = 1, /* consecutive pairs (2i, 2i+1); GGUF arch `llama` (Q/K permuted by the converter) */
-};
-
-enum cpu_rope_scaling {
-    CPU_ROPE_SCALE_NONE = 0,
-    CPU_ROPE_SCALE_LINEAR = 1,
-    CPU_ROPE_SCALE_LLAMA3 = 2,
-    CPU_ROPE_SCALE_YARN = 3,
-};
-
+/* The parameters are the model layer's rope_cfg (model/arch.h: model_arch_resolve fills one for global and
+ * one for sliding layers), so both engines build their tables from the same description. */
 #define CPU_ROPE_MAX_ROT 1024
-
-/* Field names follow transformers' rope_parameters. */
-typedef struct cpu_rope_cfg {
-    int style;               /* enum cpu_rope_style */
-    int n_rot;               /* rotated dims per head = int(head_dim * partial_rotary_factor); even, <= S */
-    double freq_base;        /* rope_theta */
-    int scaling;             /* enum cpu_rope_scaling */
-    double factor;           /* linear, llama3, yarn */
-    double low_freq_factor;  /* llama3 */
-    double high_freq_factor; /* llama3 */
-    double orig_max_pos;     /* llama3, yarn: original_max_position_embeddings */
-    double beta_fast;        /* yarn; 0 means the default 32 */
-    double beta_slow;        /* yarn; 0 means the default 1 */
-    double attn_factor;      /* yarn attention_factor; 0 means derive it from factor (and mscale) */
-    double mscale;           /* yarn, optional (0 = absent) */
-    double mscale_all_dim;   /* yarn, optional (0 = absent) */
-    bool yarn_no_truncate;   /* yarn `truncate: false` */
-} cpu_rope_cfg;
 
 /* Precomputed frequencies: built once per model (per layer type), read-only after. */
 typedef struct cpu_rope {
-    int style;
+    int style; /* enum rope_style */
     int n_rot;
     float attn_scale;                    /* multiplies cos and sin (yarn), else 1 */
     float inv_freq[CPU_ROPE_MAX_ROT / 2]; /* (n_rot/2) */
@@ -179,7 +152,7 @@ typedef struct cpu_rope {
 /* Computes the inverse frequencies exactly as transformers' modeling_rope_utils
  * does (same formulas, fp32 where it uses fp32 tensors, double where it uses
  * Python floats).  Returns 0, or -1 with a sentence in err for bad parameters. */
-int cpu_rope_init(cpu_rope *r, const cpu_rope_cfg *cfg, char *err, size_t errlen);
+int cpu_rope_init(cpu_rope *r, const rope_cfg *cfg, char *err, size_t errlen);
 
 /* Rotates x (T, H, S) in place: token t at position pos[t]; dims >= n_rot pass
  * through.  S must be >= n_rot. */

@@ -3,14 +3,17 @@
  * resident engine that owns the weights it binds.
  *
  * Owns: reading the weights into RAM once (in file order, pread), binding
- * each layer's tensors by canonical name, and the pass itself for the llama
- * family (llama, qwen2 QKV bias, qwen3 q/k norm, mistral sliding window) with
- * the Gemma hooks (post-norms, GELU, per-layer windows and RoPE bases) that
- * land later.  Matrices stay in their file dtype and are dequantized inside
- * cpu_matmul; 1-D tensors (norms, biases) are converted to fp32 once here.
+ * each layer's tensors into the engine's fields, and the pass itself for the
+ * llama family (llama, qwen2 QKV bias, qwen3 q/k norm, mistral sliding window)
+ * with the Gemma hooks (post-norms, GELU, per-layer windows and RoPE bases)
+ * that land later.  Matrices stay in their file dtype and are dequantized
+ * inside cpu_matmul; 1-D tensors (norms, biases) are converted to fp32 once
+ * here.
  *
- * Does not own: the kernels (cpu.c, quant.c), page allocation (kv.c),
- * scheduling or sampling.
+ * Does not own: which families run and what they bind (model/arch.c: the
+ * engine resolves the model once into an arch_layout and reads its tensors,
+ * flags and RoPE parameters from there, never the family name), the kernels
+ * (cpu.c, quant.c), page allocation (kv.c), scheduling or sampling.
  *
  * Key decision: one pass = every sequence's tokens concatenated into T rows of
  * activations, so the whole batch shares each weight read; attention is the
@@ -31,6 +34,7 @@
 #include <unistd.h>
 
 #include "cpu.h"
+#include "../model/arch.h"
 #include "../model/gguf.h"
 #include "../model/quant.h"
 #include "stream.h"
@@ -68,8 +72,8 @@ struct spill_engine {
     layer_w *layers; /* (L) */
     float **owned;   /* fp32 copies of 1-D tensors, freed at close */
     size_t n_owned;
-    cpu_rope rope, rope_local;
-    float embed_scale;
+    arch_layout a;             /* what the family makes of the pass: tensors, flags, RoPE parameters */
+    cpu_rope rope, rope_local; /* global and sliding layers */
 
     /* pass buffers, allocated once for max_T tokens */
     float *x, *h, *q, *k, *v, *att, *g, *u, *last;
@@ -159,20 +163,20 @@ static const void *tensor_ptr(const spill_engine *e, const model_tensor *t)
     return e->tbuf[t - e->m->tensors];
 }
 
-/* Binds a matrix of N rows × K columns (GGUF ne = [K, N]). */
-static int bind_mat(spill_engine *e, wmat *w, const char *name, int64_t n, int64_t k, bool required, char *err,
-                    size_t errlen)
+/* Binds slot s of layer l (arch.h) as a matrix in its file dtype; w stays zero when the model has none. */
+static int bind_mat(spill_engine *e, wmat *w, enum arch_slot s, int l, char *err, size_t errlen)
 {
     const model_tensor *t;
     memset(w, 0, sizeof *w);
-    if (model_matrix(e->m, name, n, k, required, &t, err, errlen))
+    if (model_arch_tensor(e->m, &e->a, s, l, &t, err, errlen))
         return -1;
     if (!t)
         return 0;
+    int64_t n = e->a.t[s].n, k = e->a.t[s].k;
     size_t rb;
     if (!quant_type_supported(t->dtype) || quant_row_bytes(t->dtype, k, &rb) != 0)
         return util_errf(err, errlen, "%s: tensor %s is stored as %s, which the CPU backend cannot multiply.",
-                         e->m->source, name, quant_type_name(t->dtype));
+                         e->m->source, t->name, quant_type_name(t->dtype));
     w->p = tensor_ptr(e, t);
     w->t = t;
     w->type = t->dtype;
@@ -181,22 +185,23 @@ static int bind_mat(spill_engine *e, wmat *w, const char *name, int64_t n, int64
     return 0;
 }
 
-/* Binds a 1-D tensor of n elements as an fp32 copy (NULL when absent and optional). */
-static int bind_vec(spill_engine *e, float **out, const char *name, int64_t n, bool required, char *err, size_t errlen)
+/* Binds slot s of layer l as an fp32 copy of its 1-D tensor (NULL when the model has none). */
+static int bind_vec(spill_engine *e, float **out, enum arch_slot s, int l, char *err, size_t errlen)
 {
     const model_tensor *t;
     *out = NULL;
-    if (model_vector(e->m, name, n, required, &t, err, errlen))
+    if (model_arch_tensor(e->m, &e->a, s, l, &t, err, errlen))
         return -1;
     if (!t)
         return 0;
+    int64_t n = e->a.t[s].n;
     float *v = malloc((size_t)n * sizeof *v);
     float **no = realloc(e->owned, (e->n_owned + 1) * sizeof *no);
     if (!v || !no) {
         free(v);
         if (no)
             e->owned = no;
-        return util_errf(err, errlen, "out of memory binding %s.", name);
+        return util_errf(err, errlen, "out of memory binding %s.", t->name);
     }
     e->owned = no;
     e->owned[e->n_owned++] = v;
@@ -205,91 +210,108 @@ static int bind_vec(spill_engine *e, float **out, const char *name, int64_t n, b
     return 0;
 }
 
+/* The fields of w that hold per-layer slot s (a matrix, a 1-D tensor), or NULL where the CPU pass has no
+ * kernel that reads the slot. */
+static wmat *layer_mat(layer_w *w, enum arch_slot s)
+{
+    switch (s) {
+    case ARCH_Q:
+        return &w->q;
+    case ARCH_K:
+        return &w->k;
+    case ARCH_V:
+        return &w->v;
+    case ARCH_O:
+        return &w->o;
+    case ARCH_GATE:
+        return &w->gate;
+    case ARCH_UP:
+        return &w->up;
+    case ARCH_DOWN:
+        return &w->down;
+    default:
+        return NULL;
+    }
+}
+
+static float **layer_vec(layer_w *w, enum arch_slot s)
+{
+    switch (s) {
+    case ARCH_ATTN_NORM:
+        return &w->attn_norm;
+    case ARCH_Q_BIAS:
+        return &w->bq;
+    case ARCH_K_BIAS:
+        return &w->bk;
+    case ARCH_V_BIAS:
+        return &w->bv;
+    case ARCH_Q_NORM:
+        return &w->q_norm;
+    case ARCH_K_NORM:
+        return &w->k_norm;
+    case ARCH_POST_ATTN_NORM:
+        return &w->post_attn_norm;
+    case ARCH_FFN_NORM:
+        return &w->ffn_norm;
+    case ARCH_POST_FFW_NORM:
+        return &w->post_ffw_norm;
+    default:
+        return NULL;
+    }
+}
+
+/* Binds the globals and every layer's tensors the layout lists, in slot order. */
 static int bind_weights(spill_engine *e, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
-    int64_t D = m->d_model, H = m->n_heads, K = m->n_kv_heads, S = m->head_dim, F = m->ffn_dim, V = m->vocab;
-    char nm[96];
-    if (bind_mat(e, &e->embd, "token_embd.weight", V, D, true, err, errlen) ||
-        bind_vec(e, &e->out_norm, "output_norm.weight", D, true, err, errlen) ||
-        bind_mat(e, &e->output, "output.weight", V, D, false, err, errlen))
+    if (bind_mat(e, &e->embd, ARCH_TOKEN_EMBD, -1, err, errlen) ||
+        bind_vec(e, &e->out_norm, ARCH_OUTPUT_NORM, -1, err, errlen) ||
+        bind_mat(e, &e->output, ARCH_OUTPUT, -1, err, errlen))
         return -1;
     if (!e->output.p)
         e->output = e->embd; /* tied embeddings */
     e->layers = calloc((size_t)m->n_layers, sizeof *e->layers);
     if (!e->layers)
         return util_errf(err, errlen, "out of memory binding layers.");
-    for (int l = 0; l < m->n_layers; l++) {
-        layer_w *w = &e->layers[l];
-#define NM(s) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), nm)
-        if (bind_vec(e, &w->attn_norm, NM("attn_norm.weight"), D, true, err, errlen) ||
-            bind_mat(e, &w->q, NM("attn_q.weight"), H * S, D, true, err, errlen) ||
-            bind_mat(e, &w->k, NM("attn_k.weight"), K * S, D, true, err, errlen) ||
-            bind_mat(e, &w->v, NM("attn_v.weight"), K * S, D, true, err, errlen) ||
-            bind_mat(e, &w->o, NM("attn_output.weight"), D, H * S, true, err, errlen) ||
-            bind_vec(e, &w->bq, NM("attn_q.bias"), H * S, false, err, errlen) ||
-            bind_vec(e, &w->bk, NM("attn_k.bias"), K * S, false, err, errlen) ||
-            bind_vec(e, &w->bv, NM("attn_v.bias"), K * S, false, err, errlen) ||
-            bind_vec(e, &w->q_norm, NM("attn_q_norm.weight"), S, m->qk_norm, err, errlen) ||
-            bind_vec(e, &w->k_norm, NM("attn_k_norm.weight"), S, m->qk_norm, err, errlen) ||
-            bind_vec(e, &w->post_attn_norm, NM("post_attention_norm.weight"), D, false, err, errlen) ||
-            bind_vec(e, &w->ffn_norm, NM("ffn_norm.weight"), D, true, err, errlen) ||
-            bind_vec(e, &w->post_ffw_norm, NM("post_ffw_norm.weight"), D, false, err, errlen) ||
-            bind_mat(e, &w->gate, NM("ffn_gate.weight"), F, D, true, err, errlen) ||
-            bind_mat(e, &w->up, NM("ffn_up.weight"), F, D, true, err, errlen) ||
-            bind_mat(e, &w->down, NM("ffn_down.weight"), D, F, true, err, errlen))
-            return -1;
-#undef NM
-    }
+    for (int l = 0; l < m->n_layers; l++)
+        for (int s = ARCH_LAYER_FIRST; s < ARCH_SLOT_COUNT; s++) {
+            if (e->a.t[s].need == ARCH_ABSENT)
+                continue;
+            enum arch_kind kind = e->a.t[s].kind;
+            wmat *mat = kind == ARCH_MATRIX ? layer_mat(&e->layers[l], (enum arch_slot)s) : NULL;
+            float **vec = kind == ARCH_VECTOR ? layer_vec(&e->layers[l], (enum arch_slot)s) : NULL;
+            if (!mat && !vec)
+                return util_errf(err, errlen,
+                                 "%s: architecture %s needs tensor blk.%d.%s, which the CPU engine has no kernel for "
+                                 "(model/arch.c marks the family wired).",
+                                 m->source, m->arch, l, model_arch_slot_name((enum arch_slot)s));
+            if (mat ? bind_mat(e, mat, (enum arch_slot)s, l, err, errlen)
+                    : bind_vec(e, vec, (enum arch_slot)s, l, err, errlen))
+                return -1;
+        }
     return 0;
 }
 
+/* RoPE tables of global and sliding layers from the layout's parameters. */
 static int rope_setup(spill_engine *e, char *err, size_t errlen)
 {
-    const model_desc *m = e->m;
-    cpu_rope_cfg c = {0};
-    c.style = m->rope_style == ROPE_NORM ? CPU_ROPE_NORM : CPU_ROPE_NEOX;
-    c.n_rot = m->rope_dim;
-    c.freq_base = m->rope_theta;
-    c.scaling = m->rope_scaling == ROPE_SCALE_LINEAR   ? CPU_ROPE_SCALE_LINEAR
-                : m->rope_scaling == ROPE_SCALE_LLAMA3 ? CPU_ROPE_SCALE_LLAMA3
-                : m->rope_scaling == ROPE_SCALE_YARN   ? CPU_ROPE_SCALE_YARN
-                                                       : CPU_ROPE_SCALE_NONE;
-    if (m->rope_scaling == ROPE_SCALE_DYNAMIC)
-        return util_errf(err, errlen, "%s: dynamic RoPE scaling is not implemented.", m->source);
-    c.factor = m->rope_factor;
-    c.low_freq_factor = m->rope_low_freq;
-    c.high_freq_factor = m->rope_high_freq;
-    c.orig_max_pos = m->rope_orig_ctx;
-    c.beta_fast = m->rope_beta_fast;
-    c.beta_slow = m->rope_beta_slow;
-    c.attn_factor = m->rope_attn_factor;
-    if (m->format == MODEL_GGUF && m->rope_scaling == ROPE_SCALE_LLAMA3)
-        return util_errf(err, errlen,
-                         "%s: GGUF llama3 RoPE scaling (rope_freqs tensor) is not wired yet; use the safetensors "
-                         "checkpoint.",
-                         m->source);
-    if (cpu_rope_init(&e->rope, &c, err, errlen))
-        return -1;
-    c.freq_base = m->rope_theta_local > 0 ? m->rope_theta_local : m->rope_theta;
-    if (m->rope_theta_local > 0) {
-        c.scaling = CPU_ROPE_SCALE_NONE; /* Gemma 3: local layers use the plain base */
-    }
-    return cpu_rope_init(&e->rope_local, &c, err, errlen);
+    return cpu_rope_init(&e->rope, &e->a.rope, err, errlen) ||
+                   cpu_rope_init(&e->rope_local, &e->a.rope_local, err, errlen)
+               ? -1
+               : 0;
 }
 
 int engine_open(model_desc *m, const engine_opts *o, spill_engine **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (m->state == ARCH_UNSUPPORTED)
-        return util_errf(err, errlen, "%s: architecture %s is not supported: %s", m->source, m->arch, m->state_note);
-    if (strcmp(m->arch, "llama") && strcmp(m->arch, "qwen2") && strcmp(m->arch, "qwen3") && strcmp(m->arch, "mistral"))
-        return util_errf(err, errlen, "%s: architecture %s is described but its forward pass is not wired yet.",
-                         m->source, m->arch);
+    arch_layout a;
+    if (model_arch_resolve(m, ARCH_ENGINE_CPU, &a, err, errlen))
+        return -1;
     spill_engine *e = calloc(1, sizeof *e);
     if (!e)
         return util_errf(err, errlen, "out of memory.");
     e->m = m;
+    e->a = a;
     e->max_T = o->max_pass_tokens > 0 ? o->max_pass_tokens : 512;
     e->max_seqs = o->max_pass_seqs > 0 ? o->max_pass_seqs : e->max_T;
     int64_t D = m->d_model, HS = (int64_t)m->n_heads * m->head_dim, KS = (int64_t)m->n_kv_heads * m->head_dim;
@@ -301,7 +323,6 @@ int engine_open(model_desc *m, const engine_opts *o, spill_engine **out, char *e
     size_t att_scratch = (size_t)(m->ctx_len + 64) * sizeof(float);
     if (att_scratch > scratch)
         scratch = att_scratch;
-    e->embed_scale = !strncmp(m->arch, "gemma", 5) ? sqrtf((float)D) : 1.0f;
     stream_opts so = {.slots = o->stream_slots > 0 ? o->stream_slots : 3, .chunk_bytes = 16u << 20, .direct = o->direct_io};
     if (load_files(e, o->stream, err, errlen) || bind_weights(e, err, errlen) || rope_setup(e, err, errlen) ||
         (o->stream && stream_open(m, &so, &e->st, err, errlen)) ||
@@ -470,8 +491,8 @@ static void attend(void *vctx, int64_t task, int tid)
     float mx = -INFINITY;
     for (int32_t j = 0; j <= p - lo; j++) {
         float s = sc[j] * c->scale;
-        if (m->attn_softcap > 0)
-            s = (float)(m->attn_softcap * tanh(s / m->attn_softcap));
+        if (e->a.attn_softcap > 0)
+            s = (float)(e->a.attn_softcap * tanh(s / e->a.attn_softcap));
         sc[j] = s;
         if (s > mx)
             mx = s;
@@ -507,8 +528,9 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
     const model_desc *m = e->m;
     int64_t D = m->d_model, H = m->n_heads, K = m->n_kv_heads, S = m->head_dim, F = m->ffn_dim;
     int64_t HS = H * S, KS = K * S;
-    bool sliding = m->layer_sliding && m->layer_sliding[l];
-    cpu_rmsnorm(e->h, e->x, w->attn_norm, T, D, m->norm_eps, m->norm_plus_one);
+    const arch_layout *a = &e->a;
+    bool sliding = arch_layer_sliding(a, l);
+    cpu_rmsnorm(e->h, e->x, w->attn_norm, T, D, m->norm_eps, a->norm_plus_one);
     cpu_mm_part qkv[3] = {{w->q.p, w->q.type, HS, e->q}, {w->k.p, w->k.type, KS, e->k}, {w->v.p, w->v.type, KS, e->v}};
     if (cpu_matmul_multi(e->pool, qkv, 3, D, e->h, T, err, errlen))
         return -1;
@@ -516,10 +538,10 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
     add_bias(e->k, w->bk, T, KS);
     add_bias(e->v, w->bv, T, KS);
     if (w->q_norm) {
-        cpu_rmsnorm(e->q, e->q, w->q_norm, T * H, S, m->norm_eps, m->norm_plus_one);
-        cpu_rmsnorm(e->k, e->k, w->k_norm, T * K, S, m->norm_eps, m->norm_plus_one);
+        cpu_rmsnorm(e->q, e->q, w->q_norm, T * H, S, m->norm_eps, a->norm_plus_one);
+        cpu_rmsnorm(e->k, e->k, w->k_norm, T * K, S, m->norm_eps, a->norm_plus_one);
     }
-    const cpu_rope *rope = sliding && m->rope_theta_local > 0 ? &e->rope_local : &e->rope;
+    const cpu_rope *rope = sliding && a->rope_local_on ? &e->rope_local : &e->rope;
     cpu_rope_apply(rope, e->q, T, H, S, e->pos);
     cpu_rope_apply(rope, e->k, T, K, S, e->pos);
     for (int64_t t = 0; t < T; t++) {
@@ -529,27 +551,26 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
             memcpy(kv_value(&e->kv, sq->kv, l, (int)kh, e->pos[t]), e->v + t * KS + kh * S, (size_t)S * 4);
         }
     }
-    att_ctx ac = {e, seqs, l, sliding ? m->sliding_window : 0,
-                  m->query_scale > 0 ? (float)m->query_scale : 1.0f / sqrtf((float)S)};
+    att_ctx ac = {e, seqs, l, sliding ? a->sliding_window : 0, a->attn_scale};
     cpu_pool_run(e->pool, attend, &ac, T * H);
     if (cpu_matmul(e->pool, w->o.p, w->o.type, D, HS, e->att, T, e->h, err, errlen))
         return -1;
     if (w->post_attn_norm && w->post_ffw_norm) /* Gemma: norm the attention output before the residual */
-        cpu_rmsnorm(e->h, e->h, w->post_attn_norm, T, D, m->norm_eps, m->norm_plus_one);
+        cpu_rmsnorm(e->h, e->h, w->post_attn_norm, T, D, m->norm_eps, a->norm_plus_one);
     cpu_add(e->x, e->h, T * D);
 
-    cpu_rmsnorm(e->h, e->x, w->ffn_norm, T, D, m->norm_eps, m->norm_plus_one);
+    cpu_rmsnorm(e->h, e->x, w->ffn_norm, T, D, m->norm_eps, a->norm_plus_one);
     cpu_mm_part gate_up[2] = {{w->gate.p, w->gate.type, F, e->g}, {w->up.p, w->up.type, F, e->u}};
     if (cpu_matmul_multi(e->pool, gate_up, 2, D, e->h, T, err, errlen))
         return -1;
-    if (!strncmp(m->arch, "gemma", 5))
+    if (a->act == ARCH_ACT_GELU_TANH)
         cpu_gelu_tanh_mul(e->g, e->u, T * F);
     else
         cpu_silu_mul(e->g, e->u, T * F);
     if (cpu_matmul(e->pool, w->down.p, w->down.type, D, F, e->g, T, e->h, err, errlen))
         return -1;
     if (w->post_ffw_norm)
-        cpu_rmsnorm(e->h, e->h, w->post_ffw_norm, T, D, m->norm_eps, m->norm_plus_one);
+        cpu_rmsnorm(e->h, e->h, w->post_ffw_norm, T, D, m->norm_eps, a->norm_plus_one);
     cpu_add(e->x, e->h, T * D);
     return 0;
 }
@@ -578,8 +599,8 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
             size_t rb;
             quant_row_bytes(e->embd.type, D, &rb);
             quant_dequant_row(e->embd.type, (const uint8_t *)e->embd.p + (size_t)tok * rb, e->x + T * D, D);
-            if (e->embed_scale != 1.0f)
-                cpu_scale(e->x + T * D, D, e->embed_scale);
+            if (e->a.embed_scale != 1.0f)
+                cpu_scale(e->x + T * D, D, e->a.embed_scale);
             T++;
         }
         R += sq->all_logits ? sq->n : sq->want_logits;
@@ -617,12 +638,12 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
         memcpy(e->last + (size_t)r * (size_t)D, e->x + first * D, (size_t)(t - first) * (size_t)D * sizeof(float));
         r += (int)(t - first);
     }
-    cpu_rmsnorm(e->last, e->last, e->out_norm, R, D, m->norm_eps, m->norm_plus_one);
+    cpu_rmsnorm(e->last, e->last, e->out_norm, R, D, m->norm_eps, e->a.norm_plus_one);
     if (cpu_matmul(e->pool, e->output.p, e->output.type, V, D, e->last, R, logits, err, errlen))
         return -1;
-    if (m->final_softcap > 0)
+    if (e->a.final_softcap > 0)
         for (int64_t i = 0; i < (int64_t)R * V; i++)
-            logits[i] = (float)(m->final_softcap * tanh(logits[i] / m->final_softcap));
+            logits[i] = (float)(e->a.final_softcap * tanh(logits[i] / e->a.final_softcap));
     return 0;
 }
 

@@ -1,12 +1,14 @@
 /*
  * model.c — builds a model_desc from a GGUF file or a Hugging Face directory,
- * classifies the architecture, resolves curated tags, and computes the stop
- * set.
+ * resolves curated tags, and computes the stop set.
  *
  * Owns: the meaning of config keys (HF config.json and GGUF `<arch>.*` keys),
- * the HF→canonical tensor-name map, per-layer byte ranges, the stop-id union.
- * Does not own: byte-level validation (gguf.c, safetensors.c), tokenization
- * (tokenizer.c), template rendering (template.c).
+ * per-layer byte ranges, the stop-id union.
+ * Does not own: byte-level validation (gguf.c, safetensors.c), the families
+ * and their conventions (arch.c: which family a name is, its GGUF RoPE
+ * pairing, Gemma's norm offset and scales, window rules, the HF→canonical
+ * tensor names, all applied here while reading), tokenization (tokenizer.c),
+ * template rendering (template.c).
  *
  * Key decisions:
  *  - Canonical tensor names are GGUF's (`blk.N.attn_q.weight`), so the forward
@@ -27,75 +29,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch.h"
 #include "gguf.h"
 #include "quant.h"
 #include "safetensors.h"
 #include "../base/util.h"
-
-/* ---------------------------------------------------------------- families */
-
-static const struct {
-    const char *name;
-    enum arch_state state;
-    const char *note;
-} arch_table[] = {
-    {"llama", ARCH_SUPPORTED, "Llama 1/2/3.x and SmolLM2 (CPU engine, checked against transformers logits)."},
-    {"qwen2", ARCH_SUPPORTED, "Qwen2/2.5 with QKV bias (CPU engine, checked against transformers logits)."},
-    {"qwen3", ARCH_SUPPORTED, "Qwen3 with q/k RMSNorm (CPU engine, checked against transformers logits)."},
-    {"mistral", ARCH_SUPPORTED, "Mistral with sliding-window attention (CPU engine, checked against transformers logits)."},
-    {"phi3", ARCH_EXPECTED, "Phi-3 (fused QKV): named, not yet wired into the forward pass."},
-    {"gemma2", ARCH_EXPECTED, "Gemma 2 (soft-capping, alternating windows): named, not yet wired into the forward pass."},
-    {"gemma3", ARCH_EXPECTED, "Gemma 3 text (per-layer sliding windows, q/k norm): named, not yet wired into the forward pass."},
-    {"mixtral", ARCH_EXPECTED, "Mixtral MoE: named, not yet wired (all experts stream in layer order)."},
-    {"qwen2_moe", ARCH_EXPECTED, "Qwen2-MoE: named, not yet wired (all experts stream in layer order)."},
-    {"qwen3_moe", ARCH_EXPECTED, "Qwen3-MoE: named, not yet wired (all experts stream in layer order)."},
-    {"mamba", ARCH_UNSUPPORTED, "Mamba is a state-space model, not a transformer; spill streams attention layers only."},
-    {"mamba2", ARCH_UNSUPPORTED, "Mamba-2 is a state-space model, not a transformer; spill streams attention layers only."},
-    {"jamba", ARCH_UNSUPPORTED, "Jamba is a hybrid attention/Mamba model; hybrid state layers are not supported."},
-    {"falcon_h1", ARCH_UNSUPPORTED, "Falcon-H1 is a hybrid attention/Mamba model; hybrid state layers are not supported."},
-    {"deepseek2", ARCH_UNSUPPORTED, "DeepSeek-V2/V3 use multi-head latent attention (MLA), which spill does not implement."},
-    {"deepseek_v3", ARCH_UNSUPPORTED, "DeepSeek-V3 uses multi-head latent attention (MLA), which spill does not implement."},
-    {"llava", ARCH_UNSUPPORTED, "LLaVA is multimodal; spill runs text-only models."},
-    {"mllama", ARCH_UNSUPPORTED, "Llama 3.2 Vision is multimodal; spill runs text-only models."},
-    {"qwen2_vl", ARCH_UNSUPPORTED, "Qwen2-VL is multimodal; spill runs text-only models."},
-    {"gemma3_mm", ARCH_UNSUPPORTED, "Gemma 3 with its vision tower is multimodal; use the text-only checkpoint."},
-};
-
-/* HF model_type → family name used above. */
-static const char *arch_normalise(const char *a)
-{
-    if (!strcmp(a, "gemma3_text"))
-        return "gemma3";
-    if (!strcmp(a, "gemma3"))
-        return "gemma3"; /* GGUF arch; HF "gemma3" (multimodal) is caught by the caller */
-    if (!strcmp(a, "deepseek_v2"))
-        return "deepseek2";
-    return a;
-}
-
-enum arch_state model_arch_state(const char *arch, const char **note)
-{
-    const char *a = arch_normalise(arch);
-    for (size_t i = 0; i < sizeof arch_table / sizeof arch_table[0]; i++)
-        if (!strcmp(arch_table[i].name, a)) {
-            if (note)
-                *note = arch_table[i].note;
-            return arch_table[i].state;
-        }
-    if (note)
-        *note = "this architecture is not one spill knows; supported families are listed by `spill models`.";
-    return ARCH_UNSUPPORTED;
-}
-
-bool model_arch_at(size_t i, const char **name, enum arch_state *state, const char **note)
-{
-    if (i >= sizeof arch_table / sizeof arch_table[0])
-        return false;
-    *name = arch_table[i].name;
-    *state = arch_table[i].state;
-    *note = arch_table[i].note;
-    return true;
-}
 
 /* ---------------------------------------------------------------- registry */
 
@@ -350,8 +288,9 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
     char arch[sizeof m->arch]; /* the GGUF key prefix, before normalisation */
     memcpy(arch, a, al);
     arch[al] = 0;
-    snprintf(m->arch, sizeof m->arch, "%s", arch_normalise(arch));
+    snprintf(m->arch, sizeof m->arch, "%s", model_arch_normalise(arch));
     m->state = model_arch_state(m->arch, &m->state_note);
+    const arch_family *fam = model_arch_find(m->arch);
 
     if (gguf_int(g, arch, "block_count", &m->n_layers) || gguf_int(g, arch, "embedding_length", &m->d_model) ||
         gguf_int(g, arch, "attention.head_count", &m->n_heads))
@@ -377,6 +316,8 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
         m->n_experts = 0;
     if (gguf_int(g, arch, "expert_used_count", &m->n_experts_used))
         m->n_experts_used = 0;
+    if (gguf_int(g, arch, "expert_shared_feed_forward_length", &m->shared_ffn_dim))
+        m->shared_ffn_dim = 0;
     m->attn_softcap = gguf_num(g, arch, "attn_logit_softcapping", 0);
     m->final_softcap = gguf_num(g, arch, "final_logit_softcapping", 0);
 
@@ -401,14 +342,14 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
     if (gguf_find_tensor(g, "rope_freqs.weight"))
         m->rope_scaling = ROPE_SCALE_LLAMA3;
 
-    m->rope_style = !strcmp(arch, "llama") ? ROPE_NORM : ROPE_NEOX;
-    if (!strcmp(m->arch, "gemma3") || !strcmp(m->arch, "gemma2")) {
-        /* llama.cpp fixes these for Gemma: norm weights stored as w (applied 1+w in HF, already +1 in GGUF
-         * conversion), every 6th layer global (Gemma 3) or every 2nd (Gemma 2), local rope base 10000. */
-        m->norm_plus_one = false;
-        m->sliding_pattern = !strcmp(m->arch, "gemma3") ? 6 : 2;
-        m->rope_theta_local = !strcmp(m->arch, "gemma3") ? 10000.0 : 0;
-        m->query_scale = m->head_dim > 0 ? 1.0 / __builtin_sqrt((double)m->head_dim) : 0;
+    m->rope_style = fam ? fam->gguf_rope : ROPE_NEOX;
+    if (fam) {
+        /* what llama.cpp fixes per family rather than storing: the window pattern, the sliding layers' RoPE
+         * base, Gemma's query scale (its norm weights are stored with the 1 already added) */
+        m->sliding_pattern = fam->gguf_window_every;
+        m->rope_theta_local = fam->gguf_rope_local;
+        if (fam->query_pre_attn_scalar)
+            m->query_scale = m->head_dim > 0 ? 1.0 / __builtin_sqrt((double)m->head_dim) : 0;
     }
 
     /* tensors */
@@ -474,8 +415,8 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
                 add_stop(m, (int64_t)v);
         }
     /* Gemma GGUFs ship no template; their turn end is <end_of_turn>. */
-    if (!m->chat_template && !strncmp(m->arch, "gemma", 5))
-        add_stop(m, gguf_token_id(g, "<end_of_turn>"));
+    if (!m->chat_template && fam && fam->gguf_turn_end)
+        add_stop(m, gguf_token_id(g, fam->gguf_turn_end));
     return 0;
 }
 
@@ -529,60 +470,6 @@ static json_t *load_json(const char *dir, const char *name, bool required, char 
     return j;
 }
 
-/* HF tensor name → canonical name.  Returns false for names spill does not bind. */
-static bool hf_canonical(const char *hf, char *out, size_t cap, int32_t *layer, bool gemma)
-{
-    static const struct {
-        const char *hf, *gg;
-    } per_layer[] = {
-        {"input_layernorm.weight", "attn_norm.weight"},
-        {"self_attn.q_proj.weight", "attn_q.weight"},
-        {"self_attn.k_proj.weight", "attn_k.weight"},
-        {"self_attn.v_proj.weight", "attn_v.weight"},
-        {"self_attn.q_proj.bias", "attn_q.bias"},
-        {"self_attn.k_proj.bias", "attn_k.bias"},
-        {"self_attn.v_proj.bias", "attn_v.bias"},
-        {"self_attn.o_proj.weight", "attn_output.weight"},
-        {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
-        {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-        {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-        {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
-        {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
-        {"mlp.gate_proj.weight", "ffn_gate.weight"},
-        {"mlp.up_proj.weight", "ffn_up.weight"},
-        {"mlp.down_proj.weight", "ffn_down.weight"},
-        {"mlp.gate_up_proj.weight", "ffn_gate_up.weight"},
-        {"mlp.gate.weight", "ffn_gate_inp.weight"},
-        {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
-    };
-    *layer = -1;
-    if (!strcmp(hf, "model.embed_tokens.weight"))
-        return snprintf(out, cap, "token_embd.weight") > 0;
-    if (!strcmp(hf, "model.norm.weight"))
-        return snprintf(out, cap, "output_norm.weight") > 0;
-    if (!strcmp(hf, "lm_head.weight"))
-        return snprintf(out, cap, "output.weight") > 0;
-    if (strncmp(hf, "model.layers.", 13))
-        return false;
-    char *end;
-    long l = strtol(hf + 13, &end, 10);
-    if (end == hf + 13 || *end != '.' || l < 0 || l >= MODEL_MAX_LAYERS)
-        return false;
-    *layer = (int32_t)l;
-    const char *rest = end + 1;
-    /* Llama-family checkpoints call the pre-FFN norm post_attention_layernorm (GGUF ffn_norm); Gemma's
-     * post_attention_layernorm really follows attention and its pre-FFN norm is pre_feedforward_layernorm. */
-    if (!strcmp(rest, "post_attention_layernorm.weight"))
-        return snprintf(out, cap, "blk.%ld.%s", l, gemma ? "post_attention_norm.weight" : "ffn_norm.weight") > 0;
-    for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++)
-        if (!strcmp(rest, per_layer[i].hf))
-            return snprintf(out, cap, "blk.%ld.%s", l, per_layer[i].gg) > 0;
-    /* MoE experts keep their HF suffix under a canonical prefix. */
-    if (!strncmp(rest, "mlp.experts.", 12) || !strncmp(rest, "block_sparse_moe.experts.", 25))
-        return snprintf(out, cap, "blk.%ld.%s", l, rest) > 0 && strlen(rest) + 12 < cap;
-    return false;
-}
-
 static uint32_t st_to_dtype(uint32_t d)
 {
     switch (d) {
@@ -632,8 +519,9 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
     }
     if (json_is_object(tc) && !strcmp(mt, "gemma3"))
         mt = "gemma3_mm";
-    snprintf(m->arch, sizeof m->arch, "%s", arch_normalise(mt));
+    snprintf(m->arch, sizeof m->arch, "%s", model_arch_normalise(mt));
     m->state = model_arch_state(m->arch, &m->state_note);
+    const arch_family *fam = model_arch_find(m->arch);
 
     m->n_layers = json_int(c, "num_hidden_layers", 0);
     m->d_model = json_int(c, "hidden_size", 0);
@@ -647,10 +535,12 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
     m->ctx_len = json_int(c, "max_position_embeddings", 2048);
     m->norm_eps = (float)json_num(c, "rms_norm_eps", 1e-6);
     m->tied_embeddings = json_is_true(json_object_get(c, "tie_word_embeddings"));
-    m->qkv_bias = json_is_true(json_object_get(c, "attention_bias")) || !strcmp(m->arch, "qwen2");
-    m->qk_norm = !strcmp(m->arch, "qwen3") || !strcmp(m->arch, "qwen3_moe") || !strcmp(m->arch, "gemma3");
+    m->qkv_bias = json_is_true(json_object_get(c, "attention_bias")) ||
+                  (fam && fam->tensors[ARCH_Q_BIAS] == ARCH_REQUIRED);
+    m->qk_norm = fam && fam->tensors[ARCH_Q_NORM] != ARCH_ABSENT;
     m->n_experts = json_int(c, "num_local_experts", json_int(c, "num_experts", 0));
     m->n_experts_used = json_int(c, "num_experts_per_tok", 0);
+    m->shared_ffn_dim = json_int(c, "shared_expert_intermediate_size", 0);
     m->rope_style = ROPE_NEOX;
     double partial = json_num(c, "partial_rotary_factor", 1.0);
     m->rope_dim = (int)(m->head_dim * partial);
@@ -697,12 +587,15 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
     if (json_is_integer(sw) && !json_is_false(json_object_get(c, "use_sliding_window")))
         m->sliding_window = (int)json_integer_value(sw);
     m->sliding_pattern = json_int(c, "sliding_window_pattern", 0);
-    if (!strcmp(m->arch, "gemma2"))
-        m->sliding_pattern = 2;
-    if (!strncmp(m->arch, "gemma", 5)) {
+    if (fam && fam->hf_window_every)
+        m->sliding_pattern = fam->hf_window_every;
+    if (fam && fam->hf_norm_plus_one)
         m->norm_plus_one = true;
+    if (fam && fam->query_pre_attn_scalar) {
         int q = json_int(c, "query_pre_attn_scalar", m->head_dim);
         m->query_scale = q > 0 ? 1.0 / __builtin_sqrt((double)q) : 0;
+    }
+    if (fam && fam->hf_softcap) {
         m->attn_softcap = json_num(c, "attn_logit_softcapping", 0);
         m->final_softcap = json_num(c, "final_logit_softcapping", 0);
     }
@@ -728,7 +621,7 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
         for (size_t i = 0; i < stm->n_tensors; i++) {
             const st_tensor *s = stm->by_name[i];
             model_tensor *t = &m->tensors[n];
-            if (!hf_canonical(s->name, t->name, sizeof t->name, &t->layer, !strncmp(m->arch, "gemma", 5)))
+            if (!model_arch_hf_canonical(fam, s->name, t->name, sizeof t->name, &t->layer))
                 continue; /* rotary inv_freq buffers, vision towers, ... are not bound */
             snprintf(t->src_name, sizeof t->src_name, "%s", s->name);
             t->dtype = st_to_dtype(s->dtype);
@@ -841,38 +734,6 @@ const model_tensor *model_tensor_find(const model_desc *m, const char *name)
         if (!strcmp(m->tensors[i].name, name))
             return &m->tensors[i];
     return NULL;
-}
-
-int model_matrix(const model_desc *m, const char *name, int64_t n, int64_t k, bool required, const model_tensor **out,
-                 char *err, size_t errlen)
-{
-    const model_tensor *t = model_tensor_find(m, name);
-    *out = NULL;
-    if (!t)
-        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", m->source, name) : 0;
-    if (t->n_dims != 2 || (int64_t)t->ne[0] != k || (int64_t)t->ne[1] != n)
-        return util_errf(err, errlen, "%s: tensor %s has shape [%llu, %llu] but the config implies [%lld, %lld].",
-                         m->source, name, (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (long long)n,
-                         (long long)k);
-    *out = t;
-    return 0;
-}
-
-int model_vector(const model_desc *m, const char *name, int64_t n, bool required, const model_tensor **out, char *err,
-                 size_t errlen)
-{
-    const model_tensor *t = model_tensor_find(m, name);
-    *out = NULL;
-    if (!t)
-        return required ? util_errf(err, errlen, "%s: tensor %s is missing.", m->source, name) : 0;
-    if (t->ne[0] != (uint64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return util_errf(err, errlen, "%s: tensor %s has %llu elements but the config implies %lld.", m->source, name,
-                         (unsigned long long)t->ne[0], (long long)n);
-    if (t->dtype != GGML_F32 && t->dtype != GGML_F16 && t->dtype != GGML_BF16)
-        return util_errf(err, errlen, "%s: tensor %s is stored as %s; norms and biases must be F32, F16 or BF16.",
-                         m->source, name, quant_type_name(t->dtype));
-    *out = t;
-    return 0;
 }
 
 void model_close(model_desc *m)

@@ -7,7 +7,9 @@
  * the streamer reads each pass), the chat template source and the stop set.
  * It is built from a GGUF file or a Hugging Face directory (config.json +
  * safetensors + tokenizer files); the parsers own validation of the bytes,
- * this file owns the meaning.
+ * this file owns the meaning.  What a family is (its tensors, conventions and
+ * on which engine it runs) is arch.h's table; engines read a model through
+ * arch.h's resolved layout.
  */
 #ifndef SPILL_MODEL_H
 #define SPILL_MODEL_H
@@ -86,6 +88,7 @@ typedef struct model_desc {
     double attn_softcap, final_softcap, query_scale; /* 0 = unused; query_scale = 1/sqrt(query_pre_attn_scalar) */
 
     int n_experts, n_experts_used;
+    int shared_ffn_dim;       /* FS: the shared expert's FFN dim (Qwen2-MoE), 0 = none */
 
     size_t n_files;
     model_file *files;
@@ -115,25 +118,11 @@ void model_close(model_desc *m);
 /* The tensor called name, or NULL. */
 const model_tensor *model_tensor_find(const model_desc *m, const char *name);
 
-/* The matrix `name` of n rows of k columns (GGUF ne = [k, n]) for an engine to bind: *out is the tensor, or NULL
- * when it is absent and not required.  0, or -1 with a sentence (missing and required, or another shape). */
-int model_matrix(const model_desc *m, const char *name, int64_t n, int64_t k, bool required, const model_tensor **out,
-                 char *err, size_t errlen);
-
-/* The 1-D tensor `name` of n elements stored as F32, F16 or BF16 (norms, biases): as model_matrix. */
-int model_vector(const model_desc *m, const char *name, int64_t n, bool required, const model_tensor **out, char *err,
-                 size_t errlen);
-
 /* SHA-256 hex of the model's identity (arch, dims, tensor names/types/shapes/sizes, file sizes). */
 void model_fingerprint(const model_desc *m, char out[65]);
 
 /* Prints the description (spill models show). */
 void model_print(const model_desc *m, FILE *f);
-
-/* Architecture table: state of a family name (HF model_type or GGUF arch) and a sentence. */
-enum arch_state model_arch_state(const char *arch, const char **note);
-/* Iterates the table for `spill models`: returns false past the end. */
-bool model_arch_at(size_t i, const char **name, enum arch_state *state, const char **note);
 
 /* Curated registry. */
 typedef struct registry_entry {

@@ -26,9 +26,10 @@
  *    which to write.
  *  - HF llama: Q and K rows are permuted exactly like convert_hf_to_gguf.py
  *    (`permute(W, H, H)` for q_proj, `permute(W, H, K)` for k_proj: within each
- *    head, output row 2j+i ← input row i·S/2 + j), so model.c's rule (GGUF
- *    arch llama ⇒ consecutive-pair RoPE) holds for packed files and llama.cpp
- *    reads them too.  qwen2/qwen3/mistral use rotate-half in GGUF as in HF:
+ *    head, output row 2j+i ← input row i·S/2 + j), so arch.c's rule (GGUF
+ *    arch llama ⇒ consecutive-pair RoPE, the row's gguf_rope) holds for
+ *    packed files and llama.cpp reads them too.  Which HF families pack
+ *    writes is the row's hf_pack.  qwen2/qwen3/mistral use rotate-half in GGUF as in HF:
  *    no permutation.  Llama 3 RoPE scaling becomes the `rope_freqs.weight`
  *    tensor, as convert_hf_to_gguf.py writes it.
  *  - HF tokenizer: no conversion to tokenizer.ggml.* (the pre-tokenizer of an
@@ -48,6 +49,7 @@
 #include <unistd.h>
 
 #include "../base/pool.h"
+#include "arch.h"
 #include "gguf.h"
 #include "gguf_write.h"
 #include "model.h"
@@ -482,6 +484,8 @@ static int plan(packer *p, char *err, size_t errlen)
     const model_desc *m = p->m;
     bool hf = m->format == MODEL_HF;
     bool llama3 = hf && m->rope_scaling == ROPE_SCALE_LLAMA3;
+    /* GGUF families with consecutive-pair RoPE (llama) store Q/K rows permuted */
+    const arch_family *fam = model_arch_find(m->arch);
     p->items = calloc(m->n_tensors + 1, sizeof *p->items);
     if (!p->items)
         return util_errf(err, errlen, "out of memory.");
@@ -494,7 +498,7 @@ static int plan(packer *p, char *err, size_t errlen)
         it->rank = use_rank(t->name);
         it->src_idx = i;
         const char *s = t->layer >= 0 ? strchr(t->name + 4, '.') + 1 : t->name;
-        it->permute = hf && !strcmp(m->arch, "llama") &&
+        it->permute = hf && fam && fam->gguf_rope == ROPE_NORM &&
                       (!strcmp(s, "attn_q.weight") || !strcmp(s, "attn_k.weight") || !strcmp(s, "attn_q.bias") ||
                        !strcmp(s, "attn_k.bias"));
         it->perm_S = m->head_dim;
@@ -558,8 +562,8 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
         util_errf(err, errlen, "%s: architecture %s cannot be packed: %s", m->source, m->arch, m->state_note);
         goto out;
     }
-    if (m->format == MODEL_HF && strcmp(m->arch, "llama") && strcmp(m->arch, "mistral") && strcmp(m->arch, "qwen2") &&
-        strcmp(m->arch, "qwen3")) {
+    const arch_family *fam = model_arch_find(m->arch);
+    if (m->format == MODEL_HF && !(fam && fam->hf_pack)) {
         util_errf(err, errlen,
                   "%s: packing a Hugging Face %s checkpoint is not supported yet (llama, mistral, qwen2 and qwen3 "
                   "are); convert it to GGUF with llama.cpp and pack that.",

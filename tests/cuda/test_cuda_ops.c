@@ -249,7 +249,7 @@ static void test_rope(void)
     float *x = malloc((size_t)(T * H * S) * 4), *xc = malloc((size_t)(T * H * S) * 4);
     for (int style = 0; style < 2; style++)
         for (int nr = 0; nr < 2; nr++) {
-            cpu_rope_cfg cfg = {0};
+            rope_cfg cfg = {0};
             cfg.style = style;
             cfg.n_rot = nr ? 32 : 64;
             cfg.freq_base = 10000.0;
