@@ -23,7 +23,10 @@
  *
  * Key decision: the runner drives whichever backend the binary has
  * (engine.h spill_backend: the CPU engine, or the GPU engine that
- * build/cuda/spill-cuda registers) through the same loop.
+ * build/cuda/spill-cuda registers) through the same loop, and the loop's
+ * per-token path allocates nothing once a choice's text has reached its size
+ * (the text buffer grows geometrically and the stop matcher writes straight
+ * into it).
  */
 #include "run.h"
 
@@ -53,36 +56,35 @@ static double now_s(void)
 
 /* ---------------------------------------------------------------- tokens into text */
 
-static int text_append(choice *c, const char *s, size_t n)
+/* Makes room for n more bytes and the NUL in the choice's text, doubling from 256: once the text has reached
+ * its size, a token costs no allocation.  0, or -1 when memory runs out. */
+static int text_reserve(choice *c, size_t n)
 {
-    if (c->text_len + n + 1 > c->text_cap) {
-        size_t cap = c->text_cap ? c->text_cap : 256;
-        while (cap < c->text_len + n + 1)
-            cap *= 2;
-        char *t = realloc(c->text, cap);
-        if (!t)
-            return -1;
-        c->text = t;
-        c->text_cap = cap;
-    }
-    memcpy(c->text + c->text_len, s, n);
-    c->text_len += n;
-    c->text[c->text_len] = 0;
+    if (c->text_len + n + 1 <= c->text_cap)
+        return 0;
+    size_t cap = c->text_cap ? c->text_cap : 256;
+    while (cap < c->text_len + n + 1)
+        cap *= 2;
+    char *t = realloc(c->text, cap);
+    if (!t)
+        return -1;
+    c->text = t;
+    c->text_cap = cap;
     return 0;
 }
 
-/* Pushes detokenized text through the stop matcher into the choice's text.
+/* Pushes detokenized text through the stop matcher straight into the choice's text.
  * Returns 1 when a stop string matched, 0 to go on, -1 with a sentence. */
 static int emit(choice *c, const char *t, size_t tl, char *err, size_t errlen)
 {
     size_t cap = stop_out_cap(&c->sm, tl), ol;
-    char *o = cap == SIZE_MAX ? NULL : malloc(cap + 1);
-    if (!o)
+    if (cap == SIZE_MAX || text_reserve(c, cap))
         return util_errf(err, errlen, "out of memory emitting text.");
-    int m = stop_push(&c->sm, t, tl, o, cap, &ol, err, errlen);
-    if (m >= 0 && text_append(c, o, ol))
-        m = util_errf(err, errlen, "out of memory emitting text.");
-    free(o);
+    int m = stop_push(&c->sm, t, tl, c->text + c->text_len, cap, &ol, err, errlen);
+    if (m >= 0) {
+        c->text_len += ol;
+        c->text[c->text_len] = 0;
+    }
     return m;
 }
 
@@ -99,15 +101,12 @@ static int finish_choice(choice *c, out_finish why, char *err, size_t errlen)
         return -1;
     if (m == 0) {
         size_t cap = stop_out_cap(&c->sm, 0), ol;
-        char *o = malloc(cap + 1);
-        if (!o)
+        if (cap == SIZE_MAX || text_reserve(c, cap))
             return util_errf(err, errlen, "out of memory emitting text.");
-        int rc = stop_finish(&c->sm, o, cap, &ol, err, errlen);
-        if (rc == 0 && text_append(c, o, ol))
-            rc = util_errf(err, errlen, "out of memory emitting text.");
-        free(o);
-        if (rc)
+        if (stop_finish(&c->sm, c->text + c->text_len, cap, &ol, err, errlen))
             return -1;
+        c->text_len += ol;
+        c->text[c->text_len] = 0;
     }
     c->done = true;
     c->finish = m == 1 ? OUT_FINISH_STOP : why;
