@@ -26,7 +26,8 @@
  * caller measured; mem_job is one job's plan made from its model, engine
  * options and rows' needs (plan_job), observed after every pass
  * (plan_observe) and stored when the job ends (plan_save_fit).  The runner
- * holds one mem_job and never computes a memory figure itself.
+ * holds one mem_job: it hands in its rows' page needs and the engine's
+ * options, and reads the plan back; it sizes no memory itself.
  */
 #ifndef SPILL_PLAN_H
 #define SPILL_PLAN_H
