@@ -39,11 +39,7 @@ build/asan/tests/%: tests/%.c tests/test.h $(patsubst src/%.c,build/asan/%.o,$(L
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O1 -g $(SAN) -Isrc -o $@ $< $(patsubst src/%.c,build/asan/%.o,$(LIB_SRC)) $(LIBS)
 
-# test_sched compiles run.c itself (to drive the runner's static scheduler on a fake engine)
-SCHED_OBJS := $(patsubst src/%.c,build/asan/%.o,$(filter-out src/batch/run.c,$(LIB_SRC)))
-build/asan/tests/test_sched: tests/test_sched.c src/batch/run.c tests/test.h $(SCHED_OBJS)
-	@mkdir -p $(dir $@)
-	$(CC) $(WARN) -O1 -g $(SAN) -Isrc -o $@ $< $(SCHED_OBJS) $(LIBS)
+# test_sched drives the scheduler through src/batch/sched.h on a fake engine: the generic rule above builds it.
 
 test-build: spill build/asan/spill $(addprefix build/asan/tests/,$(TESTS))
 

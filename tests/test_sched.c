@@ -1,5 +1,5 @@
 /*
- * test_sched.c — the runner's scheduler over 10,000 random jobs, on a fake
+ * test_sched.c — the scheduler (sched.h) over 10,000 random jobs, on a fake
  * engine and a fake clock: admission, prompt chunks mixed into decode
  * passes, KV page reservation, preemption and recompute, n > 1 sharing the
  * prompt's pages, the end tail, the ETA.
@@ -8,17 +8,19 @@
  * pseudo-random function of every token id it holds, read back through its
  * KV page table (so a page-table, copy or recompute bug changes the answer);
  * each pass advances the clock by c0 + c_tok * tokens + c_att * pairs.
- * The runner is the real one (run.c is compiled into this test so its
- * static functions can be driven without a model file).
+ * The scheduler is the real one, driven through its header by the pass loop
+ * below — the same calls, in the same order, as run.c's loop; tokens are
+ * drawn by the real sampler (sample.c).  A choice's answer is its token ids
+ * and finish reason (the text is the detokenizer's business, test_run's).
  *
  * Per job, run twice — under a memory plan for a random budget (tight), and
  * with room for every row at once (roomy):
  *   - the plan never exceeds the budget, and no pass holds more KV pages
  *     than the plan gave, more sequences or more tokens than the engine was
  *     sized for (checked inside every forward call);
- *   - every row finishes: the job closes JOB_DONE (completed + failed = total)
- *     with no error rows;
- *   - every row's answer (text, finish reason, token counts) equals the
+ *   - every row finishes: each row fits the cache alone, the scheduler ends
+ *     with nothing pending and every row done, with one answer per row;
+ *   - every row's answer (token ids, finish reason, token counts) equals the
  *     roomy run's: preemption and recompute change nothing; in odd jobs the
  *     tight run's backend also picks the greedy rows' tokens itself
  *     (forward_pick, as the GPU does) and the answers still agree.
@@ -27,15 +29,27 @@
  * sets for real runs; decided before the first run of this test) in at
  * least 90% of them.
  */
-#include "../src/batch/run.c"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include <dirent.h>
+#include <jansson.h>
 
+#include "base/util.h"
+#include "batch/calib.h"
+#include "batch/plan.h"
+#include "batch/sample.h"
+#include "batch/sched.h"
+#include "engine/kv.h"
+#include "model/gguf.h"
+#include "text/tokenizer.h"
 #include "test.h"
 
 #define N_JOBS 10000
 #define VOCAB 64
-#define STOP_ID 7
+#define STOP_ID 7   /* the fake model's end-of-text id */
+#define CTX_LEN 4096
 
 typedef struct fake {
     kv_cache kv;
@@ -45,9 +59,6 @@ typedef struct fake {
     uint64_t violations, picks;
     char what[200];
 } fake;
-
-static fake *g_fake;
-static double fake_clock(void) { return g_fake ? g_fake->clock : 0; }
 
 static uint64_t mix(uint64_t x)
 {
@@ -184,57 +195,144 @@ static void spec_free(job_spec *js)
     free(js->temp);
 }
 
-static model_desc g_model;
 static tokenizer *g_tok;
-static char g_tmp[64], g_input[128];
-static int g_dir_serial;
 
-/* custom_id -> canonical answer, from results.jsonl; counts error lines. */
-static json_t *read_answers(const char *dir, int *n_err)
+/* What the pass loop below keeps per job: each choice's token ids, written at n_gen so that a preempted row's
+ * recompute overwrites its first try, and the answers of the rows written. */
+typedef struct drive {
+    int32_t **toks; /* (n_rows * 3) per (row, choice): (max_new) ids */
+    json_t *answers; /* custom_id -> {"choices": [{"tokens", "finish"}], "usage": {"prompt", "completion"}} */
+    calib *cal;      /* this run's passes and finished choices */
+    int twice;       /* rows written more than once */
+} drive;
+
+/* Applies one drawn token to a choice, as run.c's accept_token does minus the text: the end id, the sampler's
+ * counts, the limits. */
+static int accept(drive *d, sched *s, row *w, int c, int32_t tok, char *err, size_t errlen)
 {
-    char path[600];
-    snprintf(path, sizeof path, "%s/results.jsonl", dir);
-    json_t *map = json_object();
-    FILE *f = fopen(path, "r");
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    while (f && (n = getline(&line, &cap, f)) > 0) {
-        json_error_t je;
-        json_t *o = json_loadb(line, (size_t)n, 0, &je);
-        json_t *body = json_object_get(json_object_get(o, "response"), "body");
-        json_t *canon = json_pack("{s:O*,s:O*}", "choices", json_object_get(body, "choices"), "usage",
-                                  json_object_get(body, "usage"));
-        json_object_set_new(map, json_string_value(json_object_get(o, "custom_id")), canon);
-        json_decref(o);
+    choice *ch = &w->ch[c];
+    if (tok == STOP_ID) {
+        ch->done = true;
+        ch->finish = OUT_FINISH_STOP;
+        return 0;
     }
-    free(line);
-    if (f)
-        fclose(f);
-    snprintf(path, sizeof path, "%s/errors.jsonl", dir);
-    f = fopen(path, "r");
-    *n_err = 0;
-    int c;
-    while (f && (c = fgetc(f)) != EOF)
-        *n_err += c == '\n';
-    if (f)
-        fclose(f);
-    return map;
+    if (sample_observe(&ch->ss, tok, err, errlen))
+        return -1;
+    d->toks[(w - s->rows) * 3 + c][ch->n_gen++] = tok;
+    ch->next = tok;
+    if (ch->n_gen >= w->max_new || ch->fed + 1 >= CTX_LEN) {
+        ch->done = true;
+        ch->finish = OUT_FINISH_LENGTH;
+    }
+    return 0;
 }
 
-static void rm_dir(const char *dir)
+/* Records the finished row at s->active[ai] and retires it. */
+static void write_row(drive *d, sched *s, size_t ai)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char p[700];
-    while (d && (e = readdir(d)))
-        if (e->d_name[0] != '.') {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
+    row *w = &s->rows[s->active[ai]];
+    json_t *chs = json_array();
+    int64_t completion = 0;
+    for (int c = 0; c < w->n_choices; c++) {
+        const choice *ch = &w->ch[c];
+        json_t *t = json_array();
+        for (int32_t k = 0; k < ch->n_gen; k++)
+            json_array_append_new(t, json_integer(d->toks[(w - s->rows) * 3 + c][k]));
+        json_array_append_new(chs, json_pack("{s:o,s:s}", "tokens", t, "finish",
+                                             ch->finish == OUT_FINISH_STOP ? "stop" : "length"));
+        calib_finish(d->cal, ch->n_gen, (double)w->max_new);
+        completion += ch->n_gen;
+    }
+    d->twice += json_object_get(d->answers, w->custom_id) != NULL;
+    json_object_set_new(d->answers, w->custom_id,
+                        json_pack("{s:o,s:{s:i,s:I}}", "choices", chs, "usage", "prompt", (int)w->n_prompt,
+                                  "completion", (json_int_t)completion));
+    sched_retire_row(s, ai);
+}
+
+/* The job's pass loop, as run.c runs it: admit, build, forward (with backend picks when the backend has
+ * them), finish the pass, draw and apply in sequence order (n > 1 rows share the prompt's pages), write the
+ * rows that are done.  0, or -1 with a sentence. */
+static int run_passes(drive *d, sched *s, fake *f, const spill_backend *be, sample_scratch *sc, char *err,
+                      size_t errlen)
+{
+    int max_seqs = s->cfg.max_seqs;
+    float *logits = malloc((size_t)max_seqs * VOCAB * sizeof *logits);
+    sample_result *sres = malloc((size_t)max_seqs * sizeof *sres);
+    int32_t *want = malloc((size_t)max_seqs * sizeof *want);
+    int *sidx = malloc((size_t)max_seqs * sizeof *sidx);
+    int rc = logits && sres && want && sidx ? 0 : util_errf(err, errlen, "out of memory.");
+    while (rc == 0 && sched_pending(s)) {
+        if (sched_admit(s, err, errlen)) {
+            rc = -1;
+            break;
         }
-    if (d)
-        closedir(d);
-    rmdir(dir);
+        double t0 = f->clock;
+        int ns = sched_build_pass(s, err, errlen);
+        if (ns < 0) {
+            rc = -1;
+            break;
+        }
+        if (ns == 0)
+            continue;
+        double tokens, att;
+        sched_pass_work(s, &tokens, &att);
+        int nl = 0;
+        for (int q = 0; q < ns; q++)
+            if (s->seqs[q].want_logits)
+                sidx[nl++] = q;
+        if (be->forward_pick) {
+            for (int k = 0; k < nl; k++) {
+                const row *w = &s->rows[s->seq_row[sidx[k]]];
+                want[k] = w->sp.temperature == 0 && w->n_choices == 1 ? -1 : -2;
+            }
+            rc = be->forward_pick(be->impl, s->seqs, ns, want, sres, logits, err, errlen);
+        } else {
+            for (int k = 0; k < nl; k++)
+                want[k] = -2;
+            rc = be->forward(be->impl, s->seqs, ns, logits, err, errlen);
+        }
+        if (rc)
+            break;
+        sched_finish_pass(s);
+        for (int li = 0; rc == 0 && li < nl; li++) {
+            int q = sidx[li];
+            row *w = &s->rows[s->seq_row[q]];
+            int c = s->seq_choice[q];
+            choice *ch = &w->ch[c];
+            const float *lg = logits + (size_t)li * VOCAB;
+            bool prompt_done = c == 0 && ch->fed == w->n_prompt && ch->n_gen == 0 && ch->next < 0;
+            sample_result sr = sres[li];
+            if (want[li] < -1 && sample_next(lg, VOCAB, &w->sp, &ch->ss, sc, &sr, err, errlen))
+                rc = -1;
+            if (rc == 0)
+                rc = accept(d, s, w, c, sr.token, err, errlen);
+            for (int o = 1; rc == 0 && prompt_done && o < w->n_choices; o++) {
+                int sh = sched_share_prompt(s, w, o, err, errlen);
+                if (sh < 0)
+                    rc = -1;
+                else if (sh == 1 && (sample_next(lg, VOCAB, &w->sp, &w->ch[o].ss, sc, &sr, err, errlen) ||
+                                     accept(d, s, w, o, sr.token, err, errlen)))
+                    rc = -1;
+            }
+        }
+        for (size_t ai = 0; rc == 0 && ai < s->n_active;) {
+            row *w = &s->rows[s->active[ai]];
+            bool all = true;
+            for (int c = 0; c < w->n_choices; c++)
+                all &= w->ch[c].done;
+            if (all)
+                write_row(d, s, ai);
+            else
+                ai++;
+        }
+        calib_observe(d->cal, tokens, att, f->clock - t0);
+    }
+    free(logits);
+    free(sres);
+    free(want);
+    free(sidx);
+    return rc;
 }
 
 /* Runs the job; tight = under the plan for js->budget, else room for every row at once.
@@ -242,24 +340,19 @@ static void rm_dir(const char *dir)
 static json_t *run_spec(const job_spec *js, bool tight, bool pick, calib *fit, double *wall, double *eta,
                         int *preempt, uint64_t *picks)
 {
-    runner r;
-    memset(&r, 0, sizeof r);
-    char err[SPILL_ERRLEN] = "", dir[128];
-    r.o.batch = js->batch;
-    r.o.prefill_chunk = js->chunk;
-    r.o.page_tokens = js->page_tokens;
-    r.o.threads = 1;
-    r.o.quiet = true;
-    r.m = &g_model;
-    r.tok = g_tok;
-    r.n_rows = (size_t)js->n_rows;
-    r.rows = calloc(r.n_rows, sizeof *r.rows);
+    char err[SPILL_ERRLEN] = "";
+    size_t n_rows = (size_t)js->n_rows;
+    row *rows = calloc(n_rows, sizeof *rows);
     int max_n = 1;
     int64_t all_pages = 0;
-    int32_t P = js->page_tokens, min_pages = 1;
-    int32_t *need = malloc(sizeof(int32_t) * r.n_rows);
-    for (size_t i = 0; i < r.n_rows; i++) {
-        row *w = &r.rows[i];
+    int32_t P = js->page_tokens, want, min_pages;
+    int32_t *need = malloc(sizeof(int32_t) * n_rows);
+    drive d = {calloc(n_rows * 3, sizeof(int32_t *)), json_object(), NULL, 0};
+    calib run;
+    memset(&run, 0, sizeof run);
+    d.cal = &run;
+    for (size_t i = 0; i < n_rows; i++) {
+        row *w = &rows[i];
         char id[32];
         snprintf(id, sizeof id, "row-%zu", i);
         w->custom_id = strdup(id);
@@ -277,16 +370,14 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, calib *fit, d
         w->has_seed = js->seeded[i];
         w->seed = js->prompt_seed[i];
         w->state = ROW_PENDING;
+        for (int c = 0; c < w->n_choices; c++)
+            d.toks[i * 3 + c] = malloc(sizeof(int32_t) * (size_t)w->max_new);
         max_n = w->n_choices > max_n ? w->n_choices : max_n;
         need[i] = (int32_t)((w->n_prompt + w->max_new + P - 1) / P * w->n_choices);
         all_pages += need[i];
-        min_pages = need[i] > min_pages ? need[i] : min_pages;
     }
-    r.max_seqs = r.o.batch + max_n;
-    qsort(need, r.n_rows, sizeof *need, cmp_desc_i32);
-    int64_t want = 0;
-    for (size_t i = 0; i < r.n_rows && i < (size_t)r.o.batch; i++)
-        want += need[i];
+    int max_seqs = js->batch + max_n;
+    plan_kv_want(need, n_rows, js->batch, &want, &min_pages);
     free(need);
     /* the plan: process, weights and pass buffers are fixed costs; KV pages the rest */
     uint64_t page_bytes = (uint64_t)P * 2 * 4;
@@ -296,73 +387,70 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, calib *fit, d
     json_t *ans = NULL;
     fake f;
     memset(&f, 0, sizeof f);
+    sched s;
+    memset(&s, 0, sizeof s);
+    sample_scratch sc;
+    memset(&sc, 0, sizeof sc);
     if (plan_solve(&mn, &plan, err, sizeof err)) {
         CHECK(0, "plan for a %llu-byte budget: %s", (unsigned long long)mn.budget, err);
         goto out;
     }
     CHECK(plan.total <= mn.budget, "plan of %llu bytes over the %llu budget", (unsigned long long)plan.total,
           (unsigned long long)mn.budget);
-    f.max_seqs = r.max_seqs;
-    f.max_tokens = r.max_seqs + r.o.prefill_chunk;
+    f.max_seqs = max_seqs;
+    f.max_tokens = max_seqs + js->chunk;
     f.plan_pages = plan.kv_pages;
     f.c0 = 0.5;
     f.c_tok = 0.01;
     f.c_att = 1e-5;
-    if (kv_create(&f.kv, 1, 1, 1, P, plan.kv_pages, err, sizeof err)) {
-        CHECK(0, "kv_create: %s", err);
+    if (kv_create(&f.kv, 1, 1, 1, P, plan.kv_pages, err, sizeof err) ||
+        sample_scratch_init(&sc, VOCAB, err, sizeof err)) {
+        CHECK(0, "set-up: %s", err);
         goto out;
     }
-    r.be = (spill_backend){&f, "fake", 0, fake_forward, fake_kv, fake_kv_copy, fake_close, NULL, NULL};
+    spill_backend be = {&f, "fake", 0, fake_forward, fake_kv, fake_kv_copy, fake_close, NULL, NULL};
     if (pick)
-        r.be.forward_pick = fake_forward_pick;
-    snprintf(dir, sizeof dir, "%s/j%d", g_tmp, g_dir_serial++);
-    job_info ji = {"run", g_input, NULL, "fake", "0000", SPILL_VERSION, r.n_rows};
-    if (job_create(dir, &ji, NULL, &r.j, err, sizeof err) || setup_passes(&r, err, sizeof err)) {
-        CHECK(0, "setup: %s", err);
+        be.forward_pick = fake_forward_pick;
+    int unfit = 0; /* the runner would fail these rows into errors.jsonl before sched_init */
+    for (size_t i = 0; i < n_rows; i++)
+        unfit += sched_row_pages(&f.kv, &rows[i]) > f.kv.n_pages;
+    CHECK(unfit == 0, "%d rows need more pages than the cache's %d", unfit, f.kv.n_pages);
+    sched_cfg cfg = {&be, g_tok, VOCAB, 0, js->batch, max_seqs, js->chunk, 0};
+    if (sched_init(&s, &cfg, rows, n_rows, err, sizeof err)) {
+        CHECK(0, "sched_init: %s", err);
         goto out;
     }
-    g_fake = &f;
-    g_fake_clock = fake_clock;
-    r.t_start = now_s();
-    *eta = estimate_left(&r, fit);
-    if (run_passes(&r, err, sizeof err)) {
+    *eta = sched_estimate(&s, fit);
+    if (run_passes(&d, &s, &f, &be, &sc, err, sizeof err)) {
         CHECK(0, "run_passes: %s", err);
         goto out;
     }
-    *wall = now_s() - r.t_start;
-    *preempt = (int)r.preemptions;
+    *wall = f.clock;
+    *preempt = (int)s.preemptions;
     *picks = f.picks;
     CHECK(f.violations == 0, "%llu violations: %s", (unsigned long long)f.violations, f.what);
-    CHECK(r.rows_done == r.n_rows, "%llu of %zu rows done", (unsigned long long)r.rows_done, r.n_rows);
-    int rc = job_close(r.j, JOB_DONE, err, sizeof err);
-    r.j = NULL;
-    CHECK(rc == 0, "job did not close done: %s", err);
-    calib_merge(fit, &r.cal_run);
-    int n_err;
-    ans = read_answers(dir, &n_err);
-    CHECK(n_err == 0 && json_object_size(ans) == r.n_rows, "%d error rows, %zu answers for %zu rows", n_err,
-          json_object_size(ans), r.n_rows);
+    size_t done = 0;
+    for (size_t i = 0; i < n_rows; i++)
+        done += rows[i].state == ROW_DONE;
+    CHECK(!sched_pending(&s) && done == n_rows && json_object_size(d.answers) == n_rows && d.twice == 0,
+          "%zu of %zu rows done, %zu answers, %d rows written twice", done, n_rows, json_object_size(d.answers),
+          d.twice);
+    calib_merge(fit, &run);
+    ans = d.answers;
+    d.answers = NULL;
 out:
-    g_fake_clock = NULL;
-    g_fake = NULL;
-    if (r.j)
-        job_close(r.j, JOB_INTERRUPTED, err, sizeof err);
-    r.j = NULL;
-    r.m = &g_model; /* runner_free closes the model and tokenizer the job opened: these are shared */
-    for (size_t i = 0; i < r.n_rows; i++) {
-        if (r.be.impl)
-            row_release(&r, &r.rows[i]);
-        row_free(&r.rows[i]);
-    }
-    r.n_rows = 0;
-    r.m = NULL;
-    r.tok = NULL;
-    runner_free(&r);
+    sched_free(&s);
+    for (size_t i = 0; i < n_rows; i++)
+        sched_row_free(&rows[i]);
+    free(rows);
+    for (size_t i = 0; i < n_rows * 3; i++)
+        free(d.toks[i]);
+    free(d.toks);
+    json_decref(d.answers);
+    sample_scratch_free(&sc);
     kv_destroy(&f.kv);
-    rm_dir(dir);
     return ans;
 }
-
 int main(void)
 {
     char err[SPILL_ERRLEN];
@@ -371,16 +459,6 @@ int main(void)
     CHECK(gf && tokenizer_from_gguf(gf, &g_tok, err, sizeof err) == 0, "%s", err);
     if (!g_tok)
         return test_finish("test_sched");
-    g_model.vocab = VOCAB;
-    g_model.ctx_len = 4096;
-    g_model.n_stop = 1;
-    g_model.stop_ids[0] = STOP_ID;
-    snprintf(g_tmp, sizeof g_tmp, "%s/spill_sched_XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
-    CHECK(mkdtemp(g_tmp) != NULL, "mkdtemp");
-    snprintf(g_input, sizeof g_input, "%s/in.jsonl", g_tmp);
-    FILE *in = fopen(g_input, "w");
-    fputs("{}\n", in);
-    fclose(in);
 
     calib fit;
     memset(&fit, 0, sizeof fit);
@@ -450,7 +528,6 @@ int main(void)
             "%d jobs, %d with preemptions, %llu greedy tokens picked by the backend; pre-run ETA within 25%% on %d of "
             "%d larger jobs (worst %.0f%%)\n",
             jobs, preempted_jobs, (unsigned long long)picked, big_ok, big, worst * 100);
-    rm_dir(g_tmp);
     tokenizer_free(g_tok);
     gguf_close(gf);
     return test_finish("test_sched");

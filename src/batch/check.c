@@ -5,7 +5,7 @@
  * Owns the cross-line state of one pass: the format, url and model of the
  * first line that set them, and a set of every custom_id seen with its line
  * (open addressing, FNV-1a, grown at half load) so a duplicate names both
- * lines.  Memory is that set plus one line (jsonl_reader) plus one parsed
+ * lines; the runner's input reader uses the same set (check_ids).  Memory is that set plus one line (jsonl_reader) plus one parsed
  * request at a time.  Line-level rules are request.c's.
  */
 #ifndef _GNU_SOURCE
@@ -24,16 +24,13 @@
 
 /* ---- custom_id set ----------------------------------------------------------------------------------- */
 
-typedef struct id_slot {
+typedef struct check_id_slot {
     char *id; /* owned; NULL = empty slot */
     uint64_t hash;
     size_t line;
 } id_slot;
 
-typedef struct id_set {
-    id_slot *slots; /* (cap), cap a power of two */
-    size_t cap, n;
-} id_set;
+typedef check_ids id_set;
 
 static uint64_t fnv1a(const char *s)
 {
@@ -68,8 +65,7 @@ static int id_grow(id_set *s)
     return 0;
 }
 
-/* Adds id seen on `line`.  Returns 0 when new, the earlier line (> 0) when already present, -1 when out of memory. */
-static long long id_add(id_set *s, const char *id, size_t line)
+long long check_ids_add(id_set *s, const char *id, size_t line)
 {
     if ((s->n + 1) * 2 > s->cap && id_grow(s))
         return -1;
@@ -86,7 +82,7 @@ static long long id_add(id_set *s, const char *id, size_t line)
     return 0;
 }
 
-static void id_free(id_set *s)
+void check_ids_free(id_set *s)
 {
     for (size_t i = 0; i < s->cap; i++)
         free(s->slots[i].id);
@@ -213,7 +209,7 @@ static int cross_line(pass *p, const request *q, bool report)
         }
     }
     if (q->custom_id) {
-        long long prev = id_add(&p->ids, q->custom_id, ln);
+        long long prev = check_ids_add(&p->ids, q->custom_id, ln);
         if (prev < 0)
             return -1;
         if (prev > 0) {
@@ -375,7 +371,7 @@ int check_stream(FILE *f, const char *name, const check_opts *o, check_report *r
         snprintf(err, errlen, "%s", r->first_error);
 out_close:
     jsonl_close(&rd);
-    id_free(&p.ids);
+    check_ids_free(&p.ids);
     free(p.url);
     free(p.model);
     return rc;

@@ -70,6 +70,20 @@ typedef struct check_report {
     char first_error[SPILL_ERRLEN]; /* the first error sentence, "" when valid */
 } check_report;
 
+/* The set of custom_ids seen, each with the line that first used it (open addressing, FNV-1a, grown at half
+ * load): the one duplicate-custom_id rule, for `spill check` and the runner's input (run_rows.c).  Starts
+ * zeroed; check_ids_free empties it. */
+typedef struct check_id_slot check_id_slot;
+typedef struct check_ids {
+    check_id_slot *slots; /* (cap), cap a power of two */
+    size_t cap, n;
+} check_ids;
+
+/* Adds id (copied) seen on line.  Returns 0 when new, the earlier line (> 0) when already present (the set
+ * keeps the first), -1 when out of memory. */
+long long check_ids_add(check_ids *s, const char *id, size_t line);
+void check_ids_free(check_ids *s);
+
 /* OpenAI's limits, all = false. */
 check_opts check_opts_default(void);
 

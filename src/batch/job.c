@@ -1252,6 +1252,48 @@ int job_close(job *j, job_state final, char *err, size_t errlen)
     return rc;
 }
 
+int job_read_stored(const char *dir, job_stored *st, char *err, size_t errlen)
+{
+    memset(st, 0, sizeof *st);
+    char path[PATH_MAX];
+    if (util_pathf(path, sizeof path, "%s/%s", dir, MANIFEST_NAME) != 0)
+        return util_errf(err, errlen, "%s: the job directory's path is too long.", dir);
+    json_error_t je;
+    json_t *man = json_load_file(path, 0, &je);
+    if (!man)
+        return util_errf(err, errlen, "%s: cannot read the job manifest (%s); is this a job directory?", path,
+                         je.text);
+    json_t *model = json_object_get(man, "model"), *opt = json_object_get(man, "options");
+    const char *id = json_string_value(json_object_get(model, "id"));
+    const char *fp = json_string_value(json_object_get(model, "fingerprint"));
+    const char *in = json_string_value(json_object_get(json_object_get(man, "input"), "path"));
+    int rc = 0;
+    if (!id || !in)
+        rc = -2, util_errf(err, errlen, "%s: the manifest lacks model.id or input.path; it was not written by spill run.",
+                           path);
+    else {
+        st->model_id = strdup(id);
+        st->input_path = strdup(in);
+        st->model_fingerprint = fp ? strdup(fp) : NULL;
+        st->options = json_is_object(opt) ? json_deep_copy(opt) : json_object();
+        if (!st->model_id || !st->input_path || (fp && !st->model_fingerprint) || !st->options) {
+            job_stored_free(st);
+            rc = util_errf(err, errlen, "%s: out of memory reading the manifest; free memory and resume again.", path);
+        }
+    }
+    json_decref(man);
+    return rc;
+}
+
+void job_stored_free(job_stored *st)
+{
+    free(st->input_path);
+    free(st->model_id);
+    free(st->model_fingerprint);
+    json_decref(st->options);
+    memset(st, 0, sizeof *st);
+}
+
 const char *job_id(const job *j)
 {
     return j->id;

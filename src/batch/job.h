@@ -150,6 +150,25 @@ int job_commit(job *j, char *err, size_t errlen);
  */
 int job_close(job *j, job_state final, char *err, size_t errlen);
 
+/*
+ * How a job was started, as its manifest records it.  job_read_stored reads
+ * dir/manifest.json without opening the job (no lock, no scan), so that
+ * `spill resume` can open the job's model with its options before
+ * job_open_resume checks the rest.  Everything is a copy the caller frees
+ * with job_stored_free (safe on a zeroed or failed one).
+ */
+typedef struct job_stored {
+    char *input_path;        /* input.path, absolute */
+    char *model_id;          /* model.id: what the user named (tag, path or repo id) */
+    char *model_fingerprint; /* model.fingerprint; NULL when the job recorded none */
+    json_t *options;         /* options: the object job_create was given ({} when none) */
+} job_stored;
+
+/* 0; -1 with a sentence when dir holds no readable manifest (not a job directory); -2 with a sentence when
+ * the manifest lacks model.id or input.path (not a job that `spill run` started). */
+int job_read_stored(const char *dir, job_stored *st, char *err, size_t errlen);
+void job_stored_free(job_stored *st);
+
 /* Accessors. */
 const char *job_id(const job *j);
 const json_t *job_manifest(const job *j); /* borrowed, read-only: model, options, input of the job */

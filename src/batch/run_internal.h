@@ -1,8 +1,8 @@
 /*
- * run_internal.h — what the runner's files share (run.c: the scheduler and
- * the job; run_rows.c: input lines into rows; run_opts.c: the command line).
- * Not an interface: nothing outside src/run*.c and tests/test_sched.c
- * includes it.
+ * run_internal.h — what the runner's files share (run.c: the job's top;
+ * run_rows.c: input lines into rows; run_opts.c: the settings).  Not an
+ * interface: nothing outside src/batch/run*.c includes it.  The rows, the
+ * scheduler and the memory plan have their own headers (sched.h, plan.h).
  */
 #ifndef SPILL_RUN_INTERNAL_H
 #define SPILL_RUN_INTERNAL_H
@@ -23,6 +23,7 @@
 #include "plan.h"
 #include "request.h"
 #include "sample.h"
+#include "sched.h"
 #include "stop.h"
 #include "../text/template.h"
 #include "../text/tokenizer.h"
@@ -50,46 +51,6 @@ typedef struct run_opts {
     bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
 } run_opts;
 
-enum row_state { ROW_PENDING, ROW_ACTIVE, ROW_DONE };
-
-typedef struct choice {
-    kv_row kv;
-    sample_state ss;
-    tok_stream *ts;
-    stop_matcher sm;
-    int32_t fed;         /* positions in the KV cache (prompt progress, then generated tokens fed back) */
-    int32_t next;        /* sampled token waiting to be fed, -1 when none */
-    int32_t n_gen;       /* generated tokens kept (stop tokens excluded) */
-    char *text;          /* emitted text so far */
-    size_t text_len, text_cap;
-    out_token *lp;       /* (n_gen) when logprobs */
-    out_alt *alts;       /* (n_gen * top) */
-    bool done;
-    out_finish finish;
-} choice;
-
-typedef struct row {
-    char *custom_id, *model;
-    req_endpoint endpoint;
-    size_t line;
-    int32_t *prompt;
-    int32_t n_prompt;
-    int64_t max_new;
-    int n_choices;
-    sample_params sp;
-    bool has_seed;
-    int64_t seed;
-    int n_stop;
-    char *stop[REQ_MAX_STOP];
-    size_t stop_len[REQ_MAX_STOP];
-    int32_t *bias_id;
-    float *bias;
-    enum row_state state;
-    choice *ch;          /* (n_choices) while active */
-    uint64_t admitted;   /* admission serial, for picking preemption victims */
-    int preempted;
-} row;
-
 typedef struct runner {
     run_opts o;
     model_desc *m;
@@ -102,26 +63,20 @@ typedef struct runner {
     out_stamp stamp;
     uint64_t job_seed;
 
-    row *rows;
+    row *rows;           /* (n_rows) every row of the input, in any state (run_rows.c fills it) */
     size_t n_rows;
-    size_t *queue;       /* pending row indices, longest first; head at q_head */
-    size_t q_head, q_len;
-    size_t *active;      /* admitted rows in admission order */
-    size_t n_active;
-    uint64_t admit_serial;
+    sched s;             /* queue, batch and pass over rows (sched.h) */
+    int max_seqs;        /* sequences one pass may carry: batch + the largest n */
 
     sample_scratch sc;   /* sequential sampling (n > 1 choices sharing a prompt) */
     spill_pool *spool;     /* sampling threads: rows of a pass are sampled in parallel */
     sample_scratch *scs; /* (threads) one scratch per sampling thread */
-    sample_result *sres; /* (max seqs) this pass's draws */
-    int *sidx;           /* (max seqs) sequence index of each logits row */
-    int *src;            /* (max seqs) per-draw status */
-    int32_t *want;       /* (max seqs) per logits row: -2 sampled here, else picked by the backend (forward_pick) */
-    int *cidx;           /* (max seqs) logits rows sampled here */
-    int max_seqs;        /* sequences one pass may carry: batch + the largest n */
-    float *logits;       /* (max seqs, V) */
-    fwd_seq *seqs;
-    int *seq_row, *seq_choice;
+    sample_result *sres; /* (max_seqs) this pass's draws */
+    int *sidx;           /* (max_seqs) sequence index of each logits row */
+    int *src;            /* (max_seqs) per-draw status */
+    int32_t *want;       /* (max_seqs) per logits row: -2 sampled here, else picked by the backend (forward_pick) */
+    int *cidx;           /* (max_seqs) logits rows sampled here */
+    float *logits;       /* (max_seqs, V) */
 
     /* calibration: the stored fit for this model|backend|machine, and this run's passes */
     calib cal_stored, cal_run;
@@ -129,21 +84,11 @@ typedef struct runner {
     double eta_prerun;   /* seconds, < 0 when uncalibrated */
     double eta_val, eta_at; /* the live estimate and when (job clock) it was made */
 
-    /* memory: the plan, this run's observations of it, the stored fit of the excess */
-    mem_plan plan;
-    uint64_t page_bytes, kv_fixed_model; /* KV page, and what the plan priced besides KV and slack */
-    int32_t kv_peak_used;                /* pages ever touched (the free list is a stack) */
-    mem_fit mem_run, mem_stored;
-    char mem_path[4096];
-    uint64_t guard_pauses;
-    uint64_t stall_preemptions;          /* preemptions that broke a prefill deadlock */
-    uint64_t plan_ring;                  /* stream ring bytes (+ global tensors) when streamed */
+    mem_job mem;         /* the memory plan, its observations, the stored fit (plan.h) */
 
     /* progress */
-    uint64_t rows_total, rows_done, rows_failed, tokens_generated, prompt_tokens, preemptions;
+    uint64_t rows_total, rows_done, rows_failed, tokens_generated, prompt_tokens;
     double t_start;
-    size_t tail[TAIL_SLOTS];
-    int n_tail;
     bool tty;
     double last_log;
     int drawn_lines;
@@ -166,8 +111,13 @@ int run_load_rows(runner *r, char *err, size_t errlen);
 
 /* run_opts.c: the command line of `spill run` (resume: `spill resume DIR`) into o; 0 or -1 (usage). */
 int run_parse_opts(int argc, char **argv, run_opts *o, bool resume);
-/* run_opts.c: the options a resumed job must keep, as stored in the manifest. */
+/* run_opts.c: the options a resumed job must keep (model included), as stored in the manifest. */
 json_t *run_opts_json(const run_opts *o);
+/* run_opts.c: `spill resume`: resolves o->out_dir (a bare id names $SPILL_HOME/jobs/<id>) into dir (dircap),
+ * reads the job's stored model, input and options (job_read_stored) into st, and fills what the command line
+ * left unset from them; o then points into st and dir, which must outlive the job (job_stored_free after).
+ * 0, or job_read_stored's -1 / -2 with a sentence. */
+int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char *err, size_t errlen);
 /* run_opts.c: defaults for what the command line left 0. */
 void run_defaults(run_opts *o);
 

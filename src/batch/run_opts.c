@@ -1,7 +1,13 @@
 /*
- * run_opts.c — `spill run` / `spill resume` command lines: options into
- * run_opts, the defaults, and the subset a job's manifest keeps so a resumed
- * job runs as it started.
+ * run_opts.c — every setting of `spill run` / `spill resume`, read once:
+ * the command line into run_opts, the subset a job's manifest keeps, that
+ * subset read back on resume (the job store reads the manifest, job.c), and
+ * the defaults.  Nothing else in the runner parses an option or reads a
+ * stored one; --mem-budget, for one, is read here and handed to the plan.
+ *
+ * Resume rule: what the resume command line sets wins (--threads, --quiet,
+ * …); everything else comes back as the job started, so a resumed job plans
+ * the same memory and runs the same batch.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +15,7 @@
 #include <unistd.h>
 
 #include "run_internal.h"
+#include "../base/util.h"
 
 static int parse_bytes(const char *s, uint64_t *out)
 {
@@ -103,11 +110,50 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
 
 json_t *run_opts_json(const run_opts *o)
 {
-    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b,s:b,s:i}", "threads", o->threads, "batch",
+    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b,s:b,s:i,s:s}", "threads", o->threads, "batch",
                      o->batch, "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
                      (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "gpu_mem",
                      (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
-                     "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype", o->kv_dtype);
+                     "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype", o->kv_dtype,
+                     "model", o->model_spec);
+}
+
+int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char *err, size_t errlen)
+{
+    /* A bare id names $SPILL_HOME/jobs/<id>. */
+    if (!strchr(o->out_dir, '/') && !util_is_dir(o->out_dir))
+        snprintf(dir, dircap, "%s/jobs/%s", util_spill_home(), o->out_dir);
+    else
+        snprintf(dir, dircap, "%s", o->out_dir);
+    o->out_dir = dir;
+    int rc = job_read_stored(dir, st, err, errlen);
+    if (rc)
+        return rc;
+    o->model_spec = st->model_id;
+    o->input = st->input_path;
+    const json_t *opt = st->options;
+    if (!o->batch)
+        o->batch = (int)json_integer_value(json_object_get(opt, "batch"));
+    if (!o->prefill_chunk)
+        o->prefill_chunk = (int)json_integer_value(json_object_get(opt, "prefill_chunk"));
+    if (!o->page_tokens)
+        o->page_tokens = (int)json_integer_value(json_object_get(opt, "page_tokens"));
+    if (!o->kv_bytes)
+        o->kv_bytes = (uint64_t)json_integer_value(json_object_get(opt, "kv_bytes"));
+    if (!o->mem_budget)
+        o->mem_budget = (uint64_t)json_integer_value(json_object_get(opt, "mem_budget"));
+    if (!o->gpu_mem)
+        o->gpu_mem = (uint64_t)json_integer_value(json_object_get(opt, "gpu_mem"));
+    if (!o->mode)
+        o->mode = (int)json_integer_value(json_object_get(opt, "mode"));
+    if (!o->stream_slots)
+        o->stream_slots = (int)json_integer_value(json_object_get(opt, "stream_slots"));
+    o->exact |= json_is_true(json_object_get(opt, "exact"));
+    o->q8 |= json_is_true(json_object_get(opt, "q8_activations"));
+    o->from_disk |= json_is_true(json_object_get(opt, "from_disk"));
+    if (!o->kv_dtype)
+        o->kv_dtype = (int)json_integer_value(json_object_get(opt, "kv_dtype"));
+    return 0;
 }
 
 void run_defaults(run_opts *o)

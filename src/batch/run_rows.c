@@ -3,12 +3,14 @@
  * request.c, rendered through the chat template, tokenized, their sampling
  * parameters checked).  A bad line becomes one error line in errors.jsonl
  * and loses nothing else; rows a resumed job already answered are skipped.
+ * Unique custom_ids are check.c's rule and its hash set (check_ids).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "run_internal.h"
 #include "../base/util.h"
 #include "../text/prompt.h"
@@ -167,6 +169,7 @@ int run_load_rows(runner *r, char *err, size_t errlen)
     }
     int rc = 0;
     size_t cap = 0;
+    check_ids ids = {0};
     const char *line;
     size_t len;
     for (;;) {
@@ -206,15 +209,22 @@ int run_load_rows(runner *r, char *err, size_t errlen)
         }
         snprintf(cid, sizeof cid, "line-%zu", rd.lineno);
         const char *id = q.custom_id ? q.custom_id : cid;
-        /* A custom_id seen before cannot own a second line: name the duplicate by its line. */
-        for (size_t i = 0; i < r->n_rows && !bad; i++)
-            if (!strcmp(r->rows[i].custom_id, id)) {
-                snprintf(msg, sizeof msg, "%s line %zu: custom_id '%s' was already used on line %zu; custom_ids must be unique.",
-                         r->o.input, rd.lineno, id, r->rows[i].line);
-                code = "duplicate_custom_id";
-                id = cid;
-                bad = 1;
-            }
+        /* A custom_id seen before cannot own a second line: name the duplicate by its line.  Every row's id
+         * (its custom_id, or line-N) goes into the set: a later line may repeat it. */
+        long long prev = check_ids_add(&ids, id, rd.lineno);
+        if (prev > 0 && !bad) {
+            snprintf(msg, sizeof msg, "%s line %zu: custom_id '%s' was already used on line %lld; custom_ids must be unique.",
+                     r->o.input, rd.lineno, id, prev);
+            code = "duplicate_custom_id";
+            id = cid;
+            bad = 1;
+            prev = check_ids_add(&ids, id, rd.lineno);
+        }
+        if (prev < 0) {
+            request_free(&q);
+            rc = util_errf(err, errlen, "out of memory reading %s.", r->o.input);
+            break;
+        }
         w->custom_id = strdup(id);
         r->n_rows++;
         r->rows_total++;
@@ -243,6 +253,7 @@ int run_load_rows(runner *r, char *err, size_t errlen)
         w->state = ROW_PENDING;
         r->prompt_tokens += (uint64_t)w->n_prompt;
     }
+    check_ids_free(&ids);
     jsonl_close(&rd);
     fclose(f);
     return rc;

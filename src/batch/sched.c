@@ -1,0 +1,501 @@
+/*
+ * sched.c — the scheduler of one batch job (see sched.h for the calls).
+ *
+ * Owns: a row's life (pending → active → done, and back to pending when
+ * preempted), the queue, admission, KV page reservation and preemption,
+ * the list of sequences one pass carries, and the ETA replay of this same
+ * policy.  Does not own: the forward pass (the backend), drawing tokens
+ * (sample.c) or applying them (run.c: end ids, text, stop strings, output),
+ * the memory plan that sized the cache (plan.c), what the user sees.
+ *
+ * The policy, in one paragraph: rows wait in a queue ordered longest-first
+ * (prompt + max new tokens), so the expensive rows start early and the end
+ * tail is made of short ones.  Every pass carries one decode token for every
+ * active choice, then prompt chunks of admitted rows up to a per-pass token
+ * cap, all through the same matmuls.  A row is admitted when a batch slot is
+ * free and the KV arena can hold its prompt while leaving one page of growth
+ * per active choice; pages are reserved as positions are written.  If a
+ * choice needs a page and none is free, the most recently admitted row is
+ * preempted — even when it is the row asking, so the oldest row always
+ * advances and no two rows can evict each other forever: its pages are freed
+ * and it goes back to the head of the queue to be recomputed from scratch,
+ * which yields the same tokens because a row's logits never depend on its
+ * batch-mates and its RNG restarts from its seed.  When every admitted row is
+ * mid-prompt and none can get a page, the newest is preempted the same way.
+ *
+ * Key decision: recompute, not swap.  A preempted row loses its pages and
+ * starts over; keeping a copy of its KV elsewhere would cost memory the
+ * plan gave to the batch, and preemption is rare once the plan sized the
+ * cache for the batch's largest rows.  tests/test_sched.c checks that the
+ * answers under a tight plan equal those of a roomy one.
+ */
+#include "sched.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/util.h"
+#include "plan.h"
+
+/* ---------------------------------------------------------------- rows */
+
+static void choice_free(choice *c, kv_cache *kv)
+{
+    kv_row_free(kv, &c->kv);
+    sample_state_free(&c->ss);
+    tok_stream_free(c->ts);
+    stop_free(&c->sm);
+    free(c->text);
+    free(c->lp);
+    free(c->alts);
+    memset(c, 0, sizeof *c);
+}
+
+/* Frees a row's choices and their pages (the row keeps its request). */
+static void row_release(sched *s, row *w)
+{
+    if (w->ch)
+        for (int c = 0; c < w->n_choices; c++)
+            choice_free(&w->ch[c], s->kv);
+    free(w->ch);
+    w->ch = NULL;
+}
+
+void sched_row_free(row *w)
+{
+    free(w->custom_id);
+    free(w->model);
+    free(w->prompt);
+    for (int i = 0; i < w->n_stop; i++)
+        free(w->stop[i]);
+    free(w->bias_id);
+    free(w->bias);
+}
+
+int32_t sched_row_pages(const kv_cache *kv, const row *w)
+{
+    return kv_pages_for(kv, (int32_t)(w->n_prompt + w->max_new)) * w->n_choices;
+}
+
+/* Creates the row's choices (sampling state keyed by its seed, detokenizer, stop matcher, log-prob arrays)
+ * and makes it active. */
+static int start_row(sched *s, row *w, char *err, size_t errlen)
+{
+    w->ch = calloc((size_t)w->n_choices, sizeof *w->ch);
+    if (!w->ch)
+        return util_errf(err, errlen, "out of memory admitting row %s.", w->custom_id);
+    for (int c = 0; c < w->n_choices; c++) {
+        choice *ch = &w->ch[c];
+        ch->next = -1;
+        /* Seeded rows key the RNG by (seed, choice); unseeded rows by the job seed and (line, choice). */
+        uint64_t seed = w->has_seed ? (uint64_t)w->seed : s->cfg.job_seed;
+        uint64_t stream = w->has_seed ? (uint64_t)c : ((uint64_t)w->line << 8) ^ (uint64_t)c;
+        const char *sp[REQ_MAX_STOP];
+        for (int i = 0; i < w->n_stop; i++)
+            sp[i] = w->stop[i];
+        if (sample_state_init(&ch->ss, &w->sp, seed, stream, s->cfg.vocab, w->max_new, err, errlen) ||
+            tok_stream_init(s->cfg.tok, true, &ch->ts, err, errlen) ||
+            stop_init(&ch->sm, sp, w->stop_len, w->n_stop, err, errlen))
+            return -1;
+        if (w->sp.logprobs) {
+            ch->lp = calloc((size_t)(w->max_new > 0 ? w->max_new : 1), sizeof *ch->lp);
+            ch->alts = calloc((size_t)(w->max_new > 0 ? w->max_new : 1) * (size_t)(w->sp.n_top_logprobs + 1),
+                              sizeof *ch->alts);
+            if (!ch->lp || !ch->alts)
+                return util_errf(err, errlen, "out of memory for the log-probs of row %s.", w->custom_id);
+        }
+    }
+    w->state = ROW_ACTIVE;
+    w->admitted = ++s->admit_serial;
+    s->active[s->n_active++] = (size_t)(w - s->rows);
+    return 0;
+}
+
+/* Removes active[ai] from the batch (order kept). */
+static void drop_active(sched *s, size_t ai)
+{
+    memmove(s->active + ai, s->active + ai + 1, (s->n_active - ai - 1) * sizeof *s->active);
+    s->n_active--;
+}
+
+/* Frees the row's pages and state and puts it back at the head of the queue. */
+static void preempt(sched *s, size_t ai)
+{
+    size_t idx = s->active[ai];
+    row *w = &s->rows[idx];
+    row_release(s, w);
+    w->state = ROW_PENDING;
+    w->preempted++;
+    s->preemptions++;
+    drop_active(s, ai);
+    s->queue[--s->q_head] = idx;
+    s->q_len++;
+}
+
+/* The admitted row with the highest admission serial. */
+static size_t newest_active(const sched *s)
+{
+    size_t victim = 0;
+    for (size_t i = 1; i < s->n_active; i++)
+        if (s->rows[s->active[i]].admitted > s->rows[s->active[victim]].admitted)
+            victim = i;
+    return victim;
+}
+
+void sched_retire_row(sched *s, size_t ai)
+{
+    row *w = &s->rows[s->active[ai]];
+    row_release(s, w);
+    w->state = ROW_DONE;
+    free(w->prompt);
+    w->prompt = NULL;
+    drop_active(s, ai);
+}
+
+/* ---------------------------------------------------------------- the queue */
+
+/* A queue entry with its sort key computed once: cost (prompt + max new tokens) descending, then line. */
+typedef struct queue_key {
+    int64_t cost;
+    size_t line, idx;
+} queue_key;
+
+static int cmp_longest(const void *a, const void *b)
+{
+    const queue_key *x = a, *y = b;
+    if (x->cost != y->cost)
+        return x->cost > y->cost ? -1 : 1;
+    return x->line < y->line ? -1 : x->line > y->line;
+}
+
+int sched_init(sched *s, const sched_cfg *cfg, row *rows, size_t n_rows, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->cfg = *cfg;
+    s->kv = cfg->be->kv(cfg->be->impl);
+    s->rows = rows;
+    s->n_rows = n_rows;
+    s->queue = malloc((n_rows + 1) * sizeof *s->queue);
+    s->active = malloc((n_rows + 1) * sizeof *s->active);
+    s->seqs = malloc((size_t)cfg->max_seqs * sizeof *s->seqs);
+    s->seq_row = malloc((size_t)cfg->max_seqs * sizeof *s->seq_row);
+    s->seq_choice = malloc((size_t)cfg->max_seqs * sizeof *s->seq_choice);
+    queue_key *keys = malloc((n_rows + 1) * sizeof *keys);
+    if (!s->queue || !s->active || !s->seqs || !s->seq_row || !s->seq_choice || !keys) {
+        free(keys);
+        return util_errf(err, errlen, "out of memory for %zu rows.", n_rows);
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < n_rows; i++)
+        if (rows[i].state == ROW_PENDING)
+            keys[n++] = (queue_key){(int64_t)rows[i].n_prompt + rows[i].max_new, rows[i].line, i};
+    /* lines are unique, so the order is total: the same queue whatever qsort does with ties */
+    qsort(keys, n, sizeof *keys, cmp_longest);
+    /* the queue ends at n_rows + 1, leaving room at the head for preempted rows to return to */
+    s->q_head = n_rows + 1 - n;
+    s->q_len = n;
+    for (size_t i = 0; i < n; i++)
+        s->queue[s->q_head + i] = keys[i].idx;
+    free(keys);
+    return 0;
+}
+
+void sched_free(sched *s)
+{
+    for (size_t i = 0; s->kv && i < s->n_rows; i++)
+        row_release(s, &s->rows[i]);
+    free(s->queue);
+    free(s->active);
+    free(s->seqs);
+    free(s->seq_row);
+    free(s->seq_choice);
+    memset(s, 0, sizeof *s);
+}
+
+bool sched_pending(const sched *s) { return s->q_len || s->n_active; }
+
+/* ---------------------------------------------------------------- admission and pages */
+
+static int32_t active_choices(const sched *s)
+{
+    int32_t n = 0;
+    for (size_t i = 0; i < s->n_active; i++)
+        n += s->rows[s->active[i]].n_choices;
+    return n;
+}
+
+int sched_admit(sched *s, char *err, size_t errlen)
+{
+    /* the live guard: the plan is the primary control; near the budget, no newcomers this pass */
+    if (s->q_len && s->n_active > 0 && s->cfg.guard && plan_rss_now() > s->cfg.guard) {
+        s->guard_pauses++;
+        return 0;
+    }
+    while (s->q_len && (int)s->n_active < s->cfg.batch) {
+        row *w = &s->rows[s->queue[s->q_head]];
+        /* the prompt of every choice, plus one page of growth for every choice already running */
+        int32_t need = kv_pages_for(s->kv, w->n_prompt + 1) * w->n_choices + active_choices(s);
+        if ((need > s->kv->n_free || active_choices(s) + w->n_choices > s->cfg.max_seqs) && s->n_active > 0)
+            break;
+        s->q_head++;
+        s->q_len--;
+        if (start_row(s, w, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
+/* Reserves pages for `need` positions of choice c, preempting the newest other rows if needed.
+ * Returns 0, 1 when the choice's own row was preempted (caller skips it), -1 on error. */
+static int reserve(sched *s, size_t row_idx, choice *c, int32_t need)
+{
+    for (;;) {
+        int rc = kv_row_reserve(s->kv, &c->kv, need);
+        if (rc == 0)
+            return 0;
+        if (rc == -2)
+            return -1;
+        /* the newest admitted row goes, even when that is the one asking: the oldest row always
+         * advances, so two rows can never take turns preempting each other forever */
+        size_t victim = newest_active(s);
+        bool own = s->active[victim] == row_idx;
+        preempt(s, victim);
+        if (own)
+            return 1;
+    }
+}
+
+/* ---------------------------------------------------------------- building a pass */
+
+static void add_seq(sched *s, fwd_seq q, size_t row_idx, int c)
+{
+    s->seqs[s->n_seqs] = q;
+    s->seq_row[s->n_seqs] = (int)row_idx;
+    s->seq_choice[s->n_seqs] = c;
+    s->n_seqs++;
+}
+
+int sched_build_pass(sched *s, char *err, size_t errlen)
+{
+    int budget = s->cfg.max_seqs + s->cfg.prefill_chunk;
+    s->n_seqs = 0;
+    /* decode steps first: one token per running choice */
+    for (size_t ai = 0; ai < s->n_active; ai++) {
+        size_t idx = s->active[ai];
+        row *w = &s->rows[idx];
+        for (int c = 0; c < w->n_choices && w->state == ROW_ACTIVE; c++) {
+            choice *ch = &w->ch[c];
+            if (ch->done || ch->fed < w->n_prompt)
+                continue;
+            int rr = reserve(s, idx, ch, ch->fed + 1);
+            if (rr < 0)
+                return util_errf(err, errlen, "out of memory growing a KV page table.");
+            if (rr == 1) {
+                s->n_seqs = 0; /* the pass being built referenced freed rows: rebuild it */
+                ai = (size_t)-1;
+                budget = s->cfg.max_seqs + s->cfg.prefill_chunk;
+                break;
+            }
+            add_seq(s, (fwd_seq){&ch->kv, ch->fed, 1, &ch->next, true, false}, idx, c);
+            budget--;
+        }
+    }
+    /* a preemption may have freed rows whose seqs were already listed: drop stale ones */
+    int keep = 0;
+    for (int q = 0; q < s->n_seqs; q++)
+        if (s->rows[s->seq_row[q]].state == ROW_ACTIVE) {
+            s->seqs[keep] = s->seqs[q];
+            s->seq_row[keep] = s->seq_row[q];
+            s->seq_choice[keep++] = s->seq_choice[q];
+        }
+    s->n_seqs = keep;
+    /* then prompt chunks, in admission order, up to the token cap */
+    for (size_t ai = 0; ai < s->n_active && budget > 0; ai++) {
+        size_t idx = s->active[ai];
+        row *w = &s->rows[idx];
+        for (int c = 0; c < w->n_choices && budget > 0 && w->state == ROW_ACTIVE; c++) {
+            choice *ch = &w->ch[c];
+            /* choices > 0 wait for choice 0's prefill and copy its KV (they prefill themselves only if
+             * the copy found no free pages) */
+            if (ch->fed >= w->n_prompt || (c > 0 && w->ch[0].fed < w->n_prompt))
+                continue;
+            int32_t n = w->n_prompt - ch->fed;
+            if (n > budget)
+                n = budget;
+            int rr = kv_row_reserve(s->kv, &ch->kv, ch->fed + n);
+            if (rr == -2)
+                return util_errf(err, errlen, "out of memory growing a KV page table.");
+            if (rr == -1)
+                break; /* no pages now: this prompt waits for pages freed by finishing rows */
+            add_seq(s, (fwd_seq){&ch->kv, ch->fed, n, w->prompt + ch->fed, ch->fed + n == w->n_prompt, false}, idx,
+                    c);
+            budget -= n;
+        }
+    }
+    if (s->n_seqs > 0)
+        return s->n_seqs;
+    if (s->n_active == 0 && s->q_len)
+        return util_errf(err, errlen, "row %s needs more KV memory than the whole cache holds; raise --kv-mem.",
+                         s->rows[s->queue[s->q_head]].custom_id);
+    /* Every admitted row is mid-prompt and none can get a page for its next chunk: their partial prompts hold
+     * the cache between them.  Preempt the newest so the oldest can go on (without this the job would spin
+     * forever; test_sched found it). */
+    if (s->n_active < 2)
+        return util_errf(err, errlen, "row %s cannot get KV pages for its prompt although it runs alone; "
+                                      "raise --mem-budget.",
+                         s->rows[s->active[0]].custom_id);
+    preempt(s, newest_active(s));
+    s->stall_preemptions++;
+    return 0;
+}
+
+void sched_pass_work(const sched *s, double *tokens, double *att)
+{
+    *tokens = 0;
+    *att = 0;
+    for (int q = 0; q < s->n_seqs; q++) {
+        double p0 = s->seqs[q].pos0, n = s->seqs[q].n;
+        *tokens += n;
+        *att += n * p0 + n * (n + 1) / 2; /* each token attends to every cached position up to itself */
+    }
+}
+
+void sched_finish_pass(sched *s)
+{
+    for (int q = 0; q < s->n_seqs; q++)
+        s->rows[s->seq_row[q]].ch[s->seq_choice[q]].fed += s->seqs[q].n;
+}
+
+int sched_share_prompt(sched *s, row *w, int c, char *err, size_t errlen)
+{
+    const spill_backend *be = s->cfg.be;
+    choice *o = &w->ch[c];
+    int rr = be->kv_copy ? be->kv_copy(be->impl, &o->kv, &w->ch[0].kv, w->n_prompt) : -1;
+    if (rr == -2)
+        return util_errf(err, errlen, "out of memory growing a KV page table.");
+    if (rr == -1)
+        return 0;
+    o->fed = w->n_prompt;
+    return 1;
+}
+
+double sched_seq_tokens(const sched *s)
+{
+    double n = 0;
+    for (size_t i = 0; i < s->n_active; i++) {
+        const row *w = &s->rows[s->active[i]];
+        for (int c = 0; w->ch && c < w->n_choices; c++)
+            n += w->ch[c].fed;
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------------- the ETA replay */
+
+/* One row's remaining work in the estimate's simulation. */
+typedef struct sim_row {
+    double prompt_left, fed, gen_left, gen, pages;
+    int choices;
+} sim_row;
+
+/* Replays the policy above on expected lengths: admission in queue order up
+ * to the batch and the KV pages (each row priced at prompt + completion
+ * fraction × max_tokens), a token cap per pass, decode steps first, then
+ * prompt chunks in admission order, the first token drawn in the pass that
+ * ends the prompt.  Counting passes this way prices the end tail (the batch
+ * draining) and prefill-carrying passes, which a tokens / batch formula
+ * misses (the prototype's live ETA was 1.5x optimistic for exactly those).
+ * Not modelled: recompute after preemption. */
+double sched_estimate(const sched *s, const calib *c)
+{
+    if (!c->valid)
+        return -1;
+    /* running choices, by how far into max_tokens they are: censored observations for the estimate */
+    double running[CALIB_BINS] = {0};
+    for (size_t i = 0; i < s->n_active; i++) {
+        const row *w = &s->rows[s->active[i]];
+        for (int k = 0; w->ch && k < w->n_choices; k++)
+            if (!w->ch[k].done)
+                running[calib_bin(w->ch[k].n_gen, (double)w->max_new)] += 1;
+    }
+    /* rows not started: the limit-weighted mean completion (generated / max_tokens summed over finished
+     * choices predicts token totals better than a mean of fractions); rows under way: Kaplan-Meier below */
+    double f = calib_completion(c);
+    size_t n = 0;
+    sim_row *q = malloc((s->n_active + s->q_len + 1) * sizeof *q);
+    if (!q)
+        return -1;
+    const kv_cache *kv = s->kv;
+    double P = kv ? kv->page_tokens : 16, cap_pages = kv ? kv->n_pages : 1e18;
+    /* active rows first (admission order), then the queue from its head */
+    for (size_t i = 0; i < s->n_active + s->q_len; i++) {
+        const row *w = &s->rows[i < s->n_active ? s->active[i] : s->queue[s->q_head + (i - s->n_active)]];
+        double G = f * (double)w->max_new, fed = 0, gen = 0;
+        if (G < 1)
+            G = 1;
+        if (w->state == ROW_ACTIVE && w->ch) {
+            fed = w->ch[0].fed < w->n_prompt ? w->ch[0].fed : w->n_prompt;
+            for (int k = 0; k < w->n_choices; k++)
+                gen += w->ch[k].n_gen;
+            gen /= w->n_choices;
+            if (gen > 0 && w->max_new > 0) /* a row that has run this far is expected to run further */
+                G = calib_expect_frac(c, running, gen / (double)w->max_new) * (double)w->max_new;
+        }
+        q[n++] = (sim_row){w->n_prompt - fed, fed, G - gen > 1 ? G - gen : 1, gen,
+                           ceil((w->n_prompt + G) / P) * w->n_choices, w->n_choices};
+    }
+    double passes = 0, tokens = 0, att = 0, pages = 0;
+    size_t head = 0, n_act = 0;
+    size_t *act = malloc((n + 1) * sizeof *act);
+    if (!act) {
+        free(q);
+        return -1;
+    }
+    /* rows already active hold their pages */
+    for (; head < s->n_active && head < n; head++) {
+        act[n_act++] = head;
+        pages += q[head].pages;
+    }
+    while (head < n || n_act) {
+        while (head < n && (int)n_act < s->cfg.batch && (n_act == 0 || pages + q[head].pages <= cap_pages)) {
+            pages += q[head].pages;
+            act[n_act++] = head++;
+        }
+        double budget = s->cfg.max_seqs + s->cfg.prefill_chunk;
+        for (size_t i = 0; i < n_act; i++) {
+            sim_row *r = &q[act[i]];
+            if (r->prompt_left > 0)
+                continue;
+            tokens += r->choices;
+            att += r->choices * (r->fed + 1);
+            r->fed += 1;
+            r->gen_left -= 1;
+            budget -= r->choices;
+        }
+        for (size_t i = 0; i < n_act && budget > 0; i++) {
+            sim_row *r = &q[act[i]];
+            if (r->prompt_left <= 0)
+                continue;
+            double k = r->prompt_left < budget ? r->prompt_left : budget;
+            tokens += k;
+            att += k * r->fed + k * (k + 1) / 2;
+            r->fed += k;
+            r->prompt_left -= k;
+            budget -= k;
+            if (r->prompt_left <= 0)
+                r->gen_left -= 1; /* the pass that ends the prompt draws the first token */
+        }
+        passes++;
+        size_t keep = 0;
+        for (size_t i = 0; i < n_act; i++)
+            if (q[act[i]].gen_left > 0 || q[act[i]].prompt_left > 0)
+                act[keep++] = act[i];
+            else
+                pages -= q[act[i]].pages;
+        n_act = keep;
+    }
+    free(act);
+    free(q);
+    return calib_predict(c, passes, tokens, att);
+}

@@ -1,0 +1,168 @@
+/*
+ * sched.h — the scheduler of one batch job: rows and their life, the queue,
+ * admission, KV page reservation and preemption, building a pass, and the
+ * ETA replay of that same policy (sched.c says why the policy is what it is).
+ *
+ * The job's pass loop (run.c) and tests/test_sched.c (a fake engine and
+ * clock) drive it with the same calls:
+ *
+ *     sched_init(&s, &cfg, rows, n_rows, …)     pending rows queued, longest first
+ *     while (sched_pending(&s)) {
+ *         sched_admit(&s, …)                    newcomers, while slots and pages last
+ *         n = sched_build_pass(&s, …)           s.seqs[0..n): decode steps, then prompt chunks
+ *         if (n == 0) continue;                 a stalled prefill gave up a row: admit again
+ *         forward s.seqs;  sched_finish_pass(&s)
+ *         per logits row: draw a token for (s.seq_row, s.seq_choice) and apply it;
+ *             a row whose prompt just ended: sched_share_prompt for its other choices
+ *         per active row with every choice done: write it, sched_retire_row(&s, ai)
+ *     }
+ *     sched_free(&s)
+ *
+ * Ownership: the rows array is the caller's (run_rows.c fills it); the
+ * scheduler moves rows between states, creates a row's choices when it is
+ * admitted and frees them when it is preempted or retired.  In a choice the
+ * scheduler writes kv and fed; the caller writes the generation fields
+ * (next, n_gen, text, lp, alts, done, finish) through ss, ts and sm.  The
+ * sched struct is visible so the runner can embed it and read its state;
+ * only sched.c writes it.
+ */
+#ifndef SPILL_SCHED_H
+#define SPILL_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../engine/engine.h"
+#include "../engine/kv.h"
+#include "../text/tokenizer.h"
+#include "calib.h"
+#include "output.h"
+#include "request.h"
+#include "sample.h"
+#include "stop.h"
+
+enum row_state { ROW_PENDING, ROW_ACTIVE, ROW_DONE };
+
+/* One answer of a row (a row asks for n of them). */
+typedef struct choice {
+    kv_row kv;           /* the choice's pages (scheduler) */
+    int32_t fed;         /* positions in the KV cache: prompt progress, then generated tokens fed back (scheduler) */
+    sample_state ss;
+    tok_stream *ts;
+    stop_matcher sm;
+    int32_t next;        /* sampled token waiting to be fed, -1 when none */
+    int32_t n_gen;       /* generated tokens kept (stop tokens excluded) */
+    char *text;          /* (text_cap) emitted text so far, NUL-terminated; grown geometrically */
+    size_t text_len, text_cap;
+    out_token *lp;       /* (max_new) when logprobs */
+    out_alt *alts;       /* (max_new * (top + 1)) */
+    bool done;
+    out_finish finish;
+} choice;
+
+/* One request line of the job. */
+typedef struct row {
+    char *custom_id, *model;
+    req_endpoint endpoint;
+    size_t line;
+    int32_t *prompt;     /* (n_prompt) token ids; freed when the row is retired */
+    int32_t n_prompt;
+    int64_t max_new;
+    int n_choices;
+    sample_params sp;
+    bool has_seed;
+    int64_t seed;
+    int n_stop;
+    char *stop[REQ_MAX_STOP];
+    size_t stop_len[REQ_MAX_STOP];
+    int32_t *bias_id;
+    float *bias;
+    enum row_state state;
+    choice *ch;          /* (n_choices) while active */
+    uint64_t admitted;   /* admission serial, for picking preemption victims */
+    int preempted;
+} row;
+
+typedef struct sched_cfg {
+    const spill_backend *be; /* its KV cache holds the pages; its kv_copy (NULL: none) shares a prompt's pages */
+    const tokenizer *tok;    /* every admitted choice gets a detokenizer stream */
+    int32_t vocab;           /* V, for each choice's sampling state */
+    uint64_t job_seed;       /* RNG key of the rows without a seed */
+    int batch;               /* rows admitted at once */
+    int max_seqs;            /* sequences one pass may carry: batch + the largest n */
+    int prefill_chunk;       /* a pass carries at most max_seqs + prefill_chunk tokens (the engine's size) */
+    uint64_t guard;          /* RSS in bytes above which admission pauses (the plan's live guard); 0 = none */
+} sched_cfg;
+
+typedef struct sched {
+    sched_cfg cfg;
+    kv_cache *kv;            /* cfg.be's */
+    row *rows;               /* (n_rows) borrowed: every row of the job, in any state */
+    size_t n_rows;
+    size_t *queue;           /* (n_rows + 1) pending row indices, longest first, from q_head (room below it for
+                                preempted rows, which return to the head) */
+    size_t q_head, q_len;
+    size_t *active;          /* (n_rows + 1) admitted row indices, in admission order */
+    size_t n_active;
+    uint64_t admit_serial;
+    fwd_seq *seqs;           /* (max_seqs) the pass sched_build_pass built */
+    int *seq_row, *seq_choice; /* (max_seqs) row index and choice of each sequence */
+    int n_seqs;
+    uint64_t preemptions;       /* rows sent back to the queue, for any reason */
+    uint64_t stall_preemptions; /* of them, to break a prefill deadlock */
+    uint64_t guard_pauses;      /* passes that admitted nobody because of the live guard */
+} sched;
+
+/* Pages row w needs to finish alone in cache kv: prompt and every token it may generate, for each choice. */
+int32_t sched_row_pages(const kv_cache *kv, const row *w);
+
+/* Starts a scheduler over rows (borrowed; must outlive it) and queues the ROW_PENDING ones, longest first
+ * (prompt + max_tokens; ties by line).  The caller fails the rows that cannot fit the cache alone
+ * (sched_row_pages) before this.  0, or -1 with a sentence; *s is then safe for sched_free. */
+int sched_init(sched *s, const sched_cfg *cfg, row *rows, size_t n_rows, char *err, size_t errlen);
+
+/* Frees what the scheduler holds: every admitted row's choices and pages, the queue and the pass.  The rows
+ * stay (sched_row_free each).  Safe on a zeroed or half-built sched. */
+void sched_free(sched *s);
+
+/* Frees what a row read from the input owns (sched_free or sched_retire_row has released its choices). */
+void sched_row_free(row *w);
+
+/* True while a row waits or runs. */
+bool sched_pending(const sched *s);
+
+/* Admits rows from the queue head while a batch slot is free and the cache holds the row's prompt besides one
+ * page of growth per running choice (the first row always); nobody while the RSS is over the guard.  0, or -1
+ * with a sentence (out of memory). */
+int sched_admit(sched *s, char *err, size_t errlen);
+
+/* Builds the next pass into s->seqs: one decode token per running choice (reserving its page, preempting the
+ * newest rows when none is free), then prompt chunks in admission order up to the token cap.  Returns the
+ * number of sequences (> 0); 0 when every admitted row was mid-prompt and none could get a page, so the newest
+ * was preempted (admit and build again); -1 with a sentence when a row cannot run at all. */
+int sched_build_pass(sched *s, char *err, size_t errlen);
+
+/* The built pass's work as the pass-cost fit prices it (calib.h): tokens fed, and (token, cached position)
+ * pairs attended. */
+void sched_pass_work(const sched *s, double *tokens, double *att);
+
+/* The built pass ran: every sequence's tokens are in the cache (advances each choice's fed). */
+void sched_finish_pass(sched *s);
+
+/* Choice c > 0 of w takes a copy of choice 0's prompt pages (n > 1 share one prefill).  1 when copied (the
+ * choice then draws its first token from the same logits), 0 when no pages are free (it prefills itself later,
+ * like a newcomer), -1 with a sentence. */
+int sched_share_prompt(sched *s, row *w, int c, char *err, size_t errlen);
+
+/* The row at s->active[ai] is finished and written: frees its choices, pages and prompt, marks it ROW_DONE. */
+void sched_retire_row(sched *s, size_t ai);
+
+/* Positions cached over every admitted choice (the memory fit's x). */
+double sched_seq_tokens(const sched *s);
+
+/* Seconds left for the admitted and queued rows under pass-cost fit c, by replaying this policy on the rows'
+ * expected lengths (sched.c).  < 0 when c is not calibrated or memory runs out. */
+double sched_estimate(const sched *s, const calib *c);
+
+#endif
