@@ -116,6 +116,7 @@ struct job {
     idset done;
     uint64_t rows_total;
     bool broken;
+    bool made_dir;    /* job_create made the directory (job_discard removes it again) */
     char *buf; /* one line + '\n' on its way to write(2) */
     size_t bufcap;
     char *idbuf; /* a custom_id decoded from its escapes (job_check_line's scratch) */
@@ -811,6 +812,23 @@ static json_t *str_or_null(const char *s)
     return s ? json_string(s) : json_null();
 }
 
+/* Best effort: leaves the directory as job_create found it (the job's files
+ * removed, the directory too when job_create made it), so a retry is not
+ * refused as "already holds files". */
+static void remove_job_files(const char *dir, bool made_dir)
+{
+    char path[PATH_MAX];
+    for (int k = 0; k < 2; k++)
+        if (util_pathf(path, sizeof path, "%s/%s", dir, file_names[k]) == 0)
+            unlink(path);
+    if (util_pathf(path, sizeof path, "%s/%s", dir, MANIFEST_TMP) == 0)
+        unlink(path);
+    if (util_pathf(path, sizeof path, "%s/%s", dir, MANIFEST_NAME) == 0)
+        unlink(path);
+    if (made_dir)
+        rmdir(dir);
+}
+
 int job_create(const char *dir, const job_info *info, const job_io *io, job **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -902,23 +920,14 @@ int job_create(const char *dir, const job_info *info, const job_io *io, job **ou
         goto out_free_job;
     }
     free(in_abs);
+    j->made_dir = !existed;
     *out = j;
     return 0;
 
 out_free_job:
     job_free(j);
 out_remove:
-    /* Best effort: leave the directory as we found it so a retry is not
-     * refused as "already holds files". */
-    for (int k = 0; k < 2; k++)
-        if (util_pathf(path, sizeof path, "%s/%s", dir, file_names[k]) == 0)
-            unlink(path);
-    if (util_pathf(path, sizeof path, "%s/%s", dir, MANIFEST_TMP) == 0)
-        unlink(path);
-    if (util_pathf(path, sizeof path, "%s/%s", dir, MANIFEST_NAME) == 0)
-        unlink(path);
-    if (!existed)
-        rmdir(dir);
+    remove_job_files(dir, !existed);
 out_free_in:
     free(in_abs);
     return -1;
@@ -1292,6 +1301,18 @@ void job_stored_free(job_stored *st)
     free(st->model_fingerprint);
     json_decref(st->options);
     memset(st, 0, sizeof *st);
+}
+
+void job_discard(job *j)
+{
+    if (!j)
+        return;
+    char *dir = strdup(j->dir);
+    bool made = j->made_dir;
+    job_free(j); /* closes the files and drops the lock first */
+    if (dir)
+        remove_job_files(dir, made);
+    free(dir);
 }
 
 const char *job_id(const job *j)

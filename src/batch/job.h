@@ -169,6 +169,16 @@ typedef struct job_stored {
 int job_read_stored(const char *dir, job_stored *st, char *err, size_t errlen);
 void job_stored_free(job_stored *st);
 
+/*
+ * Undoes job_create for a job that never started: closes it and removes its
+ * files (and its directory, when job_create made it), best effort.  For a
+ * set-up error found after the job existed (the memory plan needs the rows,
+ * which are read into the job), so that the error exits once, non-resumable,
+ * and leaves no job that `spill resume` would fail on again.  Never call it
+ * on a resumed job or after a row was answered.  Safe on NULL.
+ */
+void job_discard(job *j);
+
 /* Accessors. */
 const char *job_id(const job *j);
 const json_t *job_manifest(const job *j); /* borrowed, read-only: model, options, input of the job */

@@ -43,6 +43,8 @@
 
 #include "run_internal.h"
 #include "../base/util.h"
+#include "../model/arch.h"
+#include "../text/prompt.h"
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = sig; }
@@ -511,32 +513,32 @@ static int open_backend(runner *r, engine_opts *eo, int *code, char *err, size_t
     if (r->o.device != 1 && spill_gpu_open) {
         brc = spill_gpu_open(r->m, eo, r->o.resident_layers, &r->be, err, errlen);
         if (brc && r->o.device == 2) {
-            *code = brc == -75 ? EX_TEMPFAIL_ : EX_SOFTWARE_;
+            *code = brc == ENGINE_EDEVICE ? SPILL_EX_TEMPFAIL : SPILL_EX_SOFTWARE;
             return -1;
         }
         if (brc)
             fprintf(stderr, "spill: no GPU engine (%s); running on the CPU.\n", err);
     } else if (r->o.device == 2) {
-        *code = EX_USAGE_;
+        *code = SPILL_EX_USAGE;
         return util_errf(err, errlen, "this spill binary was built without CUDA; build build/cuda/spill-cuda (make cuda).");
     }
     if (!brc)
         return 0;
     if (r->mem.plan.gpu) { /* the GPU plan sized nothing for host RAM: plan again for the CPU */
         if (make_plan(r, eo, false, err, errlen)) {
-            *code = EX_USAGE_;
+            *code = SPILL_EX_USAGE;
             return -1;
         }
         eo->kv_pages = r->mem.plan.kv_pages;
         eo->stream = r->mem.plan.stream;
     }
     if (r->o.kv_dtype) {
-        *code = EX_USAGE_;
+        *code = SPILL_EX_USAGE;
         return util_errf(err, errlen, "--kv-dtype %s needs the GPU engine (the CPU engine keeps fp32 KV); drop it or "
                                       "run spill-cuda on a GPU.", kv_dtype_name(r->o.kv_dtype));
     }
     if (engine_backend_cpu(r->m, eo, &r->be, err, errlen)) {
-        *code = EX_SOFTWARE_;
+        *code = SPILL_EX_SOFTWARE;
         return -1;
     }
     return 0;
@@ -682,7 +684,7 @@ static int run_job(runner *r, const job_stored *stored)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     char err[SPILL_ERRLEN], path[4096], e2[SPILL_ERRLEN];
-    int code = EX_DATAERR_;
+    int code = SPILL_EX_DATAERR;
     double t_open = now_s();
     r->tty = isatty(STDOUT_FILENO);
 
@@ -690,13 +692,7 @@ static int run_job(runner *r, const job_stored *stored)
     if (model_resolve(r->o.model_spec, path, sizeof path, err, sizeof err) ||
         model_open(path, &r->m, err, sizeof err))
         goto fail;
-    if (r->m->format == MODEL_GGUF ? tokenizer_from_gguf(r->m->gguf, &r->tok, err, sizeof err)
-                                   : !r->m->tokenizer_path
-                                         ? util_errf(err, sizeof err, "%s: tokenizer.json is missing.", r->m->source)
-                                         : tokenizer_from_json_file(r->m->tokenizer_path, &r->tok, err, sizeof err))
-        goto fail;
-    if (r->m->chat_template &&
-        template_compile(r->m->chat_template, strlen(r->m->chat_template), "chat template", &r->tmpl, err, sizeof err))
+    if (prompt_open_tokenizer(r->m, &r->tok, err, sizeof err) || prompt_open_template(r->m, &r->tmpl, err, sizeof err))
         goto fail;
     model_fingerprint(r->m, r->fingerprint);
     snprintf(r->sys_fp, sizeof r->sys_fp, "fp_%.10s", r->fingerprint);
@@ -704,11 +700,24 @@ static int run_job(runner *r, const job_stored *stored)
     r->mem.page_bytes = kv_page_bytes(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens);
     if (getrandom(&r->job_seed, sizeof r->job_seed, 0) != sizeof r->job_seed)
         r->job_seed = (uint64_t)time(NULL);
-    if (r->o.kv_dtype && (r->o.device == 1 || !spill_gpu_open)) { /* refused before a job exists */
+    /* Set-up errors a user fixes on the command line or with another model are refused before a job exists. */
+    if (r->o.kv_dtype && (r->o.device == 1 || !spill_gpu_open)) {
         util_errf(err, sizeof err, "--kv-dtype %s needs the GPU engine (the CPU engine keeps fp32 KV); drop it or "
                                    "run spill-cuda on a GPU.", kv_dtype_name(r->o.kv_dtype));
-        code = EX_USAGE_;
+        code = SPILL_EX_USAGE;
         goto fail;
+    }
+    if (r->o.device == 2 && !spill_gpu_open) {
+        util_errf(err, sizeof err, "this spill binary was built without CUDA; build build/cuda/spill-cuda (make cuda).");
+        code = SPILL_EX_USAGE;
+        goto fail;
+    }
+    { /* the engine that will run it: --gpu's, else the CPU's (the GPU engine falls back to it) */
+        arch_layout al;
+        if (model_arch_resolve(r->m, r->o.device == 2 ? ARCH_ENGINE_CUDA : ARCH_ENGINE_CPU, &al, err, sizeof err)) {
+            code = SPILL_EX_DATAERR;
+            goto fail;
+        }
     }
 
     /* the job and its rows */
@@ -724,10 +733,20 @@ static int run_job(runner *r, const job_stored *stored)
         if (r->rows[i].state == ROW_PENDING && r->rows[i].n_choices > max_n)
             max_n = r->rows[i].n_choices;
     r->max_seqs = r->o.batch + max_n;
-    engine_opts eo = {r->o.threads, r->max_seqs + r->o.prefill_chunk, r->max_seqs, r->o.page_tokens, 0, false,
-                      r->o.stream_slots, true, r->o.q8 && !r->o.exact, 0, 0, r->o.from_disk, r->o.kv_dtype};
+    engine_opts eo = {.threads = r->o.threads,
+                      .max_pass_tokens = r->max_seqs + r->o.prefill_chunk,
+                      .max_pass_seqs = r->max_seqs,
+                      .page_tokens = r->o.page_tokens,
+                      .stream_slots = r->o.stream_slots,
+                      .direct_io = true,
+                      .q8_activations = r->o.q8 && !r->o.exact,
+                      .from_disk = r->o.from_disk,
+                      .kv_dtype = r->o.kv_dtype,
+                      .gpu_profile = r->o.settings.cuda_prof,
+                      .gpu_attention_fp32 = r->o.settings.cuda_att_fp32,
+                      .gpu_pin_alloc = r->o.settings.cuda_pin_alloc};
     if (make_plan(r, &eo, r->o.device != 1 && spill_gpu_open, err, sizeof err)) {
-        code = EX_USAGE_;
+        code = SPILL_EX_USAGE;
         goto fail_job;
     }
     eo.kv_pages = r->mem.plan.kv_pages;
@@ -742,6 +761,7 @@ static int run_job(runner *r, const job_stored *stored)
         r->mem.page_bytes = kv_page_bytes_as(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens,
                                              bkv->dtype);
     }
+    code = SPILL_EX_SOFTWARE; /* what is left to fail before the passes is memory or the disk */
     if (setup_passes(r, err, sizeof err) || job_commit(r->j, err, sizeof err))
         goto fail_job;
     r->rows_done = job_rows_completed(r->j);
@@ -753,6 +773,7 @@ static int run_job(runner *r, const job_stored *stored)
     print_ready(r, stored != NULL, t_open);
 
     /* the passes */
+    r->started = true;
     if (run_passes(r, err, sizeof err))
         goto fail_job;
     show_progress(r, 0, 0, true);
@@ -769,7 +790,7 @@ static int run_job(runner *r, const job_stored *stored)
             goto fail;
         fprintf(stderr, "spill: interrupted; %llu of %llu rows are saved. Continue with: spill resume %s\n",
                 (unsigned long long)(r->rows_done + r->rows_failed), (unsigned long long)r->rows_total, r->o.out_dir);
-        code = EX_TEMPFAIL_;
+        code = SPILL_EX_TEMPFAIL;
         goto out;
     }
     char dir[4096];
@@ -782,18 +803,27 @@ static int run_job(runner *r, const job_stored *stored)
     if (calib_save(r->cal_path, &merged, e2, sizeof e2))
         fprintf(stderr, "spill: calibration not saved: %s\n", e2);
     print_done(r, dir, el);
-    code = EX_OK;
+    code = SPILL_EX_OK;
     goto out;
 fail_job:
-    /* Committed rows stay committed; the job stays resumable. */
-    if (r->j) {
+    if (r->j && !r->started && !job_is_broken(r->j) && code != SPILL_EX_TEMPFAIL) {
+        /* A set-up error (the plan, the engine): it would fail the same way on resume, so it is not resumable.
+         * A job made by this command never started: it goes (its rows' error lines with it); a resumed one stays
+         * as it was, to be resumed once the cause is fixed. */
+        if (stored)
+            job_close(r->j, JOB_INTERRUPTED, e2, sizeof e2);
+        else
+            job_discard(r->j);
+        r->j = NULL;
+    }
+    if (r->j) { /* committed rows stay committed; the job stays resumable */
         job_close(r->j, job_is_broken(r->j) ? JOB_RUNNING : JOB_INTERRUPTED, e2, sizeof e2);
         r->j = NULL;
-        code = EX_TEMPFAIL_;
+        code = SPILL_EX_TEMPFAIL;
     }
 fail:
     fprintf(stderr, "spill: %s\n", err);
-    if (code == EX_TEMPFAIL_ && r->o.out_dir)
+    if (code == SPILL_EX_TEMPFAIL && r->o.out_dir)
         fprintf(stderr, "spill: the job is resumable: spill resume %s\n", r->o.out_dir);
 out:
     runner_free(r);
@@ -808,20 +838,20 @@ int run_main(int argc, char **argv)
                         "[--mem-budget BYTES] [--stream|--resident] [--stream-slots N] [--prefill-chunk N] "
                         "[--page-tokens N] [--q8-activations] [--cpu|--gpu] [--gpu-mem BYTES] [--resident-layers N] "
                         "[--from-disk] [--kv-dtype bf16|int8] [--pass-log FILE] [--quiet]\n");
-        return EX_USAGE_;
+        return SPILL_EX_USAGE;
     }
     char dir[4096], id[JOB_ID_MAX], err[SPILL_ERRLEN];
     if (!r.o.out_dir) {
         if (job_new_id(id, sizeof id, err, sizeof err)) {
             fprintf(stderr, "spill: %s\n", err);
-            return EX_SOFTWARE_;
+            return SPILL_EX_SOFTWARE;
         }
         snprintf(dir, sizeof dir, "%s/jobs/%s", util_spill_home(), id);
         r.o.out_dir = dir;
     }
     if (access(r.o.input, R_OK) != 0) {
         fprintf(stderr, "spill: %s: cannot read the input file: %s.\n", r.o.input, strerror(errno));
-        return EX_NOINPUT_;
+        return SPILL_EX_NOINPUT;
     }
     return run_job(&r, NULL);
 }
@@ -831,14 +861,14 @@ int resume_main(int argc, char **argv)
     runner r = {0};
     if (run_parse_opts(argc, argv, &r.o, true)) {
         fprintf(stderr, "usage: spill resume JOB_DIR|JOB_ID [--threads N] [--quiet]\n");
-        return EX_USAGE_;
+        return SPILL_EX_USAGE;
     }
     char dir[4096], err[SPILL_ERRLEN];
     job_stored st;
     int rc = run_resume_opts(&r.o, dir, sizeof dir, &st, err, sizeof err);
     if (rc) {
         fprintf(stderr, "spill: %s\n", err);
-        return rc == -2 ? EX_DATAERR_ : EX_NOINPUT_;
+        return rc == -2 ? SPILL_EX_DATAERR : SPILL_EX_NOINPUT;
     }
     int code = run_job(&r, &st);
     job_stored_free(&st);

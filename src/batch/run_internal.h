@@ -14,7 +14,9 @@
 #include <stdint.h>
 
 #include "calib.h"
+#include "../base/exit.h"
 #include "../base/pool.h"
+#include "../base/settings.h"
 #include "../engine/engine.h"
 #include "job.h"
 #include "../engine/kv.h"
@@ -29,12 +31,6 @@
 #include "../text/tokenizer.h"
 
 #define SPILL_VERSION "spill 0.1"
-#define EX_OK 0
-#define EX_USAGE_ 2
-#define EX_DATAERR_ 65
-#define EX_NOINPUT_ 66
-#define EX_SOFTWARE_ 70
-#define EX_TEMPFAIL_ 75
 #define TAIL_SLOTS 8
 
 typedef struct run_opts {
@@ -49,10 +45,12 @@ typedef struct run_opts {
     int kv_dtype;        /* GPU: KV_I8 (--kv-dtype int8) or 0 (the backend's default: bf16 on the GPU) */
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
     bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
+    spill_settings settings; /* the environment's diagnostic switches, read with the options */
 } run_opts;
 
 typedef struct runner {
     run_opts o;
+    bool started;        /* the passes began: from here a failure leaves the job resumable (exit 75) */
     model_desc *m;
     tokenizer *tok;
     tmpl_t *tmpl;        /* the chat template, compiled once */

@@ -9,6 +9,8 @@
  * …); everything else comes back as the job started, so a resumed job plans
  * the same memory and runs the same batch.
  */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,20 @@ static int parse_bytes(const char *s, uint64_t *out)
     return 0;
 }
 
+/* A whole number for option `name` into *out; -1 with a sentence on stderr when it is not one. */
+static int parse_int(const char *name, const char *s, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < INT32_MIN || v > INT32_MAX) {
+        fprintf(stderr, "spill: %s takes a whole number, not \"%.40s\".\n", name, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
 {
     o->resident_layers = -1;
@@ -46,14 +62,22 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
         bool has = i + 1 < argc;
         if (!strcmp(a, "-o") && has && !resume)
             o->out_dir = argv[++i];
-        else if (!strcmp(a, "--threads") && has)
-            o->threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--batch") && has)
-            o->batch = atoi(argv[++i]);
-        else if (!strcmp(a, "--prefill-chunk") && has)
-            o->prefill_chunk = atoi(argv[++i]);
-        else if (!strcmp(a, "--page-tokens") && has)
-            o->page_tokens = atoi(argv[++i]);
+        else if (!strcmp(a, "--threads") && has) {
+            if (parse_int(a, argv[++i], &o->threads))
+                return -1;
+        }
+        else if (!strcmp(a, "--batch") && has) {
+            if (parse_int(a, argv[++i], &o->batch))
+                return -1;
+        }
+        else if (!strcmp(a, "--prefill-chunk") && has) {
+            if (parse_int(a, argv[++i], &o->prefill_chunk))
+                return -1;
+        }
+        else if (!strcmp(a, "--page-tokens") && has) {
+            if (parse_int(a, argv[++i], &o->page_tokens))
+                return -1;
+        }
         else if (!strcmp(a, "--kv-mem") && has) {
             if (parse_bytes(argv[++i], &o->kv_bytes))
                 return -1;
@@ -64,8 +88,10 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
             o->mode = 1;
         else if (!strcmp(a, "--resident"))
             o->mode = 2;
-        else if (!strcmp(a, "--stream-slots") && has)
-            o->stream_slots = atoi(argv[++i]);
+        else if (!strcmp(a, "--stream-slots") && has) {
+            if (parse_int(a, argv[++i], &o->stream_slots))
+                return -1;
+        }
         else if (!strcmp(a, "--cpu"))
             o->device = 1;
         else if (!strcmp(a, "--gpu"))
@@ -84,8 +110,10 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
             }
             o->kv_dtype = !strcmp(v, "int8") ? KV_I8 : KV_BF16;
         }
-        else if (!strcmp(a, "--resident-layers") && has)
-            o->resident_layers = atoi(argv[++i]);
+        else if (!strcmp(a, "--resident-layers") && has) {
+            if (parse_int(a, argv[++i], &o->resident_layers))
+                return -1;
+        }
         else if (!strcmp(a, "--exact"))
             o->exact = true;
         else if (!strcmp(a, "--q8-activations"))
@@ -96,11 +124,21 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
             o->quiet = true;
         else if (a[0] != '-' && np < 2)
             pos[np++] = a;
-        else
+        else {
+            if (a[0] == '-')
+                fprintf(stderr, "spill: %s is not an option of spill %s%s.\n", a, resume ? "resume" : "run",
+                        i + 1 == argc ? " (or it needs a value)" : "");
             return -1;
+        }
     }
     if (np != (resume ? 1 : 2) || o->batch < 0 || o->prefill_chunk < 0 || o->page_tokens < 0 || o->threads < 0)
         return -1;
+    /* the environment's diagnostic switches, read once into the options (base/settings.h) */
+    char err[SPILL_ERRLEN];
+    if (settings_from_env(&o->settings, err, sizeof err)) {
+        fprintf(stderr, "spill: %s\n", err);
+        return -1;
+    }
     if (resume)
         o->out_dir = pos[0];
     else

@@ -496,8 +496,9 @@ __global__ void __launch_bounds__(TQ_WARPS * 32)
 
 /* Which kernel prompt tiles use: 2 TF32 tensor cores where the head size allows (the default since `make
  * test-cuda` passed with it on the H200: bench/results/device-tf32-run8, prompt attention 1.72 s -> 1.37 s
- * in B3's best batch), 1 fp32 CUDA cores (SPILL_CUDA_ATT=fp32, and head sizes the MMA kernel lacks). */
-static int g_att_kind = -1;
+ * in B3's best batch), 1 fp32 CUDA cores (cuda_engine_opts.attention_fp32, from SPILL_CUDA_ATT=fp32; and head
+ * sizes the MMA kernel lacks). */
+static int g_att_kind = 2; /* set by cuda_engine_open from its options (and by tests through cuda_test.h) */
 
 void k_attention_set_kind(int kind)
 {
@@ -506,10 +507,6 @@ void k_attention_set_kind(int kind)
 
 static int att_kind(void)
 {
-    if (g_att_kind < 0) {
-        const char *v = getenv("SPILL_CUDA_ATT");
-        g_att_kind = v && !strcmp(v, "fp32") ? 1 : 2;
-    }
     return g_att_kind;
 }
 

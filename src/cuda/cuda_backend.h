@@ -68,6 +68,11 @@ typedef struct cuda_engine_opts {
     void *reader_ctx;
     bool attention_unsplit; /* decode attention never splits long rows over warps (tests compare the two) */
     int fail_alloc_at; /* test hook: the n-th device allocation (1-based) fails as out of memory; 0 = off */
+    /* diagnostics (base/settings.h, from the environment through the runner's options) */
+    bool profile;        /* per-layer segment times, printed at close (SPILL_CUDA_PROF) */
+    bool attention_fp32; /* prompt attention tiles on CUDA cores instead of TF32 tensor cores (SPILL_CUDA_ATT=fp32);
+                            process-wide once an engine asks for it */
+    bool pin_alloc;      /* cudaHostAlloc the streamed arena instead of read-then-register (SPILL_CUDA_PIN=alloc) */
 } cuda_engine_opts;
 
 /* What the engine holds and what the last pass moved. */

@@ -291,6 +291,8 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
     arch_layout a;
     if (model_arch_resolve(m, ARCH_ENGINE_CUDA, &a, err, errlen))
         return -1;
+    if (o->attention_fp32) /* the kernel choice is process-wide (one engine per process outside the tests) */
+        k_attention_set_kind(1);
     if (m->head_dim > 256 || m->n_experts > 0)
         return util_errf(err, errlen,
                          "%s: head size %d or %d experts is beyond the CUDA backend (head size <= 256, "
@@ -372,8 +374,7 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
     }
     note_peak(e);
     {
-        const char *pv = getenv("SPILL_CUDA_PROF");
-        if (pv && *pv && strcmp(pv, "0")) {
+        if (o->profile) {
             e->pev = (cudaEvent_t *)calloc((size_t)m->n_layers * PROF_MARKS, sizeof(cudaEvent_t));
             e->prof = e->pev != NULL;
             for (size_t i = 0; e->prof && i < (size_t)m->n_layers * PROF_MARKS; i++)

@@ -23,7 +23,7 @@
 static int g_forward(void *impl, fwd_seq *seqs, int n, float *logits, char *err, size_t errlen)
 {
     int rc = cuda_engine_forward(impl, seqs, n, logits, err, errlen);
-    return rc == CUDA_ENGINE_EDEVICE ? -75 : rc;
+    return rc == CUDA_ENGINE_EDEVICE ? ENGINE_EDEVICE : rc;
 }
 /* sample_result and cuda_pick are the same record, so the engine writes the runner's results in place. */
 _Static_assert(sizeof(sample_result) == sizeof(cuda_pick) && offsetof(sample_result, token) == offsetof(cuda_pick, token) &&
@@ -38,7 +38,7 @@ static int g_forward_pick(void *impl, fwd_seq *seqs, int n, const int32_t *want,
                           float *logits, char *err, size_t errlen)
 {
     int rc = cuda_engine_forward_pick(impl, seqs, n, want, (cuda_pick *)picks, logits, err, errlen);
-    return rc == CUDA_ENGINE_EDEVICE ? -75 : rc;
+    return rc == CUDA_ENGINE_EDEVICE ? ENGINE_EDEVICE : rc;
 }
 
 static kv_cache *g_kv(void *impl) { return cuda_engine_kv(impl); }
@@ -79,7 +79,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     memset(out, 0, sizeof *out);
     int rc = cuda_device_info(0, name, sizeof name, &total, &freeb, err, errlen);
     if (rc)
-        return rc == CUDA_ENGINE_EDEVICE ? -75 : -1;
+        return rc == CUDA_ENGINE_EDEVICE ? ENGINE_EDEVICE : -1;
     /* The HBM plan (hbm_plan.h): the weights stay resident when they fit beside the KV pages the batch
      * can use (what the host plan asked for; more would sit idle); otherwise layers stream from pinned RAM
      * through a ring and the split between a resident prefix of layers and KV pages is the one with the
@@ -131,10 +131,13 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     co.ring_slots = o->stream_slots;
     co.from_disk = from_disk;
     co.disk_direct = o->direct_io;
+    co.profile = o->gpu_profile;
+    co.attention_fp32 = o->gpu_attention_fp32;
+    co.pin_alloc = o->gpu_pin_alloc;
     cuda_engine *e;
     rc = cuda_engine_open(m, &co, &e, err, errlen);
     if (rc)
-        return rc == CUDA_ENGINE_EDEVICE ? -75 : -1;
+        return rc == CUDA_ENGINE_EDEVICE ? ENGINE_EDEVICE : -1;
     cuda_engine_stats st;
     cuda_engine_get_stats(e, &st);
     out->impl = e;

@@ -330,12 +330,11 @@ static int open_disk_tier(cuda_engine *e, int lr, char *err, size_t errlen)
  * one call.  cudaHostAlloc instead faults and zeroes every page on one thread before the reads start: 54-110 s
  * for 137 GB on the H200 machine (bench/results/device-b1-80-*).  Measured on 68.5 GB, alternating
  * (bench/results/device-pin-run15, tools/device_pin.sh): ready in 27.0 and 10.0 s registered, 39.1 and 36.6 s
- * with cudaHostAlloc (pinning 1.8-4.7 s vs 28.1-31.3 s), identical answers.  SPILL_CUDA_PIN=alloc keeps
- * cudaHostAlloc (for A/B measurements); it is also the fallback where the driver refuses to register. */
-static bool pin_by_register(void)
+ * with cudaHostAlloc (pinning 1.8-4.7 s vs 28.1-31.3 s), identical answers.  cuda_engine_opts.pin_alloc
+ * (SPILL_CUDA_PIN=alloc) keeps cudaHostAlloc (for A/B measurements); it is also the fallback where the driver refuses to register. */
+static bool pin_by_register(const cuda_engine *e)
 {
-    const char *v = getenv("SPILL_CUDA_PIN");
-    return !(v && !strcmp(v, "alloc"));
+    return !e->o.pin_alloc;
 }
 
 static int pin_refused(const cuda_engine *e, size_t bytes, char *err, size_t errlen)
@@ -414,7 +413,7 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
         return -1;
     if (res_bytes && dalloc(e, (void **)&e->d_res, res_bytes, "resident layers", err, errlen))
         return -1;
-    bool reg = pin_bytes && pin_by_register();
+    bool reg = pin_bytes && pin_by_register(e);
     double t_pin = mono();
     if (reg) {
         void *p = mmap(NULL, pin_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

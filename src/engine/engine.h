@@ -37,6 +37,7 @@ typedef struct engine_opts {
     uint64_t host_mem;    /* GPU backends: host RAM streamed layers may be cached in, pinned (0 = MemAvailable less 10%) */
     bool from_disk;       /* GPU backends: streamed layers are read from storage every pass, never cached */
     int kv_dtype;         /* GPU backends: KV_I8 for int8 KV pages; 0 = the backend's own (fp32 CPU, bf16 GPU) */
+    bool gpu_profile, gpu_attention_fp32, gpu_pin_alloc; /* GPU diagnostics (base/settings.h; cuda_engine_opts) */
 } engine_opts;
 
 typedef struct fwd_seq {
@@ -109,7 +110,10 @@ typedef struct spill_backend {
 /* The CPU engine as a backend. */
 int engine_backend_cpu(model_desc *m, const engine_opts *o, spill_backend *out, char *err, size_t errlen);
 
-/* Opens the GPU engine as a backend; returns -75 for a device fault (exit 75, resumable). */
+/* A backend's return for a device fault: the process must exit (75, resumable: base/exit.h). */
+#define ENGINE_EDEVICE (-75)
+
+/* Opens the GPU engine as a backend; returns ENGINE_EDEVICE for a device fault. */
 typedef int (*spill_gpu_open_fn)(model_desc *m, const engine_opts *o, int resident_layers, spill_backend *out,
                                  char *err, size_t errlen);
 extern spill_gpu_open_fn spill_gpu_open;

@@ -57,6 +57,7 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "base/settings.h"
 #include "cuda/cuda_test.h"
 #include "engine/engine.h"
 #include "model/gguf.h"
@@ -873,6 +874,15 @@ static void run_fault(void)
 
 int main(void)
 {
+    /* SPILL_CUDA_ATT=fp32 runs every engine with CUDA-core prompt tiles (base/settings.h) */
+    spill_settings st;
+    char serr[SPILL_ERRLEN];
+    if (settings_from_env(&st, serr, sizeof serr)) {
+        fprintf(stderr, "%s\n", serr);
+        return 2;
+    }
+    if (st.cuda_att_fp32)
+        cuda_attention_kind(1);
     const char *kvenv = getenv("SPILL_TEST_KV");
     if (kvenv && !strcmp(kvenv, "int8")) {
         g_kv_dtype = KV_I8;
