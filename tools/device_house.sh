@@ -34,3 +34,9 @@ M=tests/data/tiny/tiny-smollm2.gguf
 { echo "GPU new vs GPU old:"; python3 tools/same_answers.py /tmp/jg_new/results.jsonl /tmp/jg_old/results.jsonl;
   echo "GPU new vs CPU new:"; python3 tools/same_answers.py /tmp/jg_new/results.jsonl /tmp/jc_new/results.jsonl; } >> "$OUT/e2e.log" 2>&1
 tail -n 12 "$OUT/e2e.log" | tee -a "$OUT/summary.txt"
+# the GPU switches now reach the engine through the run options (base/settings.h): profile, fp32 tiles, alloc pin
+SPILL_CUDA_PROF=1 SPILL_CUDA_ATT=fp32 SPILL_CUDA_PIN=alloc .carry/bin/spill-cuda run $M /tmp/e2e.jsonl -o /tmp/jg_env \
+    --gpu --batch 16 --stream --resident-layers 0 --quiet > "$OUT/e2e_env.log" 2>&1
+echo "gpu with SPILL_CUDA_PROF/ATT/PIN exit $?; profile lines: $(grep -c 'gemm q,k,v\|attention' "$OUT/e2e_env.log"); pinned by: $(grep -o 'cudaHostAlloc\|registered' "$OUT/e2e_env.log" | head -1)" | tee -a "$OUT/summary.txt"
+SPILL_CUDA_ATT=fp64 .carry/bin/spill-cuda run $M /tmp/e2e.jsonl -o /tmp/jg_bad --gpu --quiet > "$OUT/e2e_bad.log" 2>&1
+echo "SPILL_CUDA_ATT=fp64: exit $? ($(head -c 160 "$OUT/e2e_bad.log"))" | tee -a "$OUT/summary.txt"
