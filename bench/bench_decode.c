@@ -65,7 +65,15 @@ int main(int argc, char **argv)
     }
     int T = maxB * n_prompt > maxB ? maxB * n_prompt : maxB;
     int ctx = n_prompt + n_tok + 1;
-    engine_opts o = {threads, T, maxB, 16, (int32_t)(maxB * ((ctx + 15) / 16) + 8), streamed, 3, true, !exact, 0, 0, false, 0};
+    engine_opts o = {.threads = threads,
+                     .max_pass_tokens = T,
+                     .max_pass_seqs = maxB,
+                     .page_tokens = 16,
+                     .kv_pages = (int32_t)(maxB * ((ctx + 15) / 16) + 8),
+                     .stream = streamed,
+                     .stream_slots = 3,
+                     .direct_io = true,
+                     .q8_activations = !exact};
     spill_engine *e;
     if (engine_open(m, &o, &e, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
