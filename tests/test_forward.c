@@ -24,6 +24,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "engine/engine.h"
 #include "model/model.h"
@@ -107,11 +108,11 @@ static int argmax(const float *x, int V, float *margin)
     return best;
 }
 
-static void run_model(const char *name)
+/* Runs fixture `name` from directory dir (the fixture's own, or a variant's: another config or weight file). */
+static void run_model_in(const char *name, const char *dir)
 {
-    char dir[512], path[600], err[SPILL_ERRLEN];
-    snprintf(dir, sizeof dir, "tests/data/ref/%s", name);
-    snprintf(path, sizeof path, "%s/ref.bin", dir);
+    char path[600], err[SPILL_ERRLEN];
+    snprintf(path, sizeof path, "tests/data/ref/%s/ref.bin", name);
     ref_row rows[MAXROWS];
     uint32_t n_rows, V;
     if (load_ref(path, rows, &n_rows, &V) != 0) {
@@ -217,12 +218,43 @@ static void run_model(const char *name)
     model_close(m);
 }
 
+static void run_model(const char *name)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "tests/data/ref/%s", name);
+    run_model_in(name, dir);
+}
+
+/* The same model described another way: `config` (config_v4.json: as transformers 4 wrote the config) and
+ * `weights` (model_fused.safetensors: transformers 5's in-memory expert layout) linked into a scratch
+ * directory under their standard names.  The reference logits are the fixture's. */
+static void run_variant(const char *name, const char *config, const char *weights)
+{
+    char dir[160], cmd[4096];
+    snprintf(dir, sizeof dir, "tests/tmp/fwd_%s_%s", name, config ? "v4" : "fused");
+    snprintf(cmd, sizeof cmd,
+             "rm -rf %s && mkdir -p %s && ln -s \"$PWD/tests/data/ref/%s/%s\" %s/config.json && "
+             "ln -s \"$PWD/tests/data/ref/%s/%s\" %s/model.safetensors",
+             dir, dir, name, config ? config : "config.json", dir, name, weights ? weights : "model.safetensors", dir);
+    int rc = system(cmd);
+    CHECK(rc == 0, "%s: cannot make the variant directory %s", name, dir);
+    if (rc == 0)
+        run_model_in(name, dir);
+}
+
 int main(void)
 {
-    static const char *models[] = {
-        "llama_gqa_s64",  "llama_mha_s128_tied_llama3", "llama_mqa_linear", "llama_yarn", "qwen2_bias", "qwen3_qknorm",
-        "mistral_window8"};
+    static const char *models[] = {"llama_gqa_s64",       "llama_mha_s128_tied_llama3",
+                                   "llama_mqa_linear",    "llama_yarn",
+                                   "qwen2_bias",          "qwen3_qknorm",
+                                   "mistral_window8",     "gemma2_softcap_window",
+                                   "gemma3_local_linear", "phi3_longrope_partial",
+                                   "phi3_plain_tied"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         run_model(models[i]);
+    /* issue 12's families with their configs as transformers 4 wrote them */
+    static const char *v4[] = {"gemma2_softcap_window", "gemma3_local_linear", "phi3_longrope_partial"};
+    for (size_t i = 0; i < sizeof v4 / sizeof v4[0]; i++)
+        run_variant(v4[i], "config_v4.json", NULL);
     return test_finish("test_forward");
 }

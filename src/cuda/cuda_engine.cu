@@ -205,7 +205,7 @@ static pass_sizes pass_sizes_for(const model_desc *m, size_t T, size_t B, size_t
     p.xb = T * wide * 2;
     p.lastb = R * D * 2;
     p.scratch = scratch_elems * 2;
-    p.meta = (3 * T + R + B + 3 * T) * 4; /* tok pos seq, rows, pt_off, tiles (2T) singles */
+    p.meta = (3 * T + R + B + 3 * T + B) * 4; /* tok pos seq, rows, pt_off, tiles (2T) singles, longrope (B) */
     p.part = k_attention_part_floats(m->head_dim) * 4;
     p.blas_ws = BLAS_WS_BYTES;
     p.want = R * 4;
@@ -573,7 +573,7 @@ static int pump(cuda_engine *e, char *err, size_t errlen)
 }
 
 typedef struct pass_meta {
-    int32_t *tok, *pos, *seq, *rows, *pt_off, *tiles, *singles, *pages; /* device views of d_meta */
+    int32_t *tok, *pos, *seq, *rows, *pt_off, *tiles, *singles, *lng, *pages; /* device views of d_meta */
     int n_tiles;                                                        /* attention plan of the pass */
     int64_t n_singles;
 } pass_meta;
@@ -615,8 +615,9 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     bool local = sliding && a->rope_local_on;
     const cpu_rope *rope = local ? &e->rope_local : &e->rope;
     const float *inv = local ? e->d_inv_freq_local : e->d_inv_freq;
-    CU(k_rope(e->q, T, (int)H, (int)S, pm->pos, inv, rope->n_rot, rope->style, rope->attn_scale, s));
-    CU(k_rope(e->k, T, (int)K, (int)S, pm->pos, inv, rope->n_rot, rope->style, rope->attn_scale, s));
+    const int32_t *lng = !local && a->rope_long_on ? pm->lng : NULL; /* longrope: the row's table */
+    CU(k_rope(e->q, T, (int)H, (int)S, pm->pos, pm->seq, lng, inv, rope->n_rot, rope->style, rope->attn_scale, s));
+    CU(k_rope(e->k, T, (int)K, (int)S, pm->pos, pm->seq, lng, inv, rope->n_rot, rope->style, rope->attn_scale, s));
     kv_geom g;
     g.P = e->kv.page_tokens;
     g.Kh = (int)K;
@@ -685,7 +686,7 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
     }
     int32_t *tok = e->h_meta, *pos = tok + Tmax, *seq = pos + Tmax, *rows = seq + Tmax;
     int32_t *pt_off = rows + e->max_rows, *tiles = pt_off + e->max_seqs, *singles = tiles + 2 * Tmax;
-    int32_t *pages = singles + Tmax;
+    int32_t *lng = singles + Tmax, *pages = lng + e->max_seqs;
     int64_t t = 0;
     npt = 0;
     R = 0;
@@ -693,6 +694,7 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
         const fwd_seq *sq = &seqs[s];
         int32_t need = kv_pages_for(&e->kv, sq->pos0 + sq->n);
         pt_off[s] = npt;
+        lng[s] = e->a.rope_long_on && sq->pos0 + sq->n > e->a.rope_long_after; /* as the CPU engine decides */
         for (int32_t i = 0; i < need; i++) {
             int32_t pg = sq->kv->pages[i];
             if (pg < 0 || pg >= e->kv.n_pages)
@@ -816,6 +818,7 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
                     dm + 3 * Tm + Rm + B,
                     dm + 3 * Tm + Rm + B + 2 * Tm,
                     dm + 3 * Tm + Rm + B + 3 * Tm,
+                    dm + 3 * Tm + Rm + B + 3 * Tm + B,
                     e->att_tiles,
                     e->att_singles};
     CU(k_embed(e->embd.type, e->d_embd, e->embd.row_bytes, pm.tok, T, D, e->a.embed_scale, e->x, s));

@@ -44,7 +44,9 @@ typedef struct dmat {
     uint32_t type;
     int64_t n, k; /* N rows of K elements */
     size_t row_bytes;
-    size_t off; /* byte offset in the layer pack (0 for globals) */
+    size_t off;  /* byte offset in the layer pack (0 for globals) */
+    size_t sub;  /* bytes into t where these rows start: q, k, v of a fused QKV, gate and up of a fused gate/up */
+    bool shared; /* a later part of a fused tensor: its bytes travel with the part at sub 0 */
 } dmat;
 
 typedef struct dlayer {
@@ -77,8 +79,9 @@ struct cuda_engine {
     uint8_t *h_pinned; /* streamed packs */
     size_t h_pinned_map; /* > 0: h_pinned is an anonymous mapping of this size (registered if st.pin_registered) */
     arch_layout a;       /* what the family makes of the pass: tensors, flags, RoPE parameters (model/arch.h) */
-    float *d_inv_freq, *d_inv_freq_local; /* (rope_dim/2) of rope, rope_local */
+    float *d_inv_freq, *d_inv_freq_local; /* (rope_dim/2) of rope, rope_local; longrope: rope's short then long */
     cpu_rope rope, rope_local;            /* global and sliding layers */
+    cpu_rope rope_long;                   /* longrope: global layers of rows past the original length */
 
     /* ring */
     int ns, slots, first_streamed;

@@ -168,15 +168,62 @@ static int upload_mat(cuda_engine *e, file_reader *fr, const dmat *w, uint8_t *d
 int rope_setup(cuda_engine *e, char *err, size_t errlen)
 {
     if (cpu_rope_init(&e->rope, &e->a.rope, err, errlen) ||
-        cpu_rope_init(&e->rope_local, &e->a.rope_local, err, errlen))
+        cpu_rope_init(&e->rope_local, &e->a.rope_local, err, errlen) ||
+        (e->a.rope_long_on && cpu_rope_init(&e->rope_long, &e->a.rope_long, err, errlen)))
         return -1;
     size_t bytes = (size_t)(e->m->rope_dim / 2) * sizeof(float);
-    if (dalloc(e, (void **)&e->d_inv_freq, bytes, "RoPE frequencies", err, errlen) ||
+    if (dalloc(e, (void **)&e->d_inv_freq, bytes * (e->a.rope_long_on ? 2 : 1), "RoPE frequencies", err, errlen) ||
         dalloc(e, (void **)&e->d_inv_freq_local, bytes, "RoPE frequencies", err, errlen))
         return -1;
     CU(cudaMemcpy(e->d_inv_freq, e->rope.inv_freq, bytes, cudaMemcpyHostToDevice));
+    if (e->a.rope_long_on) /* the long factors right after the short ones: the kernel picks per row */
+        CU(cudaMemcpy(e->d_inv_freq + e->m->rope_dim / 2, e->rope_long.inv_freq, bytes, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(e->d_inv_freq_local, e->rope_local.inv_freq, bytes, cudaMemcpyHostToDevice));
     return 0;
+}
+
+/* Binds the fused matrix in slot s of layer l (QKV, gate/up) as consecutive row ranges: w->m[mi[i]] gets
+ * rows[i] rows.  The first part carries the tensor's bytes into the pack; the others point inside it. */
+static int bind_fused(cuda_engine *e, dlayer *w, enum arch_slot s, int l, const int *mi, const int64_t *rows,
+                      int n_parts, char *err, size_t errlen)
+{
+    const model_tensor *t;
+    if (model_arch_tensor(e->m, &e->a, s, l, &t, err, errlen))
+        return -1;
+    size_t rb;
+    int64_t k = e->a.t[s].k, n = e->a.t[s].n;
+    if (!t || !kq_type_supported(t->dtype) || quant_row_bytes(t->dtype, k, &rb) != 0 ||
+        (uint64_t)rb * (uint64_t)n != t->size)
+        return util_errf(err, errlen, "%s: tensor blk.%d.%s is stored as %s, which the CUDA backend cannot multiply.",
+                         e->m->source, l, model_arch_slot_name(s), t ? quant_type_name(t->dtype) : "nothing");
+    size_t sub = 0;
+    for (int i = 0; i < n_parts; i++) {
+        dmat *d = &w->m[mi[i]];
+        memset(d, 0, sizeof *d);
+        d->t = t;
+        d->type = t->dtype;
+        d->n = rows[i];
+        d->k = k;
+        d->row_bytes = rb;
+        d->sub = sub;
+        d->shared = i > 0;
+        sub += (size_t)rows[i] * rb;
+    }
+    return 0;
+}
+
+/* Places matrix i of w in its pack: a shared part at its rows inside the first part, the others after the
+ * previous ones (PACK_ALIGN apart); returns the next free offset. */
+static size_t place_mat(dlayer *w, int i, size_t off)
+{
+    if (!w->m[i].shared) {
+        w->m[i].off = off;
+        return off + ((size_t)w->m[i].t->size + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
+    }
+    for (int j = 0; j < i; j++)
+        if (w->m[j].t == w->m[i].t && !w->m[j].shared)
+            w->m[i].off = w->m[j].off + w->m[i].sub;
+    return off;
 }
 
 /* The pack matrix (M_*) that holds per-layer slot s, or -1 where the CUDA pass has no kernel that reads it. */
@@ -245,6 +292,15 @@ int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
                 const arch_tensor *at = &e->a.t[s];
                 if (at->need == ARCH_ABSENT || (pass == 0) != (at->kind != ARCH_VECTOR))
                     continue;
+                if (s == ARCH_QKV || s == ARCH_GATE_UP) { /* fused: row ranges of one tensor */
+                    static const int qkv_mi[] = {M_Q, M_K, M_V}, gu_mi[] = {M_GATE, M_UP};
+                    int64_t HS = (int64_t)m->n_heads * m->head_dim, KS = (int64_t)m->n_kv_heads * m->head_dim;
+                    int64_t qkv_rows[] = {HS, KS, KS}, gu_rows[] = {m->ffn_dim, m->ffn_dim};
+                    if (s == ARCH_QKV ? bind_fused(e, w, s, l, qkv_mi, qkv_rows, 3, err, errlen)
+                                      : bind_fused(e, w, s, l, gu_mi, gu_rows, 2, err, errlen))
+                        return -1;
+                    continue;
+                }
                 int mi = at->kind == ARCH_MATRIX ? layer_mat(s) : -1;
                 float **vec = at->kind == ARCH_VECTOR ? layer_vec(w, s) : NULL;
                 if (mi < 0 && !vec)
@@ -256,10 +312,8 @@ int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
                     return -1;
             }
         size_t off = 0;
-        for (int i = 0; i < M_COUNT; i++) {
-            w->m[i].off = off;
-            off += ((size_t)w->m[i].t->size + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
-        }
+        for (int i = 0; i < M_COUNT; i++)
+            off = place_mat(w, i, off);
         w->pack_bytes = off;
     }
     return 0;
@@ -310,7 +364,7 @@ static int open_disk_tier(cuda_engine *e, int lr, char *err, size_t errlen)
             if (at < 0)
                 return util_errf(err, errlen, "%s: tensor %s lies outside layer %d's byte range.", m->source,
                                  w->m[i].t->name, l);
-            w->m[i].off = (size_t)at;
+            w->m[i].off = (size_t)at + w->m[i].sub;
         }
         w->pack_bytes = stream_layer_len(e->disk, l);
         e->st.streamed_bytes_per_pass += w->pack_bytes;
@@ -446,6 +500,8 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
         else
             w->host = e->h_pinned + (size_t)(uintptr_t)w->host;
         for (int i = 0; i < M_COUNT && rc == 0; i++) {
+            if (w->m[i].shared) /* its bytes come with the first part */
+                continue;
             if (w->resident)
                 rc = upload_mat(e, fr, &w->m[i], w->dev + w->m[i].off, &bounce, &bounce_cap, err, errlen);
             else if (jobs)

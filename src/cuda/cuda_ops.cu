@@ -143,7 +143,7 @@ int cuda_op_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const fl
     TRY(op_up(c, &dx, x, n * 4));
     TRY(op_up(c, &dp, pos, (size_t)T * 4));
     TRY(op_up(c, &df, inv_freq, (size_t)(n_rot / 2) * 4));
-    TRY(op_down(c, k_rope((float *)dx, T, H, S, (int32_t *)dp, (float *)df, n_rot, style, attn_scale, 0), x, dx,
+    TRY(op_down(c, k_rope((float *)dx, T, H, S, (int32_t *)dp, NULL, NULL, (float *)df, n_rot, style, attn_scale, 0), x, dx,
                 n * 4));
     return op_done(c, 0);
 }

@@ -306,14 +306,15 @@ cudaError_t k_to_bf16(const float *x, bf16 *out, int64_t n, cudaStream_t s)
 }
 
 /* One thread per (token, head, pair); the angle in fp32 as cpu_rope_apply computes it. */
-__global__ void rope_kernel(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int half,
-                            int style, float attn_scale)
+__global__ void rope_kernel(float *x, int64_t T, int H, int S, const int32_t *pos, const int32_t *seq,
+                            const int32_t *lng, const float *inv_freq, int half, int style, float attn_scale)
 {
     int64_t total = T * H * half;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         int p = (int)(i % half);
         int64_t th = i / half, t = th / H;
-        float a = __fmul_rn((float)pos[t], inv_freq[p]);
+        int tab = lng ? lng[seq[t]] : 0; /* longrope: 1 = the long table, stored after the short one */
+        float a = __fmul_rn((float)pos[t], inv_freq[tab * half + p]);
         float c = __fmul_rn(cosf(a), attn_scale), sn = __fmul_rn(sinf(a), attn_scale);
         float *v = x + th * S;
         int i0 = style == 0 ? p : 2 * p, i1 = style == 0 ? p + half : 2 * p + 1;
@@ -323,11 +324,12 @@ __global__ void rope_kernel(float *x, int64_t T, int H, int S, const int32_t *po
     }
 }
 
-cudaError_t k_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int n_rot, int style,
-                   float attn_scale, cudaStream_t s)
+cudaError_t k_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const int32_t *seq, const int32_t *lng,
+                   const float *inv_freq, int n_rot, int style, float attn_scale, cudaStream_t s)
 {
     int half = n_rot / 2;
-    rope_kernel<<<grid_for(T * H * half, 256), 256, 0, s>>>(x, T, H, S, pos, inv_freq, half, style, attn_scale);
+    rope_kernel<<<grid_for(T * H * half, 256), 256, 0, s>>>(x, T, H, S, pos, seq, lng, inv_freq, half, style,
+                                                             attn_scale);
     return cudaGetLastError();
 }
 

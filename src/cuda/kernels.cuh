@@ -46,9 +46,10 @@ cudaError_t k_add(float *y, const float *x, int64_t n, cudaStream_t s);
 /* out_b(n) = bf16(x) */
 cudaError_t k_to_bf16(const float *x, bf16 *out, int64_t n, cudaStream_t s);
 
-/* x(T, H, S) rotated in place at positions pos(T). */
-cudaError_t k_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const float *inv_freq, int n_rot, int style,
-                   float attn_scale, cudaStream_t s);
+/* x(T, H, S) rotated in place at positions pos(T).  lng (NULL: none) is longrope's choice per sequence:
+ * token t of sequence seq[t] rotates with inv_freq[lng[seq[t]] * n_rot/2 ...] (short table, then long). */
+cudaError_t k_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const int32_t *seq, const int32_t *lng,
+                   const float *inv_freq, int n_rot, int style, float attn_scale, cudaStream_t s);
 
 /* out(n) = act(g) * u; out_b bf16 (GEMM input) or out_f fp32 (tests). */
 cudaError_t k_act_mul(const float *g, const float *u, int64_t n, bool gelu, bf16 *out_b, float *out_f, cudaStream_t s);

@@ -780,7 +780,7 @@ int cpu_rope_init(cpu_rope *r, const rope_cfg *cfg, char *err, size_t errlen)
         return util_errf(err, errlen, "rope: rope_theta %g must be a finite number > 1.", cfg->freq_base);
     if (cfg->style != ROPE_NEOX && cfg->style != ROPE_NORM)
         return util_errf(err, errlen, "rope: unknown style %d.", cfg->style);
-    bool needs_factor = cfg->scaling != ROPE_SCALE_NONE;
+    bool needs_factor = cfg->scaling != ROPE_SCALE_NONE && cfg->scaling != ROPE_SCALE_LONGROPE;
     if (needs_factor && (!(cfg->factor > 0) || !isfinite(cfg->factor)))
         return util_errf(err, errlen, "rope: rope_parameters.factor %g must be a finite number > 0.", cfg->factor);
     r->style = cfg->style;
@@ -852,6 +852,13 @@ int cpu_rope_init(cpu_rope *r, const rope_cfg *cfg, char *err, size_t errlen)
         r->attn_scale = (float)attn;
         break;
     }
+    case ROPE_SCALE_LONGROPE: /* inv_freq = 1 / (ext_factors * base ** (arange(0, dim, 2) / dim)) */
+        if (!cfg->ext_factors)
+            return util_errf(err, errlen, "rope longrope: the factor list is missing.");
+        for (int i = 0; i < half; i++)
+            f[i] = 1.0f / (cfg->ext_factors[i] * pos_freq[i]);
+        r->attn_scale = (float)cfg->attn_factor;
+        break;
     default:
         return util_errf(err, errlen, "rope: unknown scaling type %d.", cfg->scaling);
     }

@@ -43,6 +43,7 @@
 typedef struct wmat {
     const void *p; /* N rows of K elements in `type`; rebound every pass when streamed */
     const model_tensor *t;
+    uint64_t sub; /* bytes into t where these rows start: q, k, v of a fused QKV, gate and up of a fused gate/up */
     uint32_t type;
     int64_t n, k;
 } wmat;
@@ -74,10 +75,12 @@ struct spill_engine {
     size_t n_owned;
     arch_layout a;             /* what the family makes of the pass: tensors, flags, RoPE parameters */
     cpu_rope rope, rope_local; /* global and sliding layers */
+    cpu_rope rope_long;        /* longrope: global layers of rows past the original length */
 
     /* pass buffers, allocated once for max_T tokens */
     float *x, *h, *q, *k, *v, *att, *g, *u, *last;
     int32_t *pos, *seq_of;
+    bool *long_rope; /* (T) the token's row is past a.rope_long_after in this pass: rotates with rope_long */
 };
 
 /* ---------------------------------------------------------------- loading */
@@ -185,6 +188,27 @@ static int bind_mat(spill_engine *e, wmat *w, enum arch_slot s, int l, char *err
     return 0;
 }
 
+/* Binds the fused matrix in slot s of layer l (QKV, gate/up) as consecutive row ranges: parts[i] gets rows[i]
+ * rows, in order (rows are contiguous in every dtype, so a part is the tensor's bytes from its first row). */
+static int bind_fused(spill_engine *e, enum arch_slot s, int l, wmat **parts, const int64_t *rows, int n_parts,
+                      char *err, size_t errlen)
+{
+    wmat whole;
+    if (bind_mat(e, &whole, s, l, err, errlen))
+        return -1;
+    size_t rb;
+    quant_row_bytes(whole.type, whole.k, &rb);
+    uint64_t sub = 0;
+    for (int i = 0; i < n_parts; i++) {
+        *parts[i] = whole;
+        parts[i]->sub = sub;
+        parts[i]->n = rows[i];
+        parts[i]->p = whole.p ? (const uint8_t *)whole.p + sub : NULL;
+        sub += (uint64_t)rows[i] * rb;
+    }
+    return 0;
+}
+
 /* Binds slot s of layer l as an fp32 copy of its 1-D tensor (NULL when the model has none). */
 static int bind_vec(spill_engine *e, float **out, enum arch_slot s, int l, char *err, size_t errlen)
 {
@@ -278,7 +302,17 @@ static int bind_weights(spill_engine *e, char *err, size_t errlen)
             if (e->a.t[s].need == ARCH_ABSENT)
                 continue;
             enum arch_kind kind = e->a.t[s].kind;
-            wmat *mat = kind == ARCH_MATRIX ? layer_mat(&e->layers[l], (enum arch_slot)s) : NULL;
+            layer_w *lw = &e->layers[l];
+            if (s == ARCH_QKV || s == ARCH_GATE_UP) { /* fused: bound as row ranges of one tensor */
+                int64_t HS = (int64_t)m->n_heads * m->head_dim, KS = (int64_t)m->n_kv_heads * m->head_dim;
+                wmat *qkv[] = {&lw->q, &lw->k, &lw->v}, *gu[] = {&lw->gate, &lw->up};
+                int64_t qkv_rows[] = {HS, KS, KS}, gu_rows[] = {m->ffn_dim, m->ffn_dim};
+                if (s == ARCH_QKV ? bind_fused(e, ARCH_QKV, l, qkv, qkv_rows, 3, err, errlen)
+                                  : bind_fused(e, ARCH_GATE_UP, l, gu, gu_rows, 2, err, errlen))
+                    return -1;
+                continue;
+            }
+            wmat *mat = kind == ARCH_MATRIX ? layer_mat(lw, (enum arch_slot)s) : NULL;
             float **vec = kind == ARCH_VECTOR ? layer_vec(&e->layers[l], (enum arch_slot)s) : NULL;
             if (!mat && !vec)
                 return util_errf(err, errlen,
@@ -292,11 +326,12 @@ static int bind_weights(spill_engine *e, char *err, size_t errlen)
     return 0;
 }
 
-/* RoPE tables of global and sliding layers from the layout's parameters. */
+/* RoPE tables of global and sliding layers (and longrope's long factors) from the layout's parameters. */
 static int rope_setup(spill_engine *e, char *err, size_t errlen)
 {
     return cpu_rope_init(&e->rope, &e->a.rope, err, errlen) ||
-                   cpu_rope_init(&e->rope_local, &e->a.rope_local, err, errlen)
+                   cpu_rope_init(&e->rope_local, &e->a.rope_local, err, errlen) ||
+                   (e->a.rope_long_on && cpu_rope_init(&e->rope_long, &e->a.rope_long, err, errlen))
                ? -1
                : 0;
 }
@@ -343,7 +378,9 @@ int engine_open(model_desc *m, const engine_opts *o, spill_engine **out, char *e
     e->last = malloc((size_t)(T * D) * sizeof(float));
     e->pos = malloc((size_t)T * sizeof(int32_t));
     e->seq_of = malloc((size_t)T * sizeof(int32_t));
-    if (!e->x || !e->h || !e->q || !e->k || !e->v || !e->att || !e->g || !e->u || !e->last || !e->pos || !e->seq_of) {
+    e->long_rope = malloc((size_t)T * sizeof(bool));
+    if (!e->x || !e->h || !e->q || !e->k || !e->v || !e->att || !e->g || !e->u || !e->last || !e->pos || !e->seq_of ||
+        !e->long_rope) {
         util_errf(err, errlen, "out of memory for pass buffers of %d tokens; lower the per-pass token cap.", e->max_T);
         goto fail;
     }
@@ -393,7 +430,7 @@ void engine_mem_estimate(const model_desc *m, const engine_opts *o, int threads,
     int64_t maxK = D > HS ? D : HS;
     if (F > maxK)
         maxK = F;
-    uint64_t act = (uint64_t)T * (uint64_t)(3 * D + 2 * HS + 2 * KS + 2 * F) * 4 + (uint64_t)T * 8;
+    uint64_t act = (uint64_t)T * (uint64_t)(3 * D + 2 * HS + 2 * KS + 2 * F) * 4 + (uint64_t)T * 9;
     uint64_t scratch = cpu_matmul_scratch_bytes(maxK), att = (uint64_t)(m->ctx_len + 64) * 4;
     if (att > scratch)
         scratch = att;
@@ -418,7 +455,7 @@ void engine_close(spill_engine *e)
     cpu_pool_free(e->pool);
     kv_destroy(&e->kv);
     free(e->x), free(e->h), free(e->q), free(e->k), free(e->v), free(e->att), free(e->g), free(e->u);
-    free(e->last), free(e->pos), free(e->seq_of);
+    free(e->last), free(e->pos), free(e->seq_of), free(e->long_rope);
     free(e);
 }
 
@@ -453,7 +490,24 @@ bool engine_stream_stats(const spill_engine *e, size_t *ring_bytes, uint64_t *by
 static void rebind(wmat *w, const stream_layer *sl)
 {
     if (w->t)
-        w->p = sl->base[w->t->file] + (w->t->offset - sl->file_off[w->t->file]);
+        w->p = sl->base[w->t->file] + (w->t->offset - sl->file_off[w->t->file]) + w->sub;
+}
+
+/* Rotates x (T, H, S) with the layer's table; with longrope, each run of tokens whose rows are past the
+ * original length rotates with the long factors instead. */
+static void rope_tokens(const spill_engine *e, const cpu_rope *rope, float *x, int64_t T, int64_t H, int64_t S)
+{
+    if (rope != &e->rope || !e->a.rope_long_on) {
+        cpu_rope_apply(rope, x, T, H, S, e->pos);
+        return;
+    }
+    for (int64_t t = 0; t < T;) {
+        int64_t n = 1;
+        while (t + n < T && e->long_rope[t + n] == e->long_rope[t])
+            n++;
+        cpu_rope_apply(e->long_rope[t] ? &e->rope_long : &e->rope, x + t * H * S, n, H, S, e->pos + t);
+        t += n;
+    }
 }
 
 /* ---------------------------------------------------------------- the pass */
@@ -542,8 +596,8 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
         cpu_rmsnorm(e->k, e->k, w->k_norm, T * K, S, m->norm_eps, a->norm_plus_one);
     }
     const cpu_rope *rope = sliding && a->rope_local_on ? &e->rope_local : &e->rope;
-    cpu_rope_apply(rope, e->q, T, H, S, e->pos);
-    cpu_rope_apply(rope, e->k, T, K, S, e->pos);
+    rope_tokens(e, rope, e->q, T, H, S);
+    rope_tokens(e, rope, e->k, T, K, S);
     for (int64_t t = 0; t < T; t++) {
         const fwd_seq *sq = &seqs[e->seq_of[t]];
         for (int64_t kh = 0; kh < K; kh++) {
@@ -596,6 +650,7 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
                 return util_errf(err, errlen, "token id %d is outside the vocabulary of %lld.", tok, (long long)V);
             e->pos[T] = sq->pos0 + i;
             e->seq_of[T] = s;
+            e->long_rope[T] = e->a.rope_long_on && sq->pos0 + sq->n > e->a.rope_long_after;
             size_t rb;
             quant_row_bytes(e->embd.type, D, &rb);
             quant_dequant_row(e->embd.type, (const uint8_t *)e->embd.p + (size_t)tok * rb, e->x + T * D, D);

@@ -140,13 +140,19 @@ static const arch_family families[] = {
      .hf_pack = true},
     /* GGUF phi3 files call the fused gate/up ffn_up.weight (2F rows): model.c renames it when phi3 is wired */
     {.name = "phi3",
-     .state = ARCH_EXPECTED,
-     .note = "Phi-3 (fused QKV): named, not yet wired into the forward pass.",
+     .state = ARCH_SUPPORTED,
+     .note = "Phi-3/3.5, Phi-4-mini: fused QKV and gate/up, longrope, partial rotary (checked against transformers "
+             "logits).",
+     .cpu = true,
+     .cuda = true,
      .tensors = {GLOBALS, [ARCH_ATTN_NORM] = R, [ARCH_QKV] = R, [ARCH_O] = R, [ARCH_FFN_NORM] = R, [ARCH_GATE_UP] = R,
                  [ARCH_DOWN] = R}},
     {.name = "gemma2",
-     .state = ARCH_EXPECTED,
-     .note = "Gemma 2 (soft-capping, alternating windows): named, not yet wired into the forward pass.",
+     .state = ARCH_SUPPORTED,
+     .note =
+         "Gemma 2: soft-capping, alternating sliding windows, pre/post norms (checked against transformers logits).",
+     .cpu = true,
+     .cuda = true,
      .tensors = {GLOBALS, ATTENTION(ARCH_ABSENT), POST_NORMS, FFN},
      .act = ARCH_ACT_GELU_TANH,
      .embed_scale = true,
@@ -156,8 +162,11 @@ static const arch_family families[] = {
      .gguf_turn_end = "<end_of_turn>"},
     {.name = "gemma3",
      .alias = "gemma3_text",
-     .state = ARCH_EXPECTED,
-     .note = "Gemma 3 text (per-layer sliding windows, q/k norm): named, not yet wired into the forward pass.",
+     .state = ARCH_SUPPORTED,
+     .note = "Gemma 3 text: local/global layers with their own RoPE bases, q/k norm (checked against transformers "
+             "logits and llama.cpp).",
+     .cpu = true,
+     .cuda = true,
      .tensors = {GLOBALS, ATTENTION(ARCH_ABSENT), QK_NORM, POST_NORMS, FFN},
      .act = ARCH_ACT_GELU_TANH,
      .embed_scale = true,
@@ -304,6 +313,20 @@ static int rope_setup(const model_desc *m, arch_layout *a, char *err, size_t err
     c->beta_fast = m->rope_beta_fast;
     c->beta_slow = m->rope_beta_slow;
     c->attn_factor = m->rope_attn_factor;
+    if (m->rope_scaling == ROPE_SCALE_LONGROPE) {
+        if (!m->rope_short || !m->rope_long || m->rope_orig_ctx <= 0)
+            return util_errf(err, errlen, "%s: longrope scaling needs short and long factors and the original length.",
+                             m->source);
+        /* transformers: attention_factor, else sqrt(1 + ln(factor) / ln(original)) when factor > 1 */
+        if (!(c->attn_factor > 0))
+            c->attn_factor = c->factor > 1.0 ? sqrt(1.0 + log(c->factor) / log((double)m->rope_orig_ctx)) : 1.0;
+        c->orig_max_pos = m->rope_orig_ctx;
+        c->ext_factors = m->rope_short;
+        a->rope_long = *c;
+        a->rope_long.ext_factors = m->rope_long;
+        a->rope_long_on = true;
+        a->rope_long_after = m->rope_orig_ctx;
+    }
     /* Gemma 3: the sliding layers rotate with their own base and no scaling */
     a->rope_local = a->rope;
     a->rope_local_on = m->rope_theta_local > 0;

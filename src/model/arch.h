@@ -150,6 +150,7 @@ typedef struct rope_cfg {
     double mscale;             /* yarn, optional (0 = absent) */
     double mscale_all_dim;     /* yarn, optional (0 = absent) */
     bool yarn_no_truncate;     /* yarn `truncate: false` */
+    const float *ext_factors;  /* longrope: (n_rot/2) per-frequency factors, the short or the long list */
 } rope_cfg;
 
 typedef struct arch_tensor {
@@ -174,6 +175,11 @@ typedef struct arch_layout {
     rope_cfg rope;             /* global layers */
     rope_cfg rope_local;       /* sliding layers, when rope_local_on */
     bool rope_local_on;        /* sliding layers rotate with their own base (Gemma 3: 10000, unscaled) */
+    rope_cfg rope_long;        /* longrope (Phi-3): global layers once the row is longer than rope_long_after */
+    bool rope_long_on;
+    int rope_long_after; /* original_max_position_embeddings: a pass whose row reaches past it (its
+                          * first position + its tokens > this) rotates that pass's tokens with
+                          * rope_long, as transformers picks the factors per forward from the length */
 
     int n_experts, n_experts_used; /* MoE: experts per layer and per token; 0 for dense families */
     bool shared_expert;

@@ -24,6 +24,7 @@
 #include "model.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -204,6 +205,11 @@ static int finish_layout(model_desc *m, char *err, size_t errlen)
             break;
         o += (size_t)n;
     }
+    if (m->layer_sliding) { /* HF layer_types said it per layer */
+        for (int l = 0; l < m->n_layers; l++)
+            m->layer_sliding[l] = m->layer_sliding[l] && m->sliding_window > 0;
+        return 0;
+    }
     m->layer_sliding = calloc((size_t)m->n_layers + 1, sizeof *m->layer_sliding);
     if (!m->layer_sliding)
         return util_errf(err, errlen, "%s: out of memory describing the model.", m->source);
@@ -338,6 +344,33 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
         m->rope_factor = gguf_num(g, arch, "rope.scaling.factor", 1.0);
         m->rope_orig_ctx = (int)gguf_num(g, arch, "rope.scaling.original_context_length", 0);
     }
+    /* Phi-3 longrope GGUFs carry the two factor lists as tensors */
+    const gguf_tensor *fl = gguf_find_tensor(g, "rope_factors_long.weight"),
+                      *fs = gguf_find_tensor(g, "rope_factors_short.weight");
+    if (fl || fs) {
+        size_t half = (size_t)(m->rope_dim / 2);
+        for (int which = 0; which < 2; which++) {
+            const gguf_tensor *ft = which ? fl : fs;
+            float **dst = which ? &m->rope_long : &m->rope_short;
+            if (!ft || ft->type != GGML_F32 || ft->n_dims != 1 || ft->ne[0] != half)
+                return util_errf(err, errlen,
+                                 "%s: longrope needs rope_factors_long.weight and rope_factors_short.weight, each %zu "
+                                 "F32 values (rotary dims / 2).",
+                                 path, half);
+            if (!(*dst = malloc(half * sizeof **dst)))
+                return util_errf(err, errlen, "%s: out of memory.", path);
+            memcpy(*dst, gguf_tensor_data(g, ft), half * sizeof **dst);
+        }
+        m->rope_scaling = ROPE_SCALE_LONGROPE;
+        m->rope_orig_ctx = (int)gguf_num(g, arch, "rope.scaling.original_context_length", 0);
+        m->rope_attn_factor = gguf_num(g, arch, "rope.scaling.attn_factor", 0);
+        m->rope_factor = m->rope_orig_ctx > 0 ? (double)m->ctx_len / m->rope_orig_ctx : 1.0;
+        if (m->rope_orig_ctx <= 0)
+            return util_errf(err, errlen,
+                             "%s: key %s.rope.scaling.original_context_length is missing; longrope needs it to choose "
+                             "short or long factors.",
+                             path, arch);
+    }
     /* Llama 3.1+ GGUFs carry the llama3 scaling baked into a rope_freqs tensor. */
     if (gguf_find_tensor(g, "rope_freqs.weight"))
         m->rope_scaling = ROPE_SCALE_LLAMA3;
@@ -372,6 +405,10 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
         t->layer = layer_of(gt->name);
         if (t->layer == -2)
             return util_errf(err, errlen, "%s: tensor %s has a malformed block number.", path, gt->name);
+        /* llama.cpp's Phi-3 files call the fused gate/up projection (2F rows) ffn_up */
+        const char *dot = t->layer >= 0 ? strchr(gt->name + 4, '.') : NULL;
+        if (fam && !strcmp(fam->name, "phi3") && dot && !strcmp(dot, ".ffn_up.weight"))
+            snprintf(t->name, sizeof t->name, "blk.%d.ffn_gate_up.weight", (int)t->layer);
         t->offset = (uint64_t)(gguf_tensor_data(g, gt) - g->data); /* absolute, whatever gguf.c stores */
         t->size = gt->size;
         if (!strcmp(gt->name, "token_embd.weight") && t->n_dims >= 2)
@@ -492,6 +529,75 @@ static uint32_t st_to_dtype(uint32_t d)
     }
 }
 
+/* One longrope factor list: an array of rope_dim/2 positive numbers. */
+static int read_factors(const char *dir, json_t *scal, const char *key, const model_desc *m, float **out, char *err,
+                        size_t errlen)
+{
+    json_t *a = json_object_get(scal, key);
+    size_t half = (size_t)(m->rope_dim / 2);
+    if (!json_is_array(a) || json_array_size(a) != half)
+        return util_errf(err, errlen,
+                         "%s/config.json: rope scaling field %s must be a list of %zu numbers (rotary dims / 2).", dir,
+                         key, half);
+    *out = malloc(half * sizeof **out);
+    if (!*out)
+        return util_errf(err, errlen, "%s: out of memory reading %s.", dir, key);
+    for (size_t i = 0; i < half; i++) {
+        json_t *v = json_array_get(a, i);
+        double d = json_is_number(v) ? json_number_value(v) : 0;
+        if (!(d > 0) || !isfinite(d))
+            return util_errf(err, errlen, "%s/config.json: %s[%zu] must be a positive number.", dir, key, i);
+        (*out)[i] = (float)d;
+    }
+    return 0;
+}
+
+/* Phi-3 longrope: the short and long factor lists and the pretraining length that chooses between them
+ * (inside the scaling block in transformers 5, beside it in 4); the attention factor when the config sets
+ * none is derived in model_arch_resolve from factor = max_position_embeddings / original. */
+static int read_longrope(const char *dir, json_t *c, json_t *scal, model_desc *m, char *err, size_t errlen)
+{
+    m->rope_orig_ctx =
+        json_int(scal, "original_max_position_embeddings", json_int(c, "original_max_position_embeddings", 0));
+    if (m->rope_orig_ctx <= 0)
+        return util_errf(err, errlen,
+                         "%s/config.json: longrope scaling needs original_max_position_embeddings (the pretraining "
+                         "length that chooses short or long factors).",
+                         dir);
+    if (!json_is_number(json_object_get(scal, "factor")))
+        m->rope_factor = (double)m->ctx_len / m->rope_orig_ctx;
+    return read_factors(dir, scal, "short_factor", m, &m->rope_short, err, errlen) ||
+                   read_factors(dir, scal, "long_factor", m, &m->rope_long, err, errlen)
+               ? -1
+               : 0;
+}
+
+/* transformers 5's layer_types: the attention kind of every layer, which decides the sliding ones. */
+static int read_layer_types(const char *dir, json_t *c, model_desc *m, char *err, size_t errlen)
+{
+    json_t *lt = json_object_get(c, "layer_types");
+    if (!lt || json_is_null(lt))
+        return 0;
+    if (!json_is_array(lt) || json_array_size(lt) != (size_t)m->n_layers || m->n_layers <= 0)
+        return util_errf(err, errlen,
+                         "%s/config.json: layer_types must list one attention kind for each of the %d layers; it "
+                         "has %zu.",
+                         dir, m->n_layers, json_is_array(lt) ? json_array_size(lt) : (size_t)0);
+    m->layer_sliding = calloc((size_t)m->n_layers + 1, sizeof *m->layer_sliding);
+    if (!m->layer_sliding)
+        return util_errf(err, errlen, "%s: out of memory describing the model.", dir);
+    for (int l = 0; l < m->n_layers; l++) {
+        const char *k = json_string_value(json_array_get(lt, (size_t)l));
+        if (!k || (strcmp(k, "sliding_attention") && strcmp(k, "full_attention")))
+            return util_errf(err, errlen,
+                             "%s/config.json: layer_types[%d] is %s; spill runs sliding_attention and full_attention "
+                             "layers.",
+                             dir, l, k ? k : "not a string");
+        m->layer_sliding[l] = !strcmp(k, "sliding_attention");
+    }
+    return 0;
+}
+
 static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
 {
     int rc = 0;
@@ -542,8 +648,6 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
     m->n_experts_used = json_int(c, "num_experts_per_tok", 0);
     m->shared_ffn_dim = json_int(c, "shared_expert_intermediate_size", 0);
     m->rope_style = ROPE_NEOX;
-    double partial = json_num(c, "partial_rotary_factor", 1.0);
-    m->rope_dim = (int)(m->head_dim * partial);
 
     /* RoPE: transformers ≥ 5 nests it in rope_parameters; older configs use rope_theta + rope_scaling. */
     json_t *rp = json_object_get(c, "rope_parameters");
@@ -553,6 +657,13 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
         m->rope_theta_local = json_num(loc, "rope_theta", 0);
         rp = json_object_get(rp, "full_attention");
     }
+    /* partial rotary (Phi-3.5, Phi-4-mini): transformers 5 keeps it in rope_parameters, 4 beside it */
+    double partial = json_num(rp, "partial_rotary_factor", json_num(c, "partial_rotary_factor", 1.0));
+    if (!(partial > 0 && partial <= 1)) {
+        rc = util_errf(err, errlen, "%s/config.json: partial_rotary_factor %g must be in (0, 1].", dir, partial);
+        goto out;
+    }
+    m->rope_dim = (int)(m->head_dim * partial);
     m->rope_theta = json_num(rp, "rope_theta", json_num(c, "rope_theta", 10000.0));
     if (m->rope_theta_local == 0)
         m->rope_theta_local = json_num(c, "rope_local_base_freq", 0);
@@ -569,6 +680,9 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
             m->rope_scaling = ROPE_SCALE_YARN;
         else if (!strcmp(rt, "dynamic"))
             m->rope_scaling = ROPE_SCALE_DYNAMIC;
+        else if (!strcmp(rt, "longrope") || !strcmp(rt, "su") ||
+                 (fam && !strcmp(fam->name, "phi3") && !strcmp(rt, "yarn")))
+            m->rope_scaling = ROPE_SCALE_LONGROPE; /* Phi3Config reads su and yarn as longrope */
         else {
             rc = util_errf(err, errlen, "%s/config.json: rope scaling type '%s' is not one spill implements.", dir,
                            rt);
@@ -581,7 +695,11 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
         m->rope_beta_fast = json_num(scal, "beta_fast", 32.0);
         m->rope_beta_slow = json_num(scal, "beta_slow", 1.0);
         m->rope_attn_factor = json_num(scal, "attention_factor", 0);
+        if (m->rope_scaling == ROPE_SCALE_LONGROPE && (rc = read_longrope(dir, c, scal, m, err, errlen)) != 0)
+            goto out;
     }
+    if ((rc = read_layer_types(dir, c, m, err, errlen)) != 0)
+        goto out;
 
     json_t *sw = json_object_get(c, "sliding_window");
     if (json_is_integer(sw) && !json_is_false(json_object_get(c, "use_sliding_window")))
@@ -746,6 +864,8 @@ void model_close(model_desc *m)
     free(m->tensors);
     free(m->ranges);
     free(m->layer_sliding);
+    free(m->rope_short);
+    free(m->rope_long);
     free(m->chat_template);
     free(m->tokenizer_path);
     free(m->source);

@@ -22,7 +22,15 @@
 enum model_format { MODEL_GGUF, MODEL_HF };
 enum arch_state { ARCH_SUPPORTED, ARCH_EXPECTED, ARCH_UNSUPPORTED };
 enum rope_style { ROPE_NEOX /* rotate-half: pairs (i, i+S/2) */, ROPE_NORM /* consecutive pairs (2i, 2i+1) */ };
-enum rope_scaling { ROPE_SCALE_NONE, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3, ROPE_SCALE_YARN, ROPE_SCALE_DYNAMIC };
+/* ROPE_SCALE_LONGROPE is Phi-3's: short or long per-frequency factors, chosen by the row's length */
+enum rope_scaling {
+    ROPE_SCALE_NONE,
+    ROPE_SCALE_LINEAR,
+    ROPE_SCALE_LLAMA3,
+    ROPE_SCALE_YARN,
+    ROPE_SCALE_DYNAMIC,
+    ROPE_SCALE_LONGROPE
+};
 
 /* Weight dtypes use ggml type ids (gguf.h); safetensors-only types get ids from 100 up. */
 enum { SPILL_DT_F8_E4M3 = 100, SPILL_DT_F8_E5M2 = 101, SPILL_DT_OTHER = 199 };
@@ -81,10 +89,11 @@ typedef struct model_desc {
     enum rope_scaling rope_scaling;
     double rope_factor, rope_low_freq, rope_high_freq, rope_beta_fast, rope_beta_slow, rope_attn_factor;
     int rope_orig_ctx;
+    float *rope_short, *rope_long; /* longrope: (rope_dim/2) factors each, owned */
 
     int sliding_window;       /* 0 = none */
     int sliding_pattern;      /* every Nth layer is global (Gemma 3: 6); 0 = all layers sliding if window set */
-    bool *layer_sliding;      /* (L) per-layer: uses the sliding window */
+    bool *layer_sliding;      /* (L) per-layer: uses the sliding window (HF layer_types, else the pattern) */
     double attn_softcap, final_softcap, query_scale; /* 0 = unused; query_scale = 1/sqrt(query_pre_attn_scalar) */
 
     int n_experts, n_experts_used;

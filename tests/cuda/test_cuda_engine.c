@@ -893,7 +893,8 @@ int main(void)
     }
     static const char *models[] = {
         "llama_gqa_s64",  "llama_mha_s128_tied_llama3", "llama_mqa_linear", "llama_yarn", "qwen2_bias", "qwen3_qknorm",
-        "mistral_window8"};
+        "mistral_window8", "gemma2_softcap_window", "gemma3_local_linear", "phi3_longrope_partial",
+        "phi3_plain_tied"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         run_fixture(models[i], (int)(i % 2), i % 4 >= 2);
     run_gguf();
