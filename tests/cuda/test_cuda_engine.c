@@ -2,14 +2,14 @@
  * test_cuda_engine.c — the CUDA engine end to end.
  *
  * 1. The reference fixtures (tests/data/ref/, tiny random-weight models of
- *    each llama-family architecture, logits from transformers, fp32) run
+ *    each dense architecture: llama, qwen2, qwen3, mistral, gemma2, gemma3, phi3; logits from transformers, fp32) run
  *    through a resident CUDA engine with the same pass schedule as
  *    tests/test_forward.c (rows prefilled token by token, in chunks of 4, and
  *    whole, then decoded with the rows at different lengths), and in lockstep
  *    through a streamed CUDA engine (resident_layers 0 or 1, KV pages of one
  *    position, logits read in place through cuda_engine_logits): streamed
  *    logits must equal resident logits bit for bit (same bytes, same kernels,
- *    same GEMM shapes).  Three of the seven stream from disk (from_disk: the
+ *    same GEMM shapes).  A third of them stream from disk (from_disk: the
  *    layers' unaligned safetensors byte ranges read each pass into 2-3 pinned
  *    slots and copied as read) and must be bit-identical too.
  * 2. A synthetic llama GGUF written here with mixed quant types (Q4_0, Q4_1,
