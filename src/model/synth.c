@@ -54,11 +54,17 @@
 
 static const synth_shape presets[] = {
     /* name, arch, D, H, K, F, V, L, rope theta, norm eps, context, qkv bias, tied */
-    {"llama3-8b", "llama", 4096, 32, 8, 14336, 128256, 32, 500000.0, 1e-5f, 8192, false, false},
-    {"llama3-70b", "llama", 8192, 64, 8, 28672, 128256, 80, 500000.0, 1e-5f, 8192, false, false},
-    {"qwen2.5-7b", "qwen2", 3584, 28, 4, 18944, 152064, 28, 1000000.0, 1e-6f, 32768, true, false},
-    {"smollm2-135m", "llama", 576, 9, 3, 1536, 49152, 30, 100000.0, 1e-5f, 8192, false, true},
-    {"tiny", "llama", 256, 4, 2, 512, 1024, 4, 10000.0, 1e-5f, 2048, false, false},
+    {"llama3-8b", "llama", 4096, 32, 8, 14336, 128256, 32, 500000.0, 1e-5f, 8192, false, false, 0, 0, 0, false},
+    {"llama3-70b", "llama", 8192, 64, 8, 28672, 128256, 80, 500000.0, 1e-5f, 8192, false, false, 0, 0, 0, false},
+    {"qwen2.5-7b", "qwen2", 3584, 28, 4, 18944, 152064, 28, 1000000.0, 1e-6f, 32768, true, false, 0, 0, 0, false},
+    {"smollm2-135m", "llama", 576, 9, 3, 1536, 49152, 30, 100000.0, 1e-5f, 8192, false, true, 0, 0, 0, false},
+    {"tiny", "llama", 256, 4, 2, 512, 1024, 4, 10000.0, 1e-5f, 2048, false, false, 0, 0, 0, false},
+    /* MoE, as llama.cpp's converters write them: Mixtral is general.architecture llama with experts; the
+     * experts of a layer are stacked 3-D tensors (ffn_{gate,up,down}_exps) after the router ffn_gate_inp */
+    {"mixtral-8x7b", "llama", 4096, 32, 8, 14336, 32000, 32, 1000000.0, 1e-5f, 32768, false, false, 128, 8, 2, false},
+    {"qwen3-30b-a3b", "qwen3moe", 2048, 32, 4, 768, 151936, 48, 1000000.0, 1e-6f, 40960, false, false, 128, 128, 8,
+     true},
+    {"tiny-moe", "llama", 256, 4, 2, 128, 1024, 4, 10000.0, 1e-5f, 2048, false, false, 0, 8, 2, false},
 };
 
 const synth_shape *synth_find(const char *name)
@@ -197,26 +203,26 @@ static void gen_task(void *vctx, int64_t k, int tid)
 
 /* ---------------------------------------------------------------- tensors */
 
-enum tkind { T_MATRIX, T_NORM, T_BIAS };
+enum tkind { T_MATRIX, T_NORM, T_BIAS, T_ROUTER /* F32 and never a hole: routing stays varied with --sparse */ };
 
 typedef struct tdesc {
     char name[64];
     uint32_t n_dims;
-    uint64_t ne[2];
+    uint64_t ne[3];
     enum tkind kind;
 } tdesc;
 
 /* The tensor list in file order; returns the count (≤ cap). */
 static size_t tensor_list(const synth_shape *s, int L, tdesc *t, size_t cap)
 {
-    uint64_t D = (uint64_t)s->D, S = (uint64_t)(s->D / s->H), HS = (uint64_t)s->H * S, KS = (uint64_t)s->K * S;
-    uint64_t F = (uint64_t)s->F, V = (uint64_t)s->V;
+    uint64_t D = (uint64_t)s->D, S = (uint64_t)(s->S ? s->S : s->D / s->H), HS = (uint64_t)s->H * S;
+    uint64_t KS = (uint64_t)s->K * S, F = (uint64_t)s->F, V = (uint64_t)s->V, E = (uint64_t)s->E;
     size_t n = 0;
 #define ADD(kind_, nd, a, b, ...)                                                                                      \
     do {                                                                                                               \
         if (n < cap) {                                                                                                 \
             snprintf(t[n].name, sizeof t[n].name, __VA_ARGS__);                                                        \
-            t[n].kind = kind_, t[n].n_dims = nd, t[n].ne[0] = a, t[n].ne[1] = b;                                       \
+            t[n].kind = kind_, t[n].n_dims = nd, t[n].ne[0] = a, t[n].ne[1] = b, t[n].ne[2] = E;                       \
         }                                                                                                              \
         n++;                                                                                                           \
     } while (0)
@@ -235,8 +241,19 @@ static size_t tensor_list(const synth_shape *s, int L, tdesc *t, size_t cap)
         ADD(T_MATRIX, 2, D, KS, "blk.%d.attn_v.weight", l);
         if (s->qkv_bias)
             ADD(T_BIAS, 1, KS, 1, "blk.%d.attn_v.bias", l);
+        if (s->qk_norm) {
+            ADD(T_NORM, 1, S, 1, "blk.%d.attn_q_norm.weight", l);
+            ADD(T_NORM, 1, S, 1, "blk.%d.attn_k_norm.weight", l);
+        }
         ADD(T_MATRIX, 2, HS, D, "blk.%d.attn_output.weight", l);
         ADD(T_NORM, 1, D, 1, "blk.%d.ffn_norm.weight", l);
+        if (E) {
+            ADD(T_ROUTER, 2, D, E, "blk.%d.ffn_gate_inp.weight", l);
+            ADD(T_MATRIX, 3, D, F, "blk.%d.ffn_gate_exps.weight", l);
+            ADD(T_MATRIX, 3, D, F, "blk.%d.ffn_up_exps.weight", l);
+            ADD(T_MATRIX, 3, F, D, "blk.%d.ffn_down_exps.weight", l);
+            continue;
+        }
         ADD(T_MATRIX, 2, D, F, "blk.%d.ffn_gate.weight", l);
         ADD(T_MATRIX, 2, D, F, "blk.%d.ffn_up.weight", l);
         ADD(T_MATRIX, 2, F, D, "blk.%d.ffn_down.weight", l);
@@ -329,7 +346,7 @@ static int write_keys(gguf_w *w, const synth_shape *s, int L, const synth_opts *
 {
     char k[128];
     const char *a = s->arch;
-    uint32_t S = (uint32_t)(s->D / s->H);
+    uint32_t S = (uint32_t)(s->S ? s->S : s->D / s->H);
     char name[96];
     snprintf(name, sizeof name, "synthetic %s (random weights)", s->name);
 #define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", a, suffix), k)
@@ -349,6 +366,9 @@ static int write_keys(gguf_w *w, const synth_shape *s, int L, const synth_opts *
         gguf_w_u32(w, KEY("rope.dimension_count"), S, err, errlen) ||
         gguf_w_f32(w, KEY("rope.freq_base"), (float)s->rope_theta, err, errlen) ||
         gguf_w_u32(w, KEY("vocab_size"), (uint32_t)s->V, err, errlen) ||
+        (s->E && (gguf_w_u32(w, KEY("expert_count"), (uint32_t)s->E, err, errlen) ||
+                  gguf_w_u32(w, KEY("expert_used_count"), (uint32_t)s->E_used, err, errlen) ||
+                  gguf_w_u32(w, KEY("expert_feed_forward_length"), (uint32_t)s->F, err, errlen))) ||
         gguf_w_str(w, "spill.synth.like", s->name, strlen(s->name), err, errlen) ||
         gguf_w_u64(w, "spill.synth.seed", o->seed, err, errlen))
         return -1;
@@ -362,7 +382,8 @@ int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen)
     const synth_shape *s = synth_find(o->like);
     if (!s)
         return util_errf(err, errlen,
-                         "synth: unknown shape '%s'; use llama3-8b, llama3-70b, qwen2.5-7b, smollm2-135m or tiny.",
+                         "synth: unknown shape '%s'; use llama3-8b, llama3-70b, qwen2.5-7b, smollm2-135m, tiny, "
+                         "mixtral-8x7b, qwen3-30b-a3b or tiny-moe.",
                          o->like);
     int L = o->layers > 0 ? o->layers : s->L;
     if (L > s->L)
@@ -405,8 +426,9 @@ int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen)
         uint64_t name_h = name_hash(t[i].name), next_piece = 0;
         rng_seed_piece(&r, o->seed, name_h, UINT64_MAX);
         uint64_t left = gguf_w_tensor_bytes(w, (int)i);
-        if (t[i].kind != T_MATRIX) { /* 1-D F32: norms 1 ± 0.05, biases std 0.02 */
-            for (uint64_t e = 0; e < t[i].ne[0]; e++) {
+        if (t[i].kind != T_MATRIX) { /* F32: norms 1 ± 0.05, biases and routers std 0.02 */
+            uint64_t count = t[i].ne[0] * (t[i].n_dims >= 2 ? t[i].ne[1] : 1);
+            for (uint64_t e = 0; e < count; e++) {
                 float v = t[i].kind == T_NORM ? 1.0f + 0.05f * rng_sym(&r) : AMP * rng_sym(&r);
                 if (gguf_out_write(&out, &v, 4, err, errlen))
                     goto out;
@@ -500,7 +522,7 @@ int synth_main(int argc, char **argv)
     if (!sh || o.layers > sh->L) {
         fprintf(stderr, "spill synth: %s\n",
                 sh ? "--layers is more than the model has"
-                   : "--like must be llama3-8b, llama3-70b, qwen2.5-7b, smollm2-135m or tiny.");
+                   : "--like must be llama3-8b, llama3-70b, qwen2.5-7b, smollm2-135m, tiny, mixtral-8x7b, qwen3-30b-a3b or tiny-moe.");
         return SPILL_EX_USAGE;
     }
     if (!strcmp(q, "f16"))

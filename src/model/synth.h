@@ -19,6 +19,9 @@ typedef struct synth_shape {
     int ctx_len;
     bool qkv_bias; /* q/k/v projections carry biases (Qwen2) */
     bool tied;     /* no output.weight: the head reuses token_embd */
+    int S;         /* head size; 0 = D / H */
+    int E, E_used; /* MoE: experts per layer and per token (F is then each expert's FFN dim); 0 = dense */
+    bool qk_norm;  /* per-head q/k RMSNorm (Qwen3) */
 } synth_shape;
 
 /* The preset of that name, or NULL. */
