@@ -8,11 +8,16 @@
  * unsupported ones are refused with their sentences), the Hugging Face name
  * map, and the layouts of the reference models in tests/data/ref: their
  * needs, flags and RoPE parameters, and the sentences of a missing or
- * misshapen tensor and of a RoPE variant spill does not run.
+ * misshapen tensor and of a RoPE variant spill does not run.  MoE: the
+ * per-layer needs of models mixing dense and sparse layers, the three
+ * storages of experts (rows found per expert), and every moe_ entry of the
+ * malformed corpus (tests/data/bad/expected.tsv, tools/make_bad_models.py),
+ * which engine_open must refuse with its exact sentence.
  */
 #include <math.h>
 
 #include "base/util.h"
+#include "engine/engine.h"
 #include "model/arch.h"
 #include "model/model.h"
 #include "test.h"
@@ -48,8 +53,12 @@ static void test_table(void)
         CHECK(!f->alias || (model_arch_find(f->alias) == f && !strcmp(model_arch_normalise(f->alias), name)),
               "%s: alias %s resolves to it", name, f->alias);
         const unsigned char *t = f->tensors;
-        CHECK(!(t[ARCH_Q] && t[ARCH_QKV]) && !(t[ARCH_GATE] && t[ARCH_GATE_UP]) && !(t[ARCH_GATE] && t[ARCH_GATE_EXPS]),
+        CHECK(!(t[ARCH_Q] && t[ARCH_QKV]) && !(t[ARCH_GATE] && t[ARCH_GATE_UP]) &&
+                  !(t[ARCH_GATE_EXPS] && t[ARCH_GATE_UP_EXPS]),
               "%s: a tensor both split and fused", name);
+        CHECK(!t[ARCH_ROUTER] == !t[ARCH_GATE_EXPS] && !t[ARCH_ROUTER] == !t[ARCH_DOWN_EXPS] &&
+                  !f->shared_expert == !t[ARCH_SHEXP_GATE],
+              "%s: a router without experts or the reverse, or a shared expert the row does not list", name);
         CHECK(!f->cuda || f->cpu, "%s: wired on CUDA before the CPU", name);
         CHECK(!(f->cpu || f->cuda) || st == ARCH_SUPPORTED, "%s: wired but not supported", name);
         model_desc m;
@@ -63,8 +72,8 @@ static void test_table(void)
         else {
             CHECK(rc == 0 && a.family == f, "%s: resolves: %s", name, err);
             for (int s = 0; rc == 0 && s < ARCH_SLOT_COUNT; s++)
-                CHECK(a.t[s].need == ARCH_ABSENT || a.t[s].kind != ARCH_EXPERTS, "%s: slot %s has no engine kernel",
-                      name, model_arch_slot_name((enum arch_slot)s));
+                CHECK(a.t[s].need == ARCH_ABSENT || a.t[s].kind != ARCH_EXPERTS || a.t[ARCH_ROUTER].need,
+                      "%s: slot %s has no engine kernel", name, model_arch_slot_name((enum arch_slot)s));
             CHECK(rc == 0 && a.t[ARCH_TOKEN_EMBD].need == ARCH_REQUIRED && a.t[ARCH_OUTPUT].need == ARCH_OPTIONAL,
                   "%s: globals", name);
         }
@@ -95,7 +104,15 @@ static void test_hf_names(void)
         {"model.layers.1.pre_feedforward_layernorm.weight", "blk.1.ffn_norm.weight", 1, true},
         {"model.layers.2.mlp.gate.weight", "blk.2.ffn_gate_inp.weight", 2, false},
         {"model.layers.2.block_sparse_moe.gate.weight", "blk.2.ffn_gate_inp.weight", 2, false},
-        {"model.layers.5.block_sparse_moe.experts.7.w1.weight", "blk.5.block_sparse_moe.experts.7.w1.weight", 5, false},
+        {"model.layers.5.block_sparse_moe.experts.7.w1.weight", "blk.5.ffn_gate.7.weight", 5, false},
+        {"model.layers.5.block_sparse_moe.experts.7.w2.weight", "blk.5.ffn_down.7.weight", 5, false},
+        {"model.layers.5.block_sparse_moe.experts.12.w3.weight", "blk.5.ffn_up.12.weight", 5, false},
+        {"model.layers.1.mlp.experts.3.gate_proj.weight", "blk.1.ffn_gate.3.weight", 1, false},
+        {"model.layers.1.mlp.experts.0.down_proj.weight", "blk.1.ffn_down.0.weight", 1, false},
+        {"model.layers.1.mlp.experts.gate_up_proj", "blk.1.ffn_gate_up_exps.weight", 1, false},
+        {"model.layers.1.mlp.experts.down_proj", "blk.1.ffn_down_exps.weight", 1, false},
+        {"model.layers.0.mlp.shared_expert.up_proj.weight", "blk.0.ffn_up_shexp.weight", 0, false},
+        {"model.layers.0.mlp.shared_expert_gate.weight", "blk.0.ffn_gate_inp_shexp.weight", 0, false},
         {"model.layers.0.self_attn.qkv_proj.weight", "blk.0.attn_qkv.weight", 0, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -105,7 +122,10 @@ static void test_hf_names(void)
     }
     CHECK(!model_arch_hf_canonical(llama, "model.layers.0.self_attn.rotary_emb.inv_freq", out, sizeof out, &l) &&
               !model_arch_hf_canonical(NULL, "vision_tower.blocks.0.weight", out, sizeof out, &l) &&
-              !model_arch_hf_canonical(llama, "model.layers.x.mlp.up_proj.weight", out, sizeof out, &l),
+              !model_arch_hf_canonical(llama, "model.layers.x.mlp.up_proj.weight", out, sizeof out, &l) &&
+              !model_arch_hf_canonical(llama, "model.layers.0.mlp.experts.x.up_proj.weight", out, sizeof out, &l) &&
+              !model_arch_hf_canonical(llama, "model.layers.0.block_sparse_moe.experts.1.up_proj.bias", out, sizeof out,
+                                       &l),
           "names spill does not bind");
 }
 
@@ -167,10 +187,99 @@ static void test_ref_layouts(void)
         CHECK(0, "llama yarn: %s", err);
 }
 
+static void test_moe_layouts(void)
+{
+    char err[SPILL_ERRLEN];
+    model_desc *m;
+    arch_layout a;
+    arch_expert ex[8];
+    /* qwen2_moe_shared: layer 1 is dense (mlp_only_layers), the others sparse with a shared expert */
+    if (model_open("tests/data/ref/qwen2_moe_shared", &m, err, sizeof err) == 0) {
+        CHECK(model_arch_resolve(m, ARCH_ENGINE_CPU, &a, err, sizeof err) == 0, "qwen2_moe: %s", err);
+        CHECK(arch_layer_sparse(&a, 0) && !arch_layer_sparse(&a, 1) && arch_layer_sparse(&a, 2) && !a.expert_norm &&
+                  a.n_experts == 8 && a.n_experts_used == 2,
+              "qwen2_moe: sparse layers");
+        CHECK(arch_slot_need(&a, ARCH_ROUTER, 0) == ARCH_REQUIRED && arch_slot_need(&a, ARCH_GATE, 0) == ARCH_ABSENT &&
+                  arch_slot_need(&a, ARCH_ROUTER, 1) == ARCH_ABSENT &&
+                  arch_slot_need(&a, ARCH_GATE, 1) == ARCH_REQUIRED &&
+                  arch_slot_need(&a, ARCH_SHEXP_GATE_INP, 2) == ARCH_REQUIRED &&
+                  arch_slot_need(&a, ARCH_FFN_NORM, 1) == ARCH_REQUIRED,
+              "qwen2_moe: needs per layer");
+        CHECK(a.t[ARCH_GATE].n == 64 && a.t[ARCH_GATE_EXPS].n == 32 && a.t[ARCH_SHEXP_GATE].n == 48 &&
+                  a.t[ARCH_DOWN_EXPS].k == 32,
+              "qwen2_moe: dense F, expert F and shared F apart");
+        CHECK(model_arch_experts(m, &a, ARCH_DOWN_EXPS, 2, ex, err, sizeof err) == 0 && ex[7].row0 == 0 &&
+                  !strcmp(ex[7].t->name, "blk.2.ffn_down.7.weight") &&
+                  !strcmp(ex[7].t->src_name, "model.layers.2.mlp.experts.7.down_proj.weight"),
+              "qwen2_moe: per-expert tensors: %s", err);
+        const model_tensor *t;
+        CHECK(model_arch_tensor(m, &a, ARCH_SHEXP_GATE_INP, 0, &t, err, sizeof err) == 0 && t && t->n_dims == 1,
+              "qwen2_moe: the [1, D] shared gate is a vector: %s", err);
+        model_close(m);
+    } else
+        CHECK(0, "qwen2_moe: %s", err);
+    /* qwen2_moe_top1_step2: decoder_sparse_step 2 makes only layer 1 sparse; normalised */
+    if (model_open("tests/data/ref/qwen2_moe_top1_step2", &m, err, sizeof err) == 0) {
+        CHECK(!m->layer_sparse[0] && m->layer_sparse[1] && !m->layer_sparse[2] && m->expert_norm &&
+                  m->expert_ffn_dim == 32 && m->ffn_dim == 64,
+              "qwen2_moe step 2: sparse layers");
+        model_close(m);
+    } else
+        CHECK(0, "qwen2_moe step 2: %s", err);
+    /* qwen3_moe: transformers 5 names the expert count num_local_experts */
+    if (model_open("tests/data/ref/qwen3_moe_top8", &m, err, sizeof err) == 0) {
+        CHECK(m->n_experts == 16 && m->n_experts_used == 8 && m->expert_norm && m->layer_sparse[0] &&
+                  m->layer_sparse[1],
+              "qwen3_moe: experts");
+        model_close(m);
+    } else
+        CHECK(0, "qwen3_moe: %s", err);
+}
+
+/* Every moe_ entry of the malformed corpus: model_open accepts the files, engine_open refuses the model with
+ * the expected sentence. */
+static void test_bad_moe(void)
+{
+    char *text, err[SPILL_ERRLEN];
+    size_t len;
+    int n = 0;
+    if (util_read_file("tests/data/bad/expected.tsv", 16u << 20, &text, &len, err, sizeof err)) {
+        CHECK(0, "%s", err);
+        return;
+    }
+    for (char *line = text, *next; *line; line = next) {
+        next = strchr(line, '\n');
+        next = next ? (*next = 0, next + 1) : line + strlen(line);
+        char *tab = strchr(line, '\t');
+        if (!tab || strncmp(line, "moe_", 4))
+            continue;
+        *tab = 0;
+        char dir[300];
+        snprintf(dir, sizeof dir, "tests/data/bad/%s", line);
+        model_desc *m;
+        int rc = model_open(dir, &m, err, sizeof err);
+        CHECK(rc == 0, "%s: model_open: %s", line, err);
+        if (rc)
+            continue;
+        engine_opts o = {.threads = 1, .max_pass_tokens = 4, .max_pass_seqs = 1, .page_tokens = 4, .kv_pages = 4};
+        spill_engine *e = NULL;
+        rc = engine_open(m, &o, &e, err, sizeof err);
+        CHECK(rc < 0 && e == NULL && !strcmp(err, tab + 1), "%s:\n  got  %s\n  want %s", line, rc ? err : "(opened)",
+              tab + 1);
+        engine_close(e);
+        model_close(m);
+        n++;
+    }
+    free(text);
+    CHECK(n >= 5, "only %d malformed MoE models", n);
+}
+
 int main(void)
 {
     test_table();
     test_hf_names();
     test_ref_layouts();
+    test_moe_layouts();
+    test_bad_moe();
     return test_finish("test_arch");
 }

@@ -20,11 +20,24 @@
  * sqrt(K) for K ≤ 256, logits are O(1), and two layers compound it to ~1e-5:
  * 1e-4 leaves a 10x margin while any real bug (a wrong RoPE pair, mask, bias,
  * norm) moves log-probs by 1e-2 or more.  The greedy tokens must also agree
- * wherever the reference's top-2 margin exceeds 1e-3.
+ * wherever the reference's top-2 margin exceeds 1e-3.  The MoE fixtures
+ * (mixtral, qwen2_moe, qwen3_moe) keep the same bound: routing is a top-k of
+ * fp32 probabilities, and a choice flipped by summation rounding would need
+ * two probabilities within ~1e-6 of each other, which the random weights do
+ * not produce (a flip would show as an error of 1e-2, not hide under 1e-4).
+ *
+ * Each MoE fixture also runs from the transformers 4 config (config_v4.json:
+ * num_experts, top-level rope_theta) and, where generated, from
+ * transformers 5's fused expert tensors (model_fused.safetensors): a
+ * temporary directory of symlinks stands for the variant.  The MoE engines
+ * must have skipped experts no token chose, and a prompt prefilled whole must
+ * give the bits of the same prompt fed one token per pass (the routed
+ * block's output per token does not depend on the batch).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "model/model.h"
@@ -108,11 +121,50 @@ static int argmax(const float *x, int V, float *margin)
     return best;
 }
 
-/* Runs fixture `name` from directory dir (the fixture's own, or a variant's: another config or weight file). */
-static void run_model_in(const char *name, const char *dir)
+/* Prefills row r's prompt whole on one engine and token by token on another: the last logits must be the
+ * same bits. */
+static void check_batch_independent(model_desc *m, const ref_row *row, uint32_t V, const char *name)
+{
+    char err[SPILL_ERRLEN];
+    engine_opts o = {.threads = 2, .max_pass_tokens = 64, .max_pass_seqs = 8, .page_tokens = 16, .kv_pages = 64};
+    spill_engine *a, *b;
+    if (engine_open(m, &o, &a, err, sizeof err)) {
+        CHECK(0, "%s: engine_open: %s", name, err);
+        return;
+    }
+    o.threads = 1;
+    if (engine_open(m, &o, &b, err, sizeof err)) {
+        CHECK(0, "%s: engine_open: %s", name, err);
+        engine_close(a);
+        return;
+    }
+    int32_t n = (int32_t)row->n_prompt;
+    float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
+    kv_row ka = {0}, kb = {0};
+    int rc = kv_row_reserve(engine_kv(a), &ka, n) || kv_row_reserve(engine_kv(b), &kb, n);
+    fwd_seq whole = {&ka, 0, n, row->ids, true, false};
+    rc = rc || engine_forward(a, &whole, 1, la, err, sizeof err);
+    for (int32_t i = 0; i < n && !rc; i++) {
+        fwd_seq one = {&kb, i, 1, row->ids + i, true, false};
+        rc = engine_forward(b, &one, 1, lb, err, sizeof err);
+    }
+    CHECK(rc == 0, "%s: batch check: %s", name, err);
+    CHECK(rc || !memcmp(la, lb, (size_t)V * sizeof(float)),
+          "%s: a prompt prefilled whole differs from the same prompt fed token by token", name);
+    kv_row_free(engine_kv(a), &ka);
+    kv_row_free(engine_kv(b), &kb);
+    free(la);
+    free(lb);
+    engine_close(a);
+    engine_close(b);
+}
+
+/* Runs the model in dir (fixture ref's own directory, or a variant of it) against ref's logits; name labels
+ * the messages. */
+static void run_dir(const char *ref, const char *name, const char *dir)
 {
     char path[600], err[SPILL_ERRLEN];
-    snprintf(path, sizeof path, "tests/data/ref/%s/ref.bin", name);
+    snprintf(path, sizeof path, "tests/data/ref/%s/ref.bin", ref);
     ref_row rows[MAXROWS];
     uint32_t n_rows, V;
     if (load_ref(path, rows, &n_rows, &V) != 0) {
@@ -204,6 +256,14 @@ static void run_model_in(const char *name, const char *dir)
     CHECK(engine_stream_stats(es, &ring, &bytes, &wait_s, &read_s) && bytes > 0, "%s: nothing was streamed", name);
     fprintf(stderr, "%-28s %3d positions, max |dlogsoftmax| %.2e, streamed %llu bytes, identical: %s\n", name, compared,
             worst, (unsigned long long)bytes, stream_diff ? "NO" : "yes");
+    uint64_t run, skipped;
+    if (engine_moe_stats(e, &run, &skipped)) {
+        CHECK(run > 0 && skipped > 0, "%s: %llu experts ran, %llu skipped", name, (unsigned long long)run,
+              (unsigned long long)skipped);
+        fprintf(stderr, "%-28s experts ran %llu times, skipped %llu times\n", "", (unsigned long long)run,
+                (unsigned long long)skipped);
+        check_batch_independent(m, &rows[n_rows - 1], V, name);
+    }
     for (uint32_t r = 0; r < n_rows; r++) {
         kv_row_free(kv, &kr[r]);
         kv_row_free(kvs, &krs[r]);
@@ -222,39 +282,57 @@ static void run_model(const char *name)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "tests/data/ref/%s", name);
-    run_model_in(name, dir);
+    run_dir(name, name, dir);
 }
 
-/* The same model described another way: `config` (config_v4.json: as transformers 4 wrote the config) and
- * `weights` (model_fused.safetensors: transformers 5's in-memory expert layout) linked into a scratch
- * directory under their standard names.  The reference logits are the fixture's. */
+/* Runs fixture `name` from a temporary directory whose config.json and model.safetensors are symlinks to the
+ * fixture's files `config` and `weights`. */
 static void run_variant(const char *name, const char *config, const char *weights)
 {
-    char dir[160], cmd[4096];
-    snprintf(dir, sizeof dir, "tests/tmp/fwd_%s_%s", name, config ? "v4" : "fused");
-    snprintf(cmd, sizeof cmd,
-             "rm -rf %s && mkdir -p %s && ln -s \"$PWD/tests/data/ref/%s/%s\" %s/config.json && "
-             "ln -s \"$PWD/tests/data/ref/%s/%s\" %s/model.safetensors",
-             dir, dir, name, config ? config : "config.json", dir, name, weights ? weights : "model.safetensors", dir);
-    int rc = system(cmd);
-    CHECK(rc == 0, "%s: cannot make the variant directory %s", name, dir);
-    if (rc == 0)
-        run_model_in(name, dir);
+    char tmp[] = "/tmp/spill_fwd_XXXXXX", src[1024], dst[1100], label[128];
+    char *cwd = getcwd(NULL, 0);
+    CHECK(cwd && mkdtemp(tmp), "%s: temporary directory", name);
+    if (!cwd)
+        return;
+    const char *files[2][2] = {{config, "config.json"}, {weights, "model.safetensors"}};
+    bool ok = true;
+    for (int i = 0; i < 2; i++) {
+        snprintf(src, sizeof src, "%s/tests/data/ref/%s/%s", cwd, name, files[i][0]);
+        snprintf(dst, sizeof dst, "%s/%s", tmp, files[i][1]);
+        ok = ok && symlink(src, dst) == 0;
+    }
+    CHECK(ok, "%s: symlinks in %s", name, tmp);
+    snprintf(label, sizeof label, "%s (%s%s)", name, strcmp(config, "config.json") ? "v4 config" : "v5 config",
+             strcmp(weights, "model.safetensors") ? ", fused" : "");
+    if (ok)
+        run_dir(name, label, tmp);
+    for (int i = 0; i < 2; i++) {
+        snprintf(dst, sizeof dst, "%s/%s", tmp, files[i][1]);
+        unlink(dst);
+    }
+    rmdir(tmp);
+    free(cwd);
 }
 
 int main(void)
 {
-    static const char *models[] = {"llama_gqa_s64",       "llama_mha_s128_tied_llama3",
-                                   "llama_mqa_linear",    "llama_yarn",
-                                   "qwen2_bias",          "qwen3_qknorm",
-                                   "mistral_window8",     "gemma2_softcap_window",
-                                   "gemma3_local_linear", "phi3_longrope_partial",
-                                   "phi3_plain_tied"};
+    static const char *models[] = {"llama_gqa_s64",         "llama_mha_s128_tied_llama3",
+                                   "llama_mqa_linear",      "llama_yarn",
+                                   "qwen2_bias",            "qwen3_qknorm",
+                                   "mistral_window8",       "gemma2_softcap_window",
+                                   "gemma3_local_linear",   "phi3_longrope_partial",
+                                   "phi3_plain_tied",       "mixtral_top2",
+                                   "qwen2_moe_shared",      "qwen2_moe_top1_step2",
+                                   "qwen3_moe_top8"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         run_model(models[i]);
-    /* issue 12's families with their configs as transformers 4 wrote them */
-    static const char *v4[] = {"gemma2_softcap_window", "gemma3_local_linear", "phi3_longrope_partial"};
+    /* issue 12's families with their configs as transformers 4 wrote them, and transformers 5's fused experts */
+    static const char *v4[] = {"gemma2_softcap_window", "gemma3_local_linear", "phi3_longrope_partial",
+                               "mixtral_top2",          "qwen2_moe_shared",    "qwen2_moe_top1_step2",
+                               "qwen3_moe_top8"};
     for (size_t i = 0; i < sizeof v4 / sizeof v4[0]; i++)
-        run_variant(v4[i], "config_v4.json", NULL);
+        run_variant(v4[i], "config_v4.json", "model.safetensors");
+    run_variant("mixtral_top2", "config.json", "model_fused.safetensors");
+    run_variant("qwen3_moe_top8", "config_v4.json", "model_fused.safetensors");
     return test_finish("test_forward");
 }

@@ -325,6 +325,61 @@ def reset_dir(d):
     os.makedirs(d)
 
 
+def moe_models(golden):
+    """MoE checkpoints (HF directories) that parse but disagree with their config: engine_open must refuse each
+    with one sentence (tests/test_arch.c).  A one-layer Mixtral of D=16, two experts of F=8, tied embeddings;
+    each case breaks one rule in the experts or the router.  Sentences mirror src/model/arch.c."""
+    D, F, E, V = 16, 8, 2, 8
+    cfg = {"model_type": "mixtral", "num_hidden_layers": 1, "hidden_size": D, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 8, "intermediate_size": F, "num_local_experts": E,
+           "num_experts_per_tok": 1, "vocab_size": V, "max_position_embeddings": 32, "rms_norm_eps": 1e-5,
+           "tie_word_embeddings": True}
+    z = lambda *shape: np.zeros(shape, dtype=np.float32)
+
+    def base(fused):
+        t = {"model.embed_tokens.weight": z(V, D), "model.norm.weight": z(D),
+             "model.layers.0.input_layernorm.weight": z(D), "model.layers.0.post_attention_layernorm.weight": z(D),
+             "model.layers.0.self_attn.q_proj.weight": z(16, D), "model.layers.0.self_attn.k_proj.weight": z(8, D),
+             "model.layers.0.self_attn.v_proj.weight": z(8, D), "model.layers.0.self_attn.o_proj.weight": z(D, 16)}
+        if fused:  # transformers 5's in-memory layout
+            t["model.layers.0.mlp.gate.weight"] = z(E, D)
+            t["model.layers.0.mlp.experts.gate_up_proj"] = z(E, 2 * F, D)
+            t["model.layers.0.mlp.experts.down_proj"] = z(E, D, F)
+        else:
+            t["model.layers.0.block_sparse_moe.gate.weight"] = z(E, D)
+            for e in range(E):
+                for w, shape in (("w1", (F, D)), ("w3", (F, D)), ("w2", (D, F))):
+                    t[f"model.layers.0.block_sparse_moe.experts.{e}.{w}.weight"] = z(*shape)
+        return t
+
+    def case(name, fused, edit, msg):
+        d = f"{BAD}/{name}"
+        os.makedirs(d)
+        with open(f"{d}/config.json", "w") as fh:
+            json.dump(cfg, fh)
+        t = base(fused)
+        edit(t)
+        save_file(t, f"{d}/model.safetensors")
+        golden.append((name, f"{d}: {msg}"))
+
+    pre = "model.layers.0.block_sparse_moe"
+    case("moe_expert_missing", False, lambda t: t.pop(f"{pre}.experts.1.w3.weight"),
+         f"expert 1 of layer 0 has no up matrix (neither tensor blk.0.ffn_up.1.weight nor a stacked "
+         f"blk.0.ffn_up_exps.weight), but the config declares {E} experts.")
+    case("moe_expert_index", False, lambda t: t.update({f"{pre}.experts.2.w1.weight": z(F, D)}),
+         f"tensor {pre}.experts.2.w1.weight is expert 2 of layer 0, but the config declares {E} experts "
+         f"(0 to {E - 1}).")
+    case("moe_router_shape", False, lambda t: t.update({f"{pre}.gate.weight": z(E + 1, D)}),
+         f"router blk.0.ffn_gate_inp.weight scores {E + 1} experts from {D} inputs, but the config declares {E} "
+         f"experts and a model dimension of {D}.")
+    case("moe_stacked_shape", True, lambda t: t.update({"model.layers.0.mlp.experts.gate_up_proj": z(E, F, D)}),
+         f"tensor blk.0.ffn_gate_up_exps.weight has shape [{E}, {F}, {D}] but the config implies "
+         f"[{E}, {2 * F}, {D}].")
+    case("moe_stacked_count", True, lambda t: t.update({"model.layers.0.mlp.experts.down_proj": z(E + 1, D, F)}),
+         f"tensor blk.0.ffn_down_exps.weight has shape [{E + 1}, {D}, {F}] but the config implies "
+         f"[{E}, {D}, {F}].")
+
+
 def main():
     for d in (BAD, "fuzz/seeds/fuzz_gguf", "fuzz/seeds/fuzz_safetensors"):  # wholly this script's
         reset_dir(d)
@@ -901,6 +956,8 @@ def main():
     shard_dir("st_no_model", {"other.safetensors": {"a": x}}, None,
               lambda d, i: f"{d}: holds neither model.safetensors nor model.safetensors.index.json; pass the "
                            f"directory of a safetensors model.")
+
+    moe_models(golden)
 
     with open(f"{BAD}/expected.tsv", "w") as fh:
         for fname, msg in golden:

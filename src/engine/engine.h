@@ -78,6 +78,9 @@ uint64_t engine_weight_bytes(const spill_engine *e);
 /* Streaming: ring bytes and cumulative read statistics; false when resident. */
 bool engine_stream_stats(const spill_engine *e, size_t *ring_bytes, uint64_t *bytes_read, double *wait_s,
                          double *read_s);
+/* MoE: cumulative (layer, expert) visits that ran over at least one row and those no row chose (skipped, their
+ * weights not touched); false for a dense model. */
+bool engine_moe_stats(const spill_engine *e, uint64_t *run, uint64_t *skipped);
 
 /*
  * The engine the job runner drives, whichever backend implements it: the CPU

@@ -13,7 +13,9 @@
  * Does not own: which families run and what they bind (model/arch.c: the
  * engine resolves the model once into an arch_layout and reads its tensors,
  * flags and RoPE parameters from there, never the family name), the kernels
- * (cpu.c, quant.c), page allocation (kv.c), scheduling or sampling.
+ * (cpu.c, quant.c), a sparse layer's routed FFN (moe.c: this file binds it
+ * per layer and calls it in place of the dense FFN), page allocation
+ * (kv.c), scheduling or sampling.
  *
  * Key decision: one pass = every sequence's tokens concatenated into T rows of
  * activations, so the whole batch shares each weight read; attention is the
@@ -34,6 +36,7 @@
 #include <unistd.h>
 
 #include "cpu.h"
+#include "moe.h"
 #include "../model/arch.h"
 #include "../model/gguf.h"
 #include "../model/quant.h"
@@ -53,6 +56,7 @@ typedef struct layer_w {
     float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffw_norm; /* (D) */
     float *q_norm, *k_norm;                                       /* (S) */
     float *bq, *bk, *bv;                                          /* (H*S), (K*S), (K*S) */
+    moe_layer *moe; /* a sparse layer's FFN (in place of gate, up, down), or NULL */
 } layer_w;
 
 struct spill_engine {
@@ -76,6 +80,8 @@ struct spill_engine {
     arch_layout a;             /* what the family makes of the pass: tensors, flags, RoPE parameters */
     cpu_rope rope, rope_local; /* global and sliding layers */
     cpu_rope rope_long;        /* longrope: global layers of rows past the original length */
+    moe_layer *moe_layers;     /* (L) sparse layers' FFN weights (zero for dense layers); NULL for dense models */
+    moe_ctx *moe;              /* the routed FFN's pass buffers */
 
     /* pass buffers, allocated once for max_T tokens */
     float *x, *h, *q, *k, *v, *att, *g, *u, *last;
@@ -299,8 +305,8 @@ static int bind_weights(spill_engine *e, char *err, size_t errlen)
         return util_errf(err, errlen, "out of memory binding layers.");
     for (int l = 0; l < m->n_layers; l++)
         for (int s = ARCH_LAYER_FIRST; s < ARCH_SLOT_COUNT; s++) {
-            if (e->a.t[s].need == ARCH_ABSENT)
-                continue;
+            if (arch_slot_need(&e->a, (enum arch_slot)s, l) == ARCH_ABSENT || arch_slot_sparse((enum arch_slot)s))
+                continue; /* a sparse layer's FFN is bound by bind_moe */
             enum arch_kind kind = e->a.t[s].kind;
             layer_w *lw = &e->layers[l];
             if (s == ARCH_QKV || s == ARCH_GATE_UP) { /* fused: bound as row ranges of one tensor */
@@ -322,6 +328,24 @@ static int bind_weights(spill_engine *e, char *err, size_t errlen)
             if (mat ? bind_mat(e, mat, (enum arch_slot)s, l, err, errlen)
                     : bind_vec(e, vec, (enum arch_slot)s, l, err, errlen))
                 return -1;
+        }
+    return 0;
+}
+
+/* Binds every sparse layer's FFN (router, experts, shared expert) through moe.c. */
+static int bind_moe(spill_engine *e, char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    if (m->n_experts <= 0)
+        return 0;
+    e->moe_layers = calloc((size_t)m->n_layers, sizeof *e->moe_layers);
+    if (!e->moe_layers)
+        return util_errf(err, errlen, "out of memory binding layers.");
+    for (int l = 0; l < m->n_layers; l++)
+        if (arch_layer_sparse(&e->a, l)) {
+            if (moe_bind(&e->moe_layers[l], m, &e->a, l, e->tbuf, err, errlen))
+                return -1;
+            e->layers[l].moe = &e->moe_layers[l];
         }
     return 0;
 }
@@ -354,18 +378,21 @@ int engine_open(model_desc *m, const engine_opts *o, spill_engine **out, char *e
     int64_t maxK = D > HS ? D : HS;
     if (F > maxK)
         maxK = F;
+    if (moe_max_k(m) > maxK)
+        maxK = moe_max_k(m);
     size_t scratch = cpu_matmul_scratch_bytes(maxK);
     size_t att_scratch = (size_t)(m->ctx_len + 64) * sizeof(float);
     if (att_scratch > scratch)
         scratch = att_scratch;
     stream_opts so = {.slots = o->stream_slots > 0 ? o->stream_slots : 3, .chunk_bytes = 16u << 20, .direct = o->direct_io};
-    if (load_files(e, o->stream, err, errlen) || bind_weights(e, err, errlen) || rope_setup(e, err, errlen) ||
-        (o->stream && stream_open(m, &so, &e->st, err, errlen)) ||
+    if (load_files(e, o->stream, err, errlen) || bind_weights(e, err, errlen) || bind_moe(e, err, errlen) ||
+        rope_setup(e, err, errlen) || (o->stream && stream_open(m, &so, &e->st, err, errlen)) ||
         cpu_pool_create(o->threads, scratch, &e->pool, err, errlen) ||
         (o->q8_activations &&
          (cpu_pool_set_q8_act(e->pool, true), cpu_pool_reserve_q8(e->pool, T, maxK, err, errlen))) ||
         kv_create(&e->kv, m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens > 0 ? o->page_tokens : 16,
-                  o->kv_pages > 0 ? o->kv_pages : 256, err, errlen))
+                  o->kv_pages > 0 ? o->kv_pages : 256, err, errlen) ||
+        (m->n_experts > 0 && moe_open(m, &e->a, e->pool, T, o->q8_activations, &e->moe, err, errlen)))
         goto fail;
     e->x = malloc((size_t)(T * D) * sizeof(float));
     e->h = malloc((size_t)(T * D) * sizeof(float));
@@ -430,12 +457,17 @@ void engine_mem_estimate(const model_desc *m, const engine_opts *o, int threads,
     int64_t maxK = D > HS ? D : HS;
     if (F > maxK)
         maxK = F;
+    if (moe_max_k(m) > maxK)
+        maxK = moe_max_k(m);
     uint64_t act = (uint64_t)T * (uint64_t)(3 * D + 2 * HS + 2 * KS + 2 * F) * 4 + (uint64_t)T * 9;
     uint64_t scratch = cpu_matmul_scratch_bytes(maxK), att = (uint64_t)(m->ctx_len + 64) * 4;
     if (att > scratch)
         scratch = att;
     uint64_t q8 = o->q8_activations ? (uint64_t)T * (uint64_t)(maxK + maxK / 8 + 64) : 0;
-    *pass = act + scratch * (uint64_t)threads + q8;
+    /* moe.c reserves the 8-bit activations for T*k gathered rows */
+    int64_t q8_T = m->n_experts > 0 ? T * m->n_experts_used : T;
+    uint64_t moe_q8 = o->q8_activations ? (uint64_t)(q8_T - T) * (uint64_t)(maxK + maxK / 8 + 64) : 0;
+    *pass = act + scratch * (uint64_t)threads + q8 + moe_q8 + moe_buffer_bytes(m, T);
 }
 
 void engine_close(spill_engine *e)
@@ -452,6 +484,10 @@ void engine_close(spill_engine *e)
         free(e->owned[i]);
     free(e->owned);
     free(e->layers);
+    for (int l = 0; e->moe_layers && l < e->m->n_layers; l++)
+        moe_unbind(&e->moe_layers[l]);
+    free(e->moe_layers);
+    moe_close(e->moe);
     cpu_pool_free(e->pool);
     kv_destroy(&e->kv);
     free(e->x), free(e->h), free(e->q), free(e->k), free(e->v), free(e->att), free(e->g), free(e->u);
@@ -483,6 +519,14 @@ bool engine_stream_stats(const spill_engine *e, size_t *ring_bytes, uint64_t *by
         return false;
     *ring_bytes = stream_ring_bytes(e->st);
     stream_stats(e->st, bytes_read, wait_s, read_s);
+    return true;
+}
+
+bool engine_moe_stats(const spill_engine *e, uint64_t *run, uint64_t *skipped)
+{
+    if (!e->moe)
+        return false;
+    moe_stats(e->moe, run, skipped, NULL);
     return true;
 }
 
@@ -575,12 +619,26 @@ static void add_bias(float *y, const float *b, int64_t T, int64_t n)
             cpu_add(y + t * n, b, n);
 }
 
+/* e->h (T, D) = the dense FFN of the normed hidden states in e->h. */
+static int dense_ffn(spill_engine *e, const layer_w *w, int64_t T, char *err, size_t errlen)
+{
+    int64_t D = e->m->d_model, F = e->m->ffn_dim;
+    cpu_mm_part gate_up[2] = {{w->gate.p, w->gate.type, F, e->g}, {w->up.p, w->up.type, F, e->u}};
+    if (cpu_matmul_multi(e->pool, gate_up, 2, D, e->h, T, err, errlen))
+        return -1;
+    if (e->a.act == ARCH_ACT_GELU_TANH)
+        cpu_gelu_tanh_mul(e->g, e->u, T * F);
+    else
+        cpu_silu_mul(e->g, e->u, T * F);
+    return cpu_matmul(e->pool, w->down.p, w->down.type, D, F, e->g, T, e->h, err, errlen);
+}
+
 /* One layer for all T tokens of the pass: attention (writing this pass's K/V into
  * each row's pages first) and the feed-forward block, residuals in e->x. */
 static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l, int64_t T, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
-    int64_t D = m->d_model, H = m->n_heads, K = m->n_kv_heads, S = m->head_dim, F = m->ffn_dim;
+    int64_t D = m->d_model, H = m->n_heads, K = m->n_kv_heads, S = m->head_dim;
     int64_t HS = H * S, KS = K * S;
     const arch_layout *a = &e->a;
     bool sliding = arch_layer_sliding(a, l);
@@ -614,14 +672,10 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
     cpu_add(e->x, e->h, T * D);
 
     cpu_rmsnorm(e->h, e->x, w->ffn_norm, T, D, m->norm_eps, a->norm_plus_one);
-    cpu_mm_part gate_up[2] = {{w->gate.p, w->gate.type, F, e->g}, {w->up.p, w->up.type, F, e->u}};
-    if (cpu_matmul_multi(e->pool, gate_up, 2, D, e->h, T, err, errlen))
-        return -1;
-    if (a->act == ARCH_ACT_GELU_TANH)
-        cpu_gelu_tanh_mul(e->g, e->u, T * F);
-    else
-        cpu_silu_mul(e->g, e->u, T * F);
-    if (cpu_matmul(e->pool, w->down.p, w->down.type, D, F, e->g, T, e->h, err, errlen))
+    if (w->moe) {
+        if (moe_ffn(e->moe, e->pool, w->moe, e->h, T, e->h, err, errlen))
+            return -1;
+    } else if (dense_ffn(e, w, T, err, errlen))
         return -1;
     if (w->post_ffw_norm)
         cpu_rmsnorm(e->h, e->h, w->post_ffw_norm, T, D, m->norm_eps, a->norm_plus_one);
@@ -671,6 +725,8 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
             wmat *all[] = {&lw.q, &lw.k, &lw.v, &lw.o, &lw.gate, &lw.up, &lw.down};
             for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
                 rebind(all[i], &sl);
+            if (lw.moe)
+                moe_rebind(lw.moe, &sl);
         }
         int lrc = forward_layer(e, seqs, w, l, T, err, errlen);
         if (e->st)

@@ -29,12 +29,18 @@
  *    the sliding layers' own base) and the CPU backend's cpu_rope_init turns
  *    it into frequency tables for both engines, with no translation between
  *    a model-side and an engine-side copy.
- *  - Expert layout (MoE rows: router, stacked experts, shared expert) is
- *    described and shape-checked though no engine runs experts yet; HF
- *    per-expert tensors keep their own names (model_arch_hf_canonical).
+ *  - MoE: a slot belongs to the dense FFN, to a sparse layer's FFN (router,
+ *    experts, shared expert) or to neither, and the model's per-layer
+ *    sparse flag (arch_layout.layer_sparse) decides which FFN a layer
+ *    needs, so one row describes models whose dense and sparse layers mix
+ *    (Qwen2-MoE mlp_only_layers, decoder_sparse_step).  Experts come in
+ *    three storages (GGUF stacked, transformers 5's fused gate_up, HF one
+ *    tensor per expert); model_arch_experts hides which behind (tensor,
+ *    first row) per expert, so engines bind rows, never file layouts.
  */
 #include "arch.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,13 +53,17 @@
 /* ---------------------------------------------------------------- slots */
 
 /* Dimension letters a slot's shape is written in. */
-enum dim { DIM_1, DIM_D, DIM_HS, DIM_KS, DIM_QKV, DIM_S, DIM_F, DIM_F2, DIM_FS, DIM_E, DIM_V };
+enum dim { DIM_1, DIM_D, DIM_HS, DIM_KS, DIM_QKV, DIM_S, DIM_F, DIM_F2, DIM_FE, DIM_FE2, DIM_FS, DIM_E, DIM_V };
+
+/* Which FFN of a layer a slot belongs to (arch_slot_need). */
+enum ffn_part { FFN_NONE, FFN_DENSE, FFN_SPARSE };
 
 static const struct slot {
     const char *name;        /* canonical (GGUF) name; per-layer slots are blk.N.<name> */
     const char *hf, *hf_alt; /* Hugging Face names (per layer: after model.layers.N.), or NULL */
     enum arch_kind kind;
     enum dim n, k;
+    enum ffn_part part;
 } slots[ARCH_SLOT_COUNT] = {
     [ARCH_TOKEN_EMBD] = {"token_embd.weight", "model.embed_tokens.weight", NULL, ARCH_MATRIX, DIM_V, DIM_D},
     [ARCH_OUTPUT_NORM] = {"output_norm.weight", "model.norm.weight", NULL, ARCH_VECTOR, DIM_D, DIM_1},
@@ -74,21 +84,36 @@ static const struct slot {
     [ARCH_FFN_NORM] = {"ffn_norm.weight", "pre_feedforward_layernorm.weight", NULL, ARCH_VECTOR, DIM_D, DIM_1},
     [ARCH_POST_FFW_NORM] = {"post_ffw_norm.weight", "post_feedforward_layernorm.weight", NULL, ARCH_VECTOR, DIM_D,
                             DIM_1},
-    [ARCH_GATE] = {"ffn_gate.weight", "mlp.gate_proj.weight", NULL, ARCH_MATRIX, DIM_F, DIM_D},
-    [ARCH_UP] = {"ffn_up.weight", "mlp.up_proj.weight", NULL, ARCH_MATRIX, DIM_F, DIM_D},
-    [ARCH_GATE_UP] = {"ffn_gate_up.weight", "mlp.gate_up_proj.weight", NULL, ARCH_MATRIX, DIM_F2, DIM_D},
-    [ARCH_DOWN] = {"ffn_down.weight", "mlp.down_proj.weight", NULL, ARCH_MATRIX, DIM_D, DIM_F},
+    [ARCH_GATE] = {"ffn_gate.weight", "mlp.gate_proj.weight", NULL, ARCH_MATRIX, DIM_F, DIM_D, FFN_DENSE},
+    [ARCH_UP] = {"ffn_up.weight", "mlp.up_proj.weight", NULL, ARCH_MATRIX, DIM_F, DIM_D, FFN_DENSE},
+    [ARCH_GATE_UP] = {"ffn_gate_up.weight", "mlp.gate_up_proj.weight", NULL, ARCH_MATRIX, DIM_F2, DIM_D, FFN_DENSE},
+    [ARCH_DOWN] = {"ffn_down.weight", "mlp.down_proj.weight", NULL, ARCH_MATRIX, DIM_D, DIM_F, FFN_DENSE},
     [ARCH_ROUTER] = {"ffn_gate_inp.weight", "mlp.gate.weight", "block_sparse_moe.gate.weight", ARCH_MATRIX, DIM_E,
-                     DIM_D},
-    /* Stacked experts are GGUF's; HF checkpoints store one tensor per expert (kept under their own names). */
-    [ARCH_GATE_EXPS] = {"ffn_gate_exps.weight", NULL, NULL, ARCH_EXPERTS, DIM_F, DIM_D},
-    [ARCH_UP_EXPS] = {"ffn_up_exps.weight", NULL, NULL, ARCH_EXPERTS, DIM_F, DIM_D},
-    [ARCH_DOWN_EXPS] = {"ffn_down_exps.weight", NULL, NULL, ARCH_EXPERTS, DIM_D, DIM_F},
-    /* The shared expert's HF names (mlp.shared_expert.*) are mapped when Qwen2-MoE is wired. */
-    [ARCH_SHEXP_GATE_INP] = {"ffn_gate_inp_shexp.weight", NULL, NULL, ARCH_VECTOR, DIM_D, DIM_1},
-    [ARCH_SHEXP_GATE] = {"ffn_gate_shexp.weight", NULL, NULL, ARCH_MATRIX, DIM_FS, DIM_D},
-    [ARCH_SHEXP_UP] = {"ffn_up_shexp.weight", NULL, NULL, ARCH_MATRIX, DIM_FS, DIM_D},
-    [ARCH_SHEXP_DOWN] = {"ffn_down_shexp.weight", NULL, NULL, ARCH_MATRIX, DIM_D, DIM_FS},
+                     DIM_D, FFN_SPARSE},
+    /* HF per-expert tensors are named in model_arch_hf_canonical; the 3-D ones are transformers 5's */
+    [ARCH_GATE_EXPS] = {"ffn_gate_exps.weight", NULL, NULL, ARCH_EXPERTS, DIM_FE, DIM_D, FFN_SPARSE},
+    [ARCH_UP_EXPS] = {"ffn_up_exps.weight", NULL, NULL, ARCH_EXPERTS, DIM_FE, DIM_D, FFN_SPARSE},
+    [ARCH_GATE_UP_EXPS] = {"ffn_gate_up_exps.weight", "mlp.experts.gate_up_proj", NULL, ARCH_EXPERTS, DIM_FE2, DIM_D,
+                           FFN_SPARSE},
+    [ARCH_DOWN_EXPS] = {"ffn_down_exps.weight", "mlp.experts.down_proj", NULL, ARCH_EXPERTS, DIM_D, DIM_FE, FFN_SPARSE},
+    /* HF stores the gate [1, D]; model.c reads it as the vector GGUF stores */
+    [ARCH_SHEXP_GATE_INP] = {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight", NULL, ARCH_VECTOR, DIM_D,
+                             DIM_1, FFN_SPARSE},
+    [ARCH_SHEXP_GATE] = {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight", NULL, ARCH_MATRIX, DIM_FS,
+                         DIM_D, FFN_SPARSE},
+    [ARCH_SHEXP_UP] = {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight", NULL, ARCH_MATRIX, DIM_FS, DIM_D,
+                       FFN_SPARSE},
+    [ARCH_SHEXP_DOWN] = {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight", NULL, ARCH_MATRIX, DIM_D,
+                         DIM_FS, FFN_SPARSE},
+};
+
+/* HF names of one routed expert's tensors (after model.layers.N.<prefix>.E.) and the canonical stem of each:
+ * blk.N.<stem>.E.weight. */
+static const struct {
+    const char *hf, *stem;
+} expert_names[] = {
+    {"gate_proj.weight", "ffn_gate"}, {"up_proj.weight", "ffn_up"}, {"down_proj.weight", "ffn_down"},
+    {"w1.weight", "ffn_gate"},        {"w3.weight", "ffn_up"},      {"w2.weight", "ffn_down"},
 };
 
 /* ---------------------------------------------------------------- families */
@@ -103,7 +128,8 @@ static const struct slot {
 #define QK_NORM [ARCH_Q_NORM] = R, [ARCH_K_NORM] = R
 #define POST_NORMS [ARCH_POST_ATTN_NORM] = R, [ARCH_POST_FFW_NORM] = R
 #define FFN [ARCH_FFN_NORM] = R, [ARCH_GATE] = R, [ARCH_UP] = R, [ARCH_DOWN] = R
-#define EXPERTS [ARCH_FFN_NORM] = R, [ARCH_ROUTER] = R, [ARCH_GATE_EXPS] = R, [ARCH_UP_EXPS] = R, [ARCH_DOWN_EXPS] = R
+/* an MoE row lists FFN too: its dense layers bind it, its sparse layers these (arch_slot_need) */
+#define EXPERTS [ARCH_ROUTER] = R, [ARCH_GATE_EXPS] = R, [ARCH_UP_EXPS] = R, [ARCH_DOWN_EXPS] = R
 #define SHARED_EXPERT [ARCH_SHEXP_GATE_INP] = R, [ARCH_SHEXP_GATE] = R, [ARCH_SHEXP_UP] = R, [ARCH_SHEXP_DOWN] = R
 /* Gemma's conventions: HF norm weights w - 1, queries scaled by query_pre_attn_scalar, logit softcaps. */
 #define GEMMA_HF .hf_norm_plus_one = true, .query_pre_attn_scalar = true, .hf_softcap = true
@@ -175,18 +201,26 @@ static const arch_family families[] = {
      .gguf_window_every = 6,
      .gguf_turn_end = "<end_of_turn>"},
     {.name = "mixtral",
-     .state = ARCH_EXPECTED,
-     .note = "Mixtral MoE: named, not yet wired (all experts stream in layer order).",
-     .tensors = {GLOBALS, ATTENTION(ARCH_ABSENT), EXPERTS}},
+     .state = ARCH_SUPPORTED,
+     .note = "Mixtral MoE (CPU engine, checked against transformers logits; all experts stream in layer order).",
+     .cpu = true,
+     .tensors = {GLOBALS, ATTENTION(ARCH_ABSENT), FFN, EXPERTS},
+     .gguf_rope = ROPE_NORM, /* a llama file with experts: Q/K permuted as llama's */
+     .moe_norm_always = true},
     {.name = "qwen2_moe",
-     .state = ARCH_EXPECTED,
-     .note = "Qwen2-MoE: named, not yet wired (all experts stream in layer order).",
-     .tensors = {GLOBALS, ATTENTION(R), EXPERTS, SHARED_EXPERT},
+     .alias = "qwen2moe",
+     .state = ARCH_SUPPORTED,
+     .note = "Qwen2-MoE with a shared expert and dense layers (CPU engine, checked against transformers logits).",
+     .cpu = true,
+     .tensors = {GLOBALS, ATTENTION(R), FFN, EXPERTS, SHARED_EXPERT},
      .shared_expert = true},
     {.name = "qwen3_moe",
-     .state = ARCH_EXPECTED,
-     .note = "Qwen3-MoE: named, not yet wired (all experts stream in layer order).",
-     .tensors = {GLOBALS, ATTENTION(O), QK_NORM, EXPERTS}},
+     .alias = "qwen3moe",
+     .state = ARCH_SUPPORTED,
+     .note = "Qwen3-MoE (CPU engine, checked against transformers logits).",
+     .cpu = true,
+     .tensors = {GLOBALS, ATTENTION(O), QK_NORM, FFN, EXPERTS},
+     .gguf_moe_norm = true},
     {.name = "mamba",
      .state = ARCH_UNSUPPORTED,
      .note = "Mamba is a state-space model, not a transformer; spill streams attention layers only."},
@@ -283,9 +317,20 @@ bool model_arch_hf_canonical(const arch_family *fam, const char *hf, char *out, 
     for (int s = ARCH_LAYER_FIRST; s < ARCH_SLOT_COUNT; s++)
         if ((slots[s].hf && !strcmp(rest, slots[s].hf)) || (slots[s].hf_alt && !strcmp(rest, slots[s].hf_alt)))
             return snprintf(out, cap, "blk.%ld.%s", l, slots[s].name) > 0;
-    /* MoE experts keep their HF suffix under a canonical prefix. */
-    if (!strncmp(rest, "mlp.experts.", 12) || !strncmp(rest, "block_sparse_moe.experts.", 25))
-        return snprintf(out, cap, "blk.%ld.%s", l, rest) > 0 && strlen(rest) + 12 < cap;
+    /* one routed expert's tensor: mlp.experts.E.gate_proj.weight, block_sparse_moe.experts.E.w1.weight, ... */
+    const char *ex = !strncmp(rest, "mlp.experts.", 12)                ? rest + 12
+                     : !strncmp(rest, "block_sparse_moe.experts.", 25) ? rest + 25
+                                                                       : NULL;
+    if (!ex || *ex < '0' || *ex > '9')
+        return false;
+    long e = strtol(ex, &end, 10);
+    if (*end != '.' || e >= 1000000)
+        return false;
+    for (size_t i = 0; i < sizeof expert_names / sizeof expert_names[0]; i++)
+        if (!strcmp(end + 1, expert_names[i].hf)) {
+            int n = snprintf(out, cap, "blk.%ld.%s.%ld.weight", l, expert_names[i].stem, e);
+            return n > 0 && (size_t)n < cap;
+        }
     return false;
 }
 
@@ -357,6 +402,10 @@ static int64_t dim_value(const model_desc *m, enum dim d)
         return m->ffn_dim;
     case DIM_F2:
         return 2 * (int64_t)m->ffn_dim;
+    case DIM_FE:
+        return m->expert_ffn_dim;
+    case DIM_FE2:
+        return 2 * (int64_t)m->expert_ffn_dim;
     case DIM_FS:
         return m->shared_ffn_dim;
     case DIM_E:
@@ -399,28 +448,30 @@ int model_arch_resolve(const model_desc *m, enum arch_engine engine, arch_layout
     out->layer_sliding = m->layer_sliding;
     out->n_experts = m->n_experts;
     out->n_experts_used = m->n_experts_used;
+    out->expert_norm = m->expert_norm;
     out->shared_expert = f->shared_expert;
+    out->layer_sparse = m->n_experts > 0 ? m->layer_sparse : NULL;
     return rope_setup(m, out, err, errlen);
 }
 
-int model_arch_tensor(const model_desc *m, const arch_layout *a, enum arch_slot s, int layer, const model_tensor **out,
-                      char *err, size_t errlen)
+enum arch_need arch_slot_need(const arch_layout *a, enum arch_slot s, int l)
 {
-    const arch_tensor *at = &a->t[s];
-    char name[sizeof m->tensors[0].name];
-    *out = NULL;
-    if (at->need == ARCH_ABSENT)
-        return 0;
-    if (s < ARCH_LAYER_FIRST)
-        snprintf(name, sizeof name, "%s", slots[s].name);
-    else
-        snprintf(name, sizeof name, "blk.%d.%s", layer, slots[s].name);
-    const model_tensor *t = model_tensor_find(m, name);
-    if (!t)
-        return at->need == ARCH_REQUIRED ? util_errf(err, errlen, "%s: tensor %s is missing.", m->source, name) : 0;
+    if (s >= ARCH_LAYER_FIRST && slots[s].part != FFN_NONE && (slots[s].part == FFN_SPARSE) != arch_layer_sparse(a, l))
+        return ARCH_ABSENT;
+    return a->t[s].need;
+}
+
+bool arch_slot_sparse(enum arch_slot s)
+{
+    return slots[s].part == FFN_SPARSE;
+}
+
+/* Checks tensor t (called name) against a slot's kind and shape in this model: one sentence when it differs. */
+static int check_shape(const model_desc *m, const char *name, const model_tensor *t, enum arch_kind kind, long long n,
+                       long long k, int E, char *err, size_t errlen)
+{
     unsigned long long n0 = t->ne[0], n1 = t->ne[1], n2 = t->ne[2];
-    long long n = at->n, k = at->k;
-    switch (at->kind) {
+    switch (kind) {
     case ARCH_VECTOR:
         if (t->ne[0] != (uint64_t)n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
             return util_errf(err, errlen, "%s: tensor %s has %llu elements but the config implies %lld.", m->source,
@@ -435,12 +486,93 @@ int model_arch_tensor(const model_desc *m, const arch_layout *a, enum arch_slot 
                              m->source, name, n1, n0, n, k);
         break;
     case ARCH_EXPERTS:
-        if (t->n_dims != 3 || t->ne[0] != (uint64_t)k || t->ne[1] != (uint64_t)n || t->ne[2] != (uint64_t)a->n_experts)
+        if (t->n_dims != 3 || t->ne[0] != (uint64_t)k || t->ne[1] != (uint64_t)n || t->ne[2] != (uint64_t)E)
             return util_errf(err, errlen,
                              "%s: tensor %s has shape [%llu, %llu, %llu] but the config implies [%d, %lld, %lld].",
-                             m->source, name, n2, n1, n0, a->n_experts, n, k);
+                             m->source, name, n2, n1, n0, E, n, k);
         break;
     }
+    return 0;
+}
+
+int model_arch_tensor(const model_desc *m, const arch_layout *a, enum arch_slot s, int layer, const model_tensor **out,
+                      char *err, size_t errlen)
+{
+    const arch_tensor *at = &a->t[s];
+    enum arch_need need = arch_slot_need(a, s, layer);
+    char name[sizeof m->tensors[0].name];
+    *out = NULL;
+    if (need == ARCH_ABSENT)
+        return 0;
+    if (s < ARCH_LAYER_FIRST)
+        snprintf(name, sizeof name, "%s", slots[s].name);
+    else
+        snprintf(name, sizeof name, "blk.%d.%s", layer, slots[s].name);
+    const model_tensor *t = model_tensor_find(m, name);
+    if (!t)
+        return need == ARCH_REQUIRED ? util_errf(err, errlen, "%s: tensor %s is missing.", m->source, name) : 0;
+    if (s == ARCH_ROUTER && (t->n_dims != 2 || t->ne[0] != (uint64_t)at->k || t->ne[1] != (uint64_t)at->n))
+        return util_errf(err, errlen,
+                         "%s: router %s scores %llu experts from %llu inputs, but the config declares %lld experts "
+                         "and a model dimension of %lld.",
+                         m->source, name, (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (long long)at->n,
+                         (long long)at->k);
+    if (check_shape(m, name, t, at->kind, at->n, at->k, a->n_experts, err, errlen))
+        return -1;
     *out = t;
+    return 0;
+}
+
+int model_arch_experts(const model_desc *m, const arch_layout *a, enum arch_slot s, int layer, arch_expert *out,
+                       char *err, size_t errlen)
+{
+    assert(s == ARCH_GATE_EXPS || s == ARCH_UP_EXPS || s == ARCH_DOWN_EXPS);
+    int E = a->n_experts;
+    int64_t n = a->t[s].n, k = a->t[s].k;
+    const char *stem = s == ARCH_GATE_EXPS ? "ffn_gate" : s == ARCH_UP_EXPS ? "ffn_up" : "ffn_down";
+    char name[sizeof m->tensors[0].name], stacked[sizeof name];
+    snprintf(stacked, sizeof stacked, "blk.%d.%s", layer, slots[s].name);
+    const model_tensor *t = model_tensor_find(m, stacked);
+    if (t) {
+        if (check_shape(m, stacked, t, ARCH_EXPERTS, n, k, E, err, errlen))
+            return -1;
+        for (int e = 0; e < E; e++)
+            out[e] = (arch_expert){t, (int64_t)e * n};
+        return 0;
+    }
+    if (s != ARCH_DOWN_EXPS) {
+        snprintf(name, sizeof name, "blk.%d.%s", layer, slots[ARCH_GATE_UP_EXPS].name);
+        if ((t = model_tensor_find(m, name))) {
+            if (check_shape(m, name, t, ARCH_EXPERTS, 2 * n, k, E, err, errlen))
+                return -1;
+            for (int e = 0; e < E; e++)
+                out[e] = (arch_expert){t, 2 * (int64_t)e * n + (s == ARCH_UP_EXPS ? n : 0)};
+            return 0;
+        }
+    }
+    /* one tensor per expert: every index must be one of the E the config declares */
+    int pl = snprintf(name, sizeof name, "blk.%d.%s.", layer, stem);
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const model_tensor *x = &m->tensors[i];
+        char *end;
+        if (x->layer != layer || strncmp(x->name, name, (size_t)pl) || x->name[pl] < '0' || x->name[pl] > '9')
+            continue;
+        long e = strtol(x->name + pl, &end, 10);
+        if (!strcmp(end, ".weight") && e >= E)
+            return util_errf(err, errlen,
+                             "%s: tensor %s is expert %ld of layer %d, but the config declares %d experts (0 to %d).",
+                             m->source, x->src_name, e, layer, E, E - 1);
+    }
+    for (int e = 0; e < E; e++) {
+        snprintf(name, sizeof name, "blk.%d.%s.%d.weight", layer, stem, e);
+        if (!(t = model_tensor_find(m, name)))
+            return util_errf(err, errlen,
+                             "%s: expert %d of layer %d has no %s matrix (neither tensor %s nor a stacked %s), but "
+                             "the config declares %d experts.",
+                             m->source, e, layer, stem + 4, name, stacked, E);
+        if (check_shape(m, t->src_name, t, ARCH_MATRIX, n, k, E, err, errlen))
+            return -1;
+        out[e] = (arch_expert){t, 0};
+    }
     return 0;
 }

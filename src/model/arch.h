@@ -13,7 +13,8 @@
  *                builds one at open and reads nothing else about the family.
  *
  * Dimension letters: D model dim, H heads, K kv heads, S head size, F FFN dim
- * (per expert), FS shared-expert FFN dim, E experts, V vocab.
+ * (dense layers), FE one routed expert's FFN dim, FS shared-expert FFN dim,
+ * E experts, V vocab.
  */
 #ifndef SPILL_ARCH_H
 #define SPILL_ARCH_H
@@ -46,14 +47,19 @@ enum arch_slot {
     ARCH_POST_ATTN_NORM, /* blk.N.post_attention_norm.weight (D): norms the attention output (Gemma) */
     ARCH_FFN_NORM,       /* blk.N.ffn_norm.weight     (D) */
     ARCH_POST_FFW_NORM,  /* blk.N.post_ffw_norm.weight (D): norms the FFN output (Gemma) */
-    ARCH_GATE,           /* blk.N.ffn_gate.weight     (F rows of D) */
-    ARCH_UP,             /* blk.N.ffn_up.weight       (F rows of D) */
-    ARCH_GATE_UP,        /* blk.N.ffn_gate_up.weight  (2F rows of D): gate and up fused (Phi-3, HF) */
-    ARCH_DOWN,           /* blk.N.ffn_down.weight     (D rows of F) */
+    /* the dense FFN: every layer of a dense family, the dense layers of an MoE one */
+    ARCH_GATE,    /* blk.N.ffn_gate.weight     (F rows of D) */
+    ARCH_UP,      /* blk.N.ffn_up.weight       (F rows of D) */
+    ARCH_GATE_UP, /* blk.N.ffn_gate_up.weight  (2F rows of D): gate and up fused (Phi-3, HF) */
+    ARCH_DOWN,    /* blk.N.ffn_down.weight     (D rows of F) */
+    /* the sparse layers of an MoE family (arch_layer_sparse); experts are found by model_arch_experts */
     ARCH_ROUTER,         /* blk.N.ffn_gate_inp.weight (E rows of D): expert scores */
-    ARCH_GATE_EXPS,      /* blk.N.ffn_gate_exps.weight (E, F rows of D): every expert's gate, stacked */
-    ARCH_UP_EXPS,        /* blk.N.ffn_up_exps.weight  (E, F rows of D) */
-    ARCH_DOWN_EXPS,      /* blk.N.ffn_down_exps.weight (E, D rows of F) */
+    ARCH_GATE_EXPS,      /* blk.N.ffn_gate_exps.weight (E, FE rows of D): every expert's gate, stacked; HF:
+                          * one blk.N.ffn_gate.E.weight per expert */
+    ARCH_UP_EXPS,        /* blk.N.ffn_up_exps.weight  (E, FE rows of D); HF: blk.N.ffn_up.E.weight */
+    ARCH_GATE_UP_EXPS,   /* blk.N.ffn_gate_up_exps.weight (E, 2FE rows of D): each expert's gate rows then its up
+                          * rows (transformers 5's in-memory gate_up_proj), in place of the two above */
+    ARCH_DOWN_EXPS,      /* blk.N.ffn_down_exps.weight (E, D rows of FE); HF: blk.N.ffn_down.E.weight */
     ARCH_SHEXP_GATE_INP, /* blk.N.ffn_gate_inp_shexp.weight (D): the shared expert's sigmoid gate */
     ARCH_SHEXP_GATE,     /* blk.N.ffn_gate_shexp.weight (FS rows of D) */
     ARCH_SHEXP_UP,       /* blk.N.ffn_up_shexp.weight (FS rows of D) */
@@ -105,6 +111,9 @@ typedef struct arch_family {
     int hf_window_every;       /* HF: as gguf_window_every, overriding config sliding_window_pattern; 0 = config */
 
     bool shared_expert;        /* MoE: one always-on expert beside the routed ones (Qwen2-MoE) */
+    bool moe_norm_always;      /* MoE: the top-k weights are always renormalised (Mixtral; no config key) */
+    bool gguf_moe_norm;        /* MoE GGUF without expert_weights_norm: renormalised (llama.cpp's per-family rule:
+                                * qwen3moe yes, qwen2moe no) */
     bool hf_pack;              /* spill pack can write this family's HF checkpoints as GGUF */
     const char *gguf_turn_end; /* end-of-turn token of GGUF files without a chat template, or NULL */
 } arch_family;
@@ -124,8 +133,9 @@ bool model_arch_at(size_t i, const char **name, enum arch_state *state, const ch
 
 /* The canonical name of the Hugging Face tensor `hf` (model.layers.N.self_attn.q_proj.weight ->
  * blk.N.attn_q.weight) for family fam (NULL: unknown), and its layer (-1 for globals).  Returns false for
- * tensors spill does not bind (rotary buffers, vision towers, ...).  MoE experts keep their HF suffix under
- * the block prefix (blk.N.mlp.experts.E.gate_proj.weight). */
+ * tensors spill does not bind (rotary buffers, vision towers, ...).  A routed expert's own tensor is
+ * blk.N.ffn_gate.E.weight (up, down likewise: llama.cpp's per-expert names) whichever HF scheme it comes from
+ * (mlp.experts.E.gate_proj, Mixtral's block_sparse_moe.experts.E.w1 / w3 / w2 for gate / up / down). */
 bool model_arch_hf_canonical(const arch_family *fam, const char *hf, char *out, size_t cap, int32_t *layer);
 
 /* The canonical name of slot s: the whole name of a global, the part after blk.N. of a per-layer slot. */
@@ -181,8 +191,10 @@ typedef struct arch_layout {
                           * first position + its tokens > this) rotates that pass's tokens with
                           * rope_long, as transformers picks the factors per forward from the length */
 
-    int n_experts, n_experts_used; /* MoE: experts per layer and per token; 0 for dense families */
+    int n_experts, n_experts_used; /* MoE: experts per sparse layer and per token; 0 for dense families */
+    bool expert_norm;              /* the k routing weights are divided by their sum */
     bool shared_expert;
+    const bool *layer_sparse; /* (L) the model's sparse layers, or NULL: every layer is dense */
 } arch_layout;
 
 /*
@@ -192,14 +204,47 @@ typedef struct arch_layout {
  */
 int model_arch_resolve(const model_desc *m, enum arch_engine engine, arch_layout *out, char *err, size_t errlen);
 
+/* Whether layer l's FFN is the routed experts (else the dense FFN). */
+static inline bool arch_layer_sparse(const arch_layout *a, int l)
+{
+    return a->layer_sparse && a->layer_sparse[l];
+}
+
+/* The need of slot s in layer l: the family's, except that dense-FFN slots are absent in sparse layers and
+ * the sparse layers' slots (router, experts, shared expert) absent in dense ones. */
+enum arch_need arch_slot_need(const arch_layout *a, enum arch_slot s, int l);
+
+/* Whether slot s belongs to a sparse layer's FFN (router, experts, shared expert): bound through
+ * model_arch_experts and the engines' MoE code rather than as one tensor per slot. */
+bool arch_slot_sparse(enum arch_slot s);
+
 /*
  * Finds slot s of layer `layer` (ignored for global slots) in m and checks it against the layout: *out is
- * the tensor, or NULL when the family has none or it is optional and missing.  Returns 0, or -1 with one
- * sentence: required and missing, another shape than the config implies, or a 1-D tensor not stored as
- * F32, F16 or BF16.
+ * the tensor, or NULL when the layer has none (arch_slot_need) or it is optional and missing.  Returns 0, or
+ * -1 with one sentence: required and missing, another shape than the config implies (a router scoring
+ * another number of experts), or a 1-D tensor not stored as F32, F16 or BF16.
  */
 int model_arch_tensor(const model_desc *m, const arch_layout *a, enum arch_slot s, int layer, const model_tensor **out,
                       char *err, size_t errlen);
+
+/* Where one expert's matrix lies: rows [row0, row0 + n) of tensor t, n rows of k as the slot's shape says. */
+typedef struct arch_expert {
+    const model_tensor *t;
+    int64_t row0;
+} arch_expert;
+
+/*
+ * Finds the E matrices of expert slot s (ARCH_GATE_EXPS, ARCH_UP_EXPS or ARCH_DOWN_EXPS) of sparse layer
+ * `layer` and fills out[0..E), whichever way the file stores them:
+ *   stacked (GGUF blk.N.ffn_up_exps.weight [E, FE, D]): expert e is rows [e*FE, (e+1)*FE);
+ *   gate and up stacked together (blk.N.ffn_gate_up_exps.weight [E, 2FE, D], transformers 5): expert e's
+ *     gate is rows [2e*FE, 2e*FE + FE), its up the FE rows after;
+ *   one tensor per expert (HF save_pretrained: blk.N.ffn_up.E.weight [FE, D]): row 0 of each.
+ * A stacked tensor wins over per-expert ones.  Returns 0, or -1 with one sentence: an expert missing, a
+ * per-expert tensor with an index >= E, a tensor of another shape than the config implies.
+ */
+int model_arch_experts(const model_desc *m, const arch_layout *a, enum arch_slot s, int layer, arch_expert *out,
+                       char *err, size_t errlen);
 
 /* Whether layer l attends through the sliding window (and rotates with rope_local when rope_local_on). */
 static inline bool arch_layer_sliding(const arch_layout *a, int l)

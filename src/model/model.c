@@ -219,6 +219,26 @@ static int finish_layout(model_desc *m, char *err, size_t errlen)
     return 0;
 }
 
+/* Marks the sparse layers of an MoE model (n_experts > 0): layer l is sparse unless it is in only_dense (HF
+ * mlp_only_layers: a JSON array of layer indices, or NULL) or (l + 1) is not a multiple of step (HF
+ * decoder_sparse_step).  Leaves layer_sparse NULL for a dense model or a layer count check_dims will refuse. */
+static int mark_sparse_layers(model_desc *m, json_t *only_dense, int step, char *err, size_t errlen)
+{
+    if (m->n_experts <= 0 || m->n_layers <= 0 || m->n_layers > MODEL_MAX_LAYERS)
+        return 0;
+    m->layer_sparse = calloc((size_t)m->n_layers, sizeof *m->layer_sparse);
+    if (!m->layer_sparse)
+        return util_errf(err, errlen, "%s: out of memory describing the model.", m->source);
+    for (int l = 0; l < m->n_layers; l++)
+        m->layer_sparse[l] = step <= 1 || (l + 1) % step == 0;
+    for (size_t i = 0; i < json_array_size(only_dense); i++) {
+        json_t *v = json_array_get(only_dense, i);
+        if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) < m->n_layers)
+            m->layer_sparse[json_integer_value(v)] = false;
+    }
+    return 0;
+}
+
 static int check_dims(model_desc *m, char *err, size_t errlen)
 {
     if (m->n_layers <= 0 || m->n_layers > MODEL_MAX_LAYERS)
@@ -235,6 +255,15 @@ static int check_dims(model_desc *m, char *err, size_t errlen)
     if (m->rope_dim <= 0 || m->rope_dim > m->head_dim || m->rope_dim % 2)
         return util_errf(err, errlen, "%s: rotary dimension %d must be even and at most the head size %d.", m->source,
                          m->rope_dim, m->head_dim);
+    if (m->n_experts > MODEL_MAX_EXPERTS)
+        return util_errf(err, errlen, "%s: %d experts per layer is more than spill's limit of %d.", m->source,
+                         m->n_experts, MODEL_MAX_EXPERTS);
+    if (m->n_experts > 0 && (m->n_experts_used < 1 || m->n_experts_used > m->n_experts))
+        return util_errf(err, errlen, "%s: %d experts per token is not between 1 and the model's %d experts.",
+                         m->source, m->n_experts_used, m->n_experts);
+    if (m->n_experts > 0 && m->expert_ffn_dim <= 0)
+        return util_errf(err, errlen, "%s: the experts' FFN dimension is missing or not positive (%d).", m->source,
+                         m->expert_ffn_dim);
     return 0;
 }
 
@@ -294,9 +323,16 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
     char arch[sizeof m->arch]; /* the GGUF key prefix, before normalisation */
     memcpy(arch, a, al);
     arch[al] = 0;
-    snprintf(m->arch, sizeof m->arch, "%s", model_arch_normalise(arch));
+    if (gguf_int(g, arch, "expert_count", &m->n_experts))
+        m->n_experts = 0;
+    /* llama.cpp writes Mixtral as a `llama` file with experts */
+    snprintf(m->arch, sizeof m->arch, "%s",
+             !strcmp(arch, "llama") && m->n_experts > 0 ? "mixtral" : model_arch_normalise(arch));
     m->state = model_arch_state(m->arch, &m->state_note);
     const arch_family *fam = model_arch_find(m->arch);
+    const char *st;
+    size_t stl;
+    char key[160];
 
     if (gguf_int(g, arch, "block_count", &m->n_layers) || gguf_int(g, arch, "embedding_length", &m->d_model) ||
         gguf_int(g, arch, "attention.head_count", &m->n_heads))
@@ -318,18 +354,21 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
     m->rope_theta = gguf_num(g, arch, "rope.freq_base", 10000.0);
     if (gguf_int(g, arch, "attention.sliding_window", &m->sliding_window))
         m->sliding_window = 0;
-    if (gguf_int(g, arch, "expert_count", &m->n_experts))
-        m->n_experts = 0;
     if (gguf_int(g, arch, "expert_used_count", &m->n_experts_used))
         m->n_experts_used = 0;
+    if (gguf_int(g, arch, "expert_feed_forward_length", &m->expert_ffn_dim))
+        m->expert_ffn_dim = m->n_experts > 0 ? m->ffn_dim : 0; /* Mixtral: feed_forward_length is the experts' */
     if (gguf_int(g, arch, "expert_shared_feed_forward_length", &m->shared_ffn_dim))
         m->shared_ffn_dim = 0;
+    /* GGUF stores no dense layers among sparse ones: every layer of a file with experts is sparse */
+    if (mark_sparse_layers(m, NULL, 1, err, errlen))
+        return -1;
+    snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+    bool norm;
+    m->expert_norm = fam && (fam->moe_norm_always || (gguf_get_bool(g, key, &norm) ? norm : fam->gguf_moe_norm));
     m->attn_softcap = gguf_num(g, arch, "attn_logit_softcapping", 0);
     m->final_softcap = gguf_num(g, arch, "final_logit_softcapping", 0);
 
-    const char *st;
-    size_t stl;
-    char key[160];
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     if (gguf_get_str(g, key, &st, &stl)) {
         if (stl == 6 && !memcmp(st, "linear", 6))
@@ -635,8 +674,6 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
     m->n_kv_heads = json_int(c, "num_key_value_heads", m->n_heads);
     m->head_dim = json_int(c, "head_dim", m->n_heads ? m->d_model / m->n_heads : 0);
     m->ffn_dim = json_int(c, "intermediate_size", 0);
-    if (json_int(c, "moe_intermediate_size", 0))
-        m->ffn_dim = json_int(c, "moe_intermediate_size", 0);
     m->vocab = json_int(c, "vocab_size", 0);
     m->ctx_len = json_int(c, "max_position_embeddings", 2048);
     m->norm_eps = (float)json_num(c, "rms_norm_eps", 1e-6);
@@ -644,9 +681,21 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
     m->qkv_bias = json_is_true(json_object_get(c, "attention_bias")) ||
                   (fam && fam->tensors[ARCH_Q_BIAS] == ARCH_REQUIRED);
     m->qk_norm = fam && fam->tensors[ARCH_Q_NORM] != ARCH_ABSENT;
+    /* MoE: transformers 5 names the expert count num_local_experts in every family, 4 num_experts in Qwen's */
     m->n_experts = json_int(c, "num_local_experts", json_int(c, "num_experts", 0));
     m->n_experts_used = json_int(c, "num_experts_per_tok", 0);
-    m->shared_ffn_dim = json_int(c, "shared_expert_intermediate_size", 0);
+    if (m->n_experts > 0) {
+        m->expert_ffn_dim = json_int(c, "moe_intermediate_size", m->ffn_dim); /* Mixtral: intermediate_size */
+        m->shared_ffn_dim = json_int(c, "shared_expert_intermediate_size", 0);
+        m->expert_norm = (fam && fam->moe_norm_always) || json_is_true(json_object_get(c, "norm_topk_prob"));
+        if (m->ffn_dim == 0)
+            m->ffn_dim = m->expert_ffn_dim;
+        if (mark_sparse_layers(m, json_object_get(c, "mlp_only_layers"), json_int(c, "decoder_sparse_step", 1), err,
+                               errlen)) {
+            rc = -1;
+            goto out;
+        }
+    }
     m->rope_style = ROPE_NEOX;
 
     /* RoPE: transformers ≥ 5 nests it in rope_parameters; older configs use rope_theta + rope_scaling. */
@@ -751,6 +800,8 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
             t->n_dims = s->n_dims;
             for (int d = 0; d < 4; d++)
                 t->ne[d] = d < (int)s->n_dims ? s->shape[s->n_dims - 1 - d] : 1;
+            if (t->n_dims == 2 && t->ne[1] == 1)
+                t->n_dims = 1; /* a [1, D] weight (Qwen2-MoE's shared_expert_gate) is the vector GGUF stores */
             t->file = s->shard;
             t->offset = s->offset;
             t->size = s->size;
@@ -866,6 +917,7 @@ void model_close(model_desc *m)
     free(m->layer_sliding);
     free(m->rope_short);
     free(m->rope_long);
+    free(m->layer_sparse);
     free(m->chat_template);
     free(m->tokenizer_path);
     free(m->source);
@@ -920,8 +972,22 @@ void model_print(const model_desc *m, FILE *f)
         fprintf(f, ", sliding window %d on %d of %d layers", m->sliding_window, n, m->n_layers);
     }
     fputc('\n', f);
-    if (m->n_experts)
-        fprintf(f, "experts      %d, %d per token\n", m->n_experts, m->n_experts_used);
+    if (m->n_experts) {
+        fprintf(f, "experts      %d of F=%d, %d per token, weights %s", m->n_experts, m->expert_ffn_dim,
+                m->n_experts_used, m->expert_norm ? "normalised over the chosen" : "as routed (not normalised)");
+        if (m->shared_ffn_dim)
+            fprintf(f, ", shared expert F=%d", m->shared_ffn_dim);
+        int n = 0;
+        for (int l = 0; l < m->n_layers && m->layer_sparse; l++)
+            n += !m->layer_sparse[l];
+        fprintf(f, "\ndense layers %d of %d", n, m->n_layers);
+        if (n)
+            fprintf(f, " (F=%d):", m->ffn_dim);
+        for (int l = 0; l < m->n_layers && m->layer_sparse; l++)
+            if (!m->layer_sparse[l])
+                fprintf(f, " %d", l);
+        fputc('\n', f);
+    }
     fprintf(f, "embeddings   %s\n", m->tied_embeddings ? "tied (output head = token embedding)" : "separate output head");
     fprintf(f, "dtypes       %s\n", m->quant_summary);
     fprintf(f, "stop ids     ");
@@ -955,6 +1021,13 @@ void model_fingerprint(const model_desc *m, char out[65])
     int n = snprintf(buf, sizeof buf, "%s|%d|%d|%d|%d|%d|%d|%d|%d", m->arch, m->n_layers, m->d_model, m->n_heads,
                      m->n_kv_heads, m->head_dim, m->ffn_dim, m->vocab, m->ctx_len);
     EVP_DigestUpdate(c, buf, (size_t)n);
+    if (m->n_experts > 0) { /* routing that no tensor shape shows (dense models keep their old fingerprint) */
+        n = snprintf(buf, sizeof buf, "|moe %d %d %d %d %d", m->n_experts, m->n_experts_used, m->expert_ffn_dim,
+                     m->shared_ffn_dim, m->expert_norm);
+        EVP_DigestUpdate(c, buf, (size_t)n);
+        for (int l = 0; l < m->n_layers && m->layer_sparse; l++)
+            EVP_DigestUpdate(c, m->layer_sparse[l] ? "s" : "d", 1);
+    }
     for (size_t i = 0; i < m->n_files; i++) {
         n = snprintf(buf, sizeof buf, "|file %llu", (unsigned long long)m->files[i].size);
         EVP_DigestUpdate(c, buf, (size_t)n);

@@ -36,6 +36,7 @@ enum rope_scaling {
 enum { SPILL_DT_F8_E4M3 = 100, SPILL_DT_F8_E5M2 = 101, SPILL_DT_OTHER = 199 };
 
 #define MODEL_MAX_LAYERS 1024
+#define MODEL_MAX_EXPERTS 4096
 #define MODEL_MAX_STOP 16
 
 typedef struct model_tensor {
@@ -74,7 +75,7 @@ typedef struct model_desc {
     int n_heads;              /* H */
     int n_kv_heads;           /* K */
     int head_dim;             /* S */
-    int ffn_dim;              /* F (per expert for MoE) */
+    int ffn_dim;              /* F: dense layers' FFN dim (HF intermediate_size, GGUF feed_forward_length) */
     int vocab;                /* V */
     int ctx_len;
     float norm_eps;
@@ -96,8 +97,11 @@ typedef struct model_desc {
     bool *layer_sliding;      /* (L) per-layer: uses the sliding window (HF layer_types, else the pattern) */
     double attn_softcap, final_softcap, query_scale; /* 0 = unused; query_scale = 1/sqrt(query_pre_attn_scalar) */
 
-    int n_experts, n_experts_used;
+    int n_experts, n_experts_used; /* MoE: E experts per sparse layer, k of them per token; 0 = dense */
+    int expert_ffn_dim;       /* FE: each routed expert's FFN dim (HF moe_intermediate_size); 0 = dense */
     int shared_ffn_dim;       /* FS: the shared expert's FFN dim (Qwen2-MoE), 0 = none */
+    bool expert_norm;         /* the k routing weights are divided by their sum (HF norm_topk_prob) */
+    bool *layer_sparse;       /* (L) per-layer: the FFN is the routed experts (else a dense FFN of F) */
 
     size_t n_files;
     model_file *files;
