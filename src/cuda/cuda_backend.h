@@ -97,6 +97,8 @@ typedef struct cuda_engine_stats {
     double pin_read_s;         /* open: seconds to read the streamed layers into it */
     int pin_readers;           /* threads that read them */
     bool pin_registered;       /* open: the arena was read first, then registered (cudaHostRegister) */
+    uint64_t experts_run;      /* MoE: (layer, expert) visits over at least one row since open */
+    uint64_t experts_skipped;  /* MoE: (layer, expert) visits no row chose: no GEMM (0 for a dense model) */
 } cuda_engine_stats;
 
 /* Loads the model onto the GPU: globals and resident layers into HBM, the

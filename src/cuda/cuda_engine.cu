@@ -229,11 +229,12 @@ uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o)
     size_t scratch = 0;
     for (size_t i = 0; i < m->n_tensors; i++) {
         const model_tensor *t = &m->tensors[i];
-        if (t->n_dims == 2 && t->dtype != GGML_BF16 && (size_t)(t->ne[0] * t->ne[1]) > scratch)
+        /* a stacked expert tensor (3-D) is dequantized one expert at a time */
+        if ((t->n_dims == 2 || t->n_dims == 3) && t->dtype != GGML_BF16 && (size_t)(t->ne[0] * t->ne[1]) > scratch)
             scratch = (size_t)(t->ne[0] * t->ne[1]);
     }
     pass_sizes p = pass_sizes_for(m, T, B, R, scratch);
-    return pass_sizes_total(&p);
+    return pass_sizes_total(&p) + cuda_moe_pass_bytes(m, T);
 }
 
 static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
@@ -241,9 +242,11 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
     const model_desc *m = e->m;
     size_t scratch = 0; /* largest matrix that needs dequantizing */
     for (int l = 0; l < m->n_layers; l++)
-        for (int i = 0; i < M_COUNT; i++)
-            if (e->layers[l].m[i].type != GGML_BF16 && (size_t)(e->layers[l].m[i].n * e->layers[l].m[i].k) > scratch)
-                scratch = (size_t)(e->layers[l].m[i].n * e->layers[l].m[i].k);
+        for (int i = 0; i < layer_n_mats(&e->layers[l]); i++) {
+            const dmat *d = layer_mat_at(&e->layers[l], i);
+            if (d->t && d->type != GGML_BF16 && (size_t)(d->n * d->k) > scratch)
+                scratch = (size_t)(d->n * d->k);
+        }
     if (e->out.type != GGML_BF16 && (size_t)(e->out.n * e->out.k) > scratch)
         scratch = (size_t)(e->out.n * e->out.k);
     pass_sizes p = pass_sizes_for(m, (size_t)e->max_T, (size_t)e->max_seqs, (size_t)e->max_rows, scratch);
@@ -268,7 +271,7 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
         (p.scratch && dalloc(e, (void **)&e->wscratch, p.scratch, "the dequant scratch", err, errlen)) ||
         dalloc(e, (void **)&e->d_meta, meta, "pass metadata", err, errlen) ||
         dalloc(e, (void **)&e->att_part, p.part, "attention parts", err, errlen) ||
-        dalloc(e, &e->blas_ws, p.blas_ws, "the cuBLAS workspace", err, errlen))
+        dalloc(e, &e->blas_ws, p.blas_ws, "the cuBLAS workspace", err, errlen) || cuda_moe_alloc(e, err, errlen))
         return -1;
     CU(cudaMemset(e->d_kv, 0, kv_bytes)); /* pages never hold garbage, even before their first write */
     CU(cudaHostAlloc((void **)&e->h_meta, meta, cudaHostAllocDefault));
@@ -293,11 +296,9 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
         return -1;
     if (o->attention_fp32) /* the kernel choice is process-wide (one engine per process outside the tests) */
         k_attention_set_kind(1);
-    if (m->head_dim > 256 || m->n_experts > 0)
-        return util_errf(err, errlen,
-                         "%s: head size %d or %d experts is beyond the CUDA backend (head size <= 256, "
-                         "dense models).",
-                         m->source, m->head_dim, m->n_experts);
+    if (m->head_dim > 256)
+        return util_errf(err, errlen, "%s: head size %d is beyond the CUDA backend (head size <= 256).", m->source,
+                         m->head_dim);
     cuda_engine *e = (cuda_engine *)calloc(1, sizeof *e);
     if (!e)
         return util_errf(err, errlen, "out of host memory.");
@@ -466,6 +467,16 @@ void cuda_engine_close(cuda_engine *e)
         cudaStreamDestroy(e->cs);
     if (e->xs)
         cudaStreamDestroy(e->xs);
+    for (int l = 0; e->layers && l < e->m->n_layers; l++)
+        if (e->layers[l].moe) {
+            free(e->layers[l].moe->gate), free(e->layers[l].moe->up), free(e->layers[l].moe->down);
+            free(e->layers[l].moe);
+        }
+    if (e->mo.h_ids)
+        cudaFreeHost(e->mo.h_ids);
+    if (e->mo.h_perm)
+        cudaFreeHost(e->mo.h_perm);
+    free(e->mo.h_count);
     free(e->layers);
     free(e->kv.free_list);
     free(e);
@@ -484,6 +495,8 @@ kv_cache *cuda_engine_kv(cuda_engine *e)
 void cuda_engine_get_stats(const cuda_engine *e, cuda_engine_stats *st)
 {
     *st = e->st;
+    st->experts_run = e->mo.experts_run;
+    st->experts_skipped = e->mo.experts_skipped;
 }
 
 void cuda_engine_inject_fault(cuda_engine *e)
@@ -508,8 +521,8 @@ int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total_by
 /* ---------------------------------------------------------------- the pass */
 
 /* Y(T, N) = X(T, K) · W(N, K)^T: W dequantized into the bf16 scratch unless it is bf16 already. */
-static int gemm(cuda_engine *e, const dmat *w, const uint8_t *base, const bf16 *x, int64_t T, float *y, char *err,
-                size_t errlen)
+int cuda_gemm(cuda_engine *e, const dmat *w, const uint8_t *base, const bf16 *x, int64_t T, float *y, char *err,
+              size_t errlen)
 {
     const bf16 *W = (const bf16 *)(base + w->off);
     if (w->type != GGML_BF16) {
@@ -597,9 +610,9 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     MARK(0);
     CU(k_rmsnorm(e->x, w->attn_norm, T, D, m->norm_eps, a->norm_plus_one, NULL, e->xb, s));
     MARK(1);
-    if ((rc = gemm(e, &w->m[M_Q], base, e->xb, T, e->q, err, errlen)) ||
-        (rc = gemm(e, &w->m[M_K], base, e->xb, T, e->k, err, errlen)) ||
-        (rc = gemm(e, &w->m[M_V], base, e->xb, T, e->v, err, errlen)))
+    if ((rc = cuda_gemm(e, &w->m[M_Q], base, e->xb, T, e->q, err, errlen)) ||
+        (rc = cuda_gemm(e, &w->m[M_K], base, e->xb, T, e->k, err, errlen)) ||
+        (rc = cuda_gemm(e, &w->m[M_V], base, e->xb, T, e->v, err, errlen)))
         return rc;
     MARK(2);
     if (w->bq)
@@ -631,7 +644,7 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
                    e->att_max_len, e->o.attention_unsplit ? NULL : e->att_part, e->att, s));
     CU(k_to_bf16(e->att, e->xb, T * HS, s));
     MARK(4);
-    if ((rc = gemm(e, &w->m[M_O], base, e->xb, T, e->h, err, errlen)))
+    if ((rc = cuda_gemm(e, &w->m[M_O], base, e->xb, T, e->h, err, errlen)))
         return rc;
     if (w->post_attn_norm && w->post_ffw_norm)
         CU(k_rmsnorm(e->h, w->post_attn_norm, T, D, m->norm_eps, a->norm_plus_one, e->h, NULL, s));
@@ -640,14 +653,21 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
 
     CU(k_rmsnorm(e->x, w->ffn_norm, T, D, m->norm_eps, a->norm_plus_one, NULL, e->xb, s));
     MARK(6);
-    if ((rc = gemm(e, &w->m[M_GATE], base, e->xb, T, e->g, err, errlen)) ||
-        (rc = gemm(e, &w->m[M_UP], base, e->xb, T, e->u, err, errlen)))
-        return rc;
-    MARK(7);
-    CU(k_act_mul(e->g, e->u, T * F, a->act == ARCH_ACT_GELU_TANH, e->xb, NULL, s));
-    MARK(8);
-    if ((rc = gemm(e, &w->m[M_DOWN], base, e->xb, T, e->h, err, errlen)))
-        return rc;
+    if (w->moe) { /* a sparse layer: the routed experts (moe.cu) */
+        if ((rc = cuda_moe_ffn(e, w, base, T, err, errlen)))
+            return rc;
+        MARK(7);
+        MARK(8);
+    } else {
+        if ((rc = cuda_gemm(e, &w->m[M_GATE], base, e->xb, T, e->g, err, errlen)) ||
+            (rc = cuda_gemm(e, &w->m[M_UP], base, e->xb, T, e->u, err, errlen)))
+            return rc;
+        MARK(7);
+        CU(k_act_mul(e->g, e->u, T * F, a->act == ARCH_ACT_GELU_TANH, e->xb, NULL, s));
+        MARK(8);
+        if ((rc = cuda_gemm(e, &w->m[M_DOWN], base, e->xb, T, e->h, err, errlen)))
+            return rc;
+    }
     if (w->post_ffw_norm)
         CU(k_rmsnorm(e->h, w->post_ffw_norm, T, D, m->norm_eps, a->norm_plus_one, e->h, NULL, s));
     CU(k_add(e->x, e->h, T * D, s));
@@ -846,7 +866,7 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
     if (R > 0) {
         CU(k_gather(e->last, e->x, pm.rows, R, D, s));
         CU(k_rmsnorm(e->last, e->out_norm, R, D, m->norm_eps, e->a.norm_plus_one, NULL, e->lastb, s));
-        if ((rc = gemm(e, &e->out, e->d_out, e->lastb, R, e->logits, err, errlen)))
+        if ((rc = cuda_gemm(e, &e->out, e->d_out, e->lastb, R, e->logits, err, errlen)))
             return rc;
         if (e->a.final_softcap > 0)
             CU(k_softcap(e->logits, (int64_t)R * V, (float)e->a.final_softcap, s));

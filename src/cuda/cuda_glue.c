@@ -48,11 +48,19 @@ static void g_io_line(void *impl, char *buf, size_t cap)
 {
     cuda_engine_stats st;
     cuda_engine_get_stats(impl, &st);
+    int n = 0;
+    if (st.experts_run + st.experts_skipped) {
+        n = snprintf(buf, cap, "experts: %llu (layer, expert) visits ran, %llu skipped; ",
+                     (unsigned long long)st.experts_run, (unsigned long long)st.experts_skipped);
+        if (n < 0 || (size_t)n >= cap)
+            return;
+        buf += n, cap -= (size_t)n;
+    }
     if (!st.n_streamed) {
         snprintf(buf, cap, "weights resident in HBM");
         return;
     }
-    int n = snprintf(buf, cap, "%.2f GB streamed per pass; last pass's copies busy %.3f s (%.1f GB/s)",
+    n = snprintf(buf, cap, "%.2f GB streamed per pass; last pass's copies busy %.3f s (%.1f GB/s)",
                      (double)st.streamed_bytes_per_pass / 1e9, st.last_h2d_busy_s,
                      st.last_h2d_busy_s > 0 ? (double)st.streamed_bytes_per_pass / 1e9 / st.last_h2d_busy_s : 0.0);
     if (st.pinned_bytes && n > 0 && (size_t)n < cap)

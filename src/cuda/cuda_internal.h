@@ -49,8 +49,20 @@ typedef struct dmat {
     bool shared; /* a later part of a fused tensor: its bytes travel with the part at sub 0 */
 } dmat;
 
+/* A sparse layer's FFN (model/arch.h arch_layer_sparse): its experts' matrices ride in the layer pack after
+ * the attention's, a stacked tensor's experts as row ranges of it (the first carries the bytes); the router
+ * stays resident in fp32 so tokens pick their experts as the CPU engine does. */
+typedef struct dmoe {
+    int E;
+    dmat *gate, *up, *down;       /* (E) each: FE rows of D, FE rows of D, D rows of FE */
+    dmat sh_gate, sh_up, sh_down; /* the shared expert (t NULL: none) */
+    float *router;                /* (E, D) device fp32 */
+    float *sh_gate_inp;           /* (D) device fp32, or NULL: the shared expert is not gated */
+} dmoe;
+
 typedef struct dlayer {
     dmat m[M_COUNT];
+    dmoe *moe; /* sparse layers: the routed FFN (m[M_GATE/UP/DOWN] then have no tensor); NULL = dense */
     size_t pack_bytes;
     bool resident;
     uint8_t *dev;                                                 /* resident: the pack in HBM */
@@ -110,6 +122,16 @@ struct cuda_engine {
     int32_t *d_want, *h_want;                               /* (R) pick requests, device and pinned */
     pick_out *d_picks, *h_picks;                            /* (R) */
 
+    /* MoE pass buffers (moe.cu; none for a dense model), TK = max_T * k slots of (token, chosen expert) */
+    struct {
+        float *xn, *logits, *wts, *g, *u, *yg, *sh, *shg; /* (T,D) (T,E) (TK) (TK|T,FE|FS)x2 (TK,D) (T,D) (T) */
+        bf16 *xg, *gb;                                     /* (TK, D), (TK|T, FE|FS) */
+        int32_t *ids, *perm;                               /* (TK) chosen experts; (2 TK) sorted slots, slot rows */
+        int32_t *h_ids, *h_perm;                           /* pinned host copies */
+        int32_t *h_count;                                  /* (E) rows per expert this layer (host) */
+        uint64_t experts_run, experts_skipped;             /* (layer, expert) visits with rows / with none */
+    } mo;
+
     void **allocs; /* every cudaMalloc, freed at close */
     size_t n_allocs, cap_allocs;
     int n_dev_allocs; /* for the fail_alloc_at hook */
@@ -156,6 +178,20 @@ void note_peak(cuda_engine *e);
  * tier, and sets up RoPE; each returns 0, -1 with a sentence, or CUDA_ENGINE_EDEVICE. */
 int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errlen);
 int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen);
+
+/* Every matrix of a layer's pack, attention's first, then a sparse layer's experts and shared expert (moe.cu):
+ * layer_n_mats of them, layer_mat_at(w, i) the i-th; a slot without a tensor has t NULL. */
+int layer_n_mats(const dlayer *w);
+dmat *layer_mat_at(dlayer *w, int i);
+/* HBM the MoE pass buffers take for passes of T tokens (0 for a dense model), and their allocation. */
+size_t cuda_moe_pass_bytes(const model_desc *m, size_t T);
+int cuda_moe_alloc(cuda_engine *e, char *err, size_t errlen);
+/* The routed FFN of sparse layer w for the pass's T tokens: e->h = experts(norm(x)) (+ the gated shared
+ * expert), with e->xb already holding bf16(norm(x)); base is the layer pack's bytes on the device. */
+int cuda_moe_ffn(cuda_engine *e, const dlayer *w, const uint8_t *base, int64_t T, char *err, size_t errlen);
+/* y(T, n) = x(T, k) . W(n, k)^T for one matrix of the pack (cuda_engine.cu's GEMM). */
+int cuda_gemm(cuda_engine *e, const dmat *w, const uint8_t *base, const bf16 *x, int64_t T, float *y, char *err,
+              size_t errlen);
 int rope_setup(cuda_engine *e, char *err, size_t errlen);
 int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen);
 

@@ -212,18 +212,108 @@ static int bind_fused(cuda_engine *e, dlayer *w, enum arch_slot s, int l, const 
     return 0;
 }
 
-/* Places matrix i of w in its pack: a shared part at its rows inside the first part, the others after the
- * previous ones (PACK_ALIGN apart); returns the next free offset. */
+/* Places matrix i of w (layer_mat_at) in its pack: a shared part at its rows inside the part that carries its
+ * tensor, the others after the previous ones (PACK_ALIGN apart); returns the next free offset. */
 static size_t place_mat(dlayer *w, int i, size_t off)
 {
-    if (!w->m[i].shared) {
-        w->m[i].off = off;
-        return off + ((size_t)w->m[i].t->size + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
+    dmat *d = layer_mat_at(w, i);
+    if (!d->t)
+        return off;
+    if (!d->shared) {
+        d->off = off;
+        return off + ((size_t)d->t->size + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
     }
-    for (int j = 0; j < i; j++)
-        if (w->m[j].t == w->m[i].t && !w->m[j].shared)
-            w->m[i].off = w->m[j].off + w->m[i].sub;
+    for (int j = 0; j < i; j++) {
+        const dmat *o = layer_mat_at(w, j);
+        if (o->t == d->t && !o->shared)
+            d->off = o->off + d->sub;
+    }
     return off;
+}
+
+/* One matrix of a sparse layer's FFN: rows [row0, row0 + n) of t, n rows of k. */
+static int moe_mat(cuda_engine *e, dmat *d, const model_tensor *t, int64_t row0, int64_t n, int64_t k, char *err,
+                   size_t errlen)
+{
+    memset(d, 0, sizeof *d);
+    if (!kq_type_supported(t->dtype) || quant_row_bytes(t->dtype, k, &d->row_bytes) != 0)
+        return util_errf(err, errlen, "%s: tensor %s is stored as %s, which the CUDA backend cannot multiply.",
+                         e->m->source, t->name, quant_type_name(t->dtype));
+    d->t = t;
+    d->type = t->dtype;
+    d->n = n;
+    d->k = k;
+    d->sub = (size_t)row0 * d->row_bytes;
+    d->shared = row0 != 0; /* the part at row 0 carries the tensor's bytes */
+    return 0;
+}
+
+/* Binds sparse layer l's FFN: every expert's gate, up and down (model_arch_experts finds them however the file
+ * stores them), the shared expert, and the router uploaded as fp32. */
+static int bind_moe(cuda_engine *e, file_reader *fr, dlayer *w, int l, char *err, size_t errlen)
+{
+    const model_desc *m = e->m;
+    int E = m->n_experts;
+    int64_t D = m->d_model, FE = m->expert_ffn_dim, FS = m->shared_ffn_dim;
+    dmoe *mo = (dmoe *)calloc(1, sizeof *mo);
+    arch_expert *ex = (arch_expert *)calloc((size_t)E, sizeof *ex);
+    if (mo) {
+        mo->gate = (dmat *)calloc((size_t)E, sizeof(dmat));
+        mo->up = (dmat *)calloc((size_t)E, sizeof(dmat));
+        mo->down = (dmat *)calloc((size_t)E, sizeof(dmat));
+    }
+    w->moe = mo;
+    if (!mo || !ex || !mo->gate || !mo->up || !mo->down) {
+        free(ex);
+        return util_errf(err, errlen, "out of host memory binding layer %d's experts.", l);
+    }
+    mo->E = E;
+    static const enum arch_slot slots[3] = {ARCH_GATE_EXPS, ARCH_UP_EXPS, ARCH_DOWN_EXPS};
+    dmat *dst[3] = {mo->gate, mo->up, mo->down};
+    int rc = 0;
+    for (int p = 0; p < 3 && rc == 0; p++) {
+        rc = model_arch_experts(m, &e->a, slots[p], l, ex, err, errlen);
+        for (int x = 0; x < E && rc == 0; x++)
+            rc = moe_mat(e, &dst[p][x], ex[x].t, ex[x].row0, p == 2 ? D : FE, p == 2 ? FE : D, err, errlen);
+    }
+    free(ex);
+    if (rc)
+        return -1;
+    const model_tensor *t;
+    static const enum arch_slot sh_slots[3] = {ARCH_SHEXP_GATE, ARCH_SHEXP_UP, ARCH_SHEXP_DOWN};
+    dmat *sh[3] = {&mo->sh_gate, &mo->sh_up, &mo->sh_down};
+    for (int p = 0; p < 3; p++) {
+        if (model_arch_tensor(m, &e->a, sh_slots[p], l, &t, err, errlen))
+            return -1;
+        if (t && moe_mat(e, sh[p], t, 0, p == 2 ? D : FS, p == 2 ? FS : D, err, errlen))
+            return -1;
+    }
+    if (bind_vec(e, fr, &mo->sh_gate_inp, ARCH_SHEXP_GATE_INP, l, err, errlen))
+        return -1;
+    /* the router, fp32 on the device */
+    if (model_arch_tensor(m, &e->a, ARCH_ROUTER, l, &t, err, errlen))
+        return -1;
+    if (!t)
+        return util_errf(err, errlen, "%s: layer %d has no router (blk.%d.ffn_gate_inp.weight).", m->source, l, l);
+    size_t rb;
+    if (quant_row_bytes(t->dtype, D, &rb) != 0 || rb * (size_t)E != t->size)
+        return util_errf(err, errlen, "%s: tensor %s cannot be read as %d rows of %lld.", m->source, t->name, E,
+                         (long long)D);
+    uint8_t *raw = (uint8_t *)malloc((size_t)t->size);
+    float *f = (float *)malloc((size_t)E * (size_t)D * sizeof(float));
+    rc = !raw || !f ? util_errf(err, errlen, "out of host memory binding %s.", t->name)
+                    : read_tensor(e, fr, t, raw, err, errlen);
+    for (int x = 0; x < E && rc == 0; x++)
+        if (quant_dequant_row(t->dtype, raw + (size_t)x * rb, f + (size_t)x * D, D) != 0)
+            rc = util_errf(err, errlen, "%s: tensor %s cannot be converted.", m->source, t->name);
+    if (rc == 0)
+        rc = dalloc(e, (void **)&mo->router, (size_t)E * (size_t)D * sizeof(float), t->name, err, errlen);
+    if (rc == 0 && cudaMemcpy(mo->router, f, (size_t)E * (size_t)D * sizeof(float), cudaMemcpyHostToDevice) !=
+                       cudaSuccess)
+        rc = util_errf(err, errlen, "uploading %s failed.", t->name);
+    free(raw);
+    free(f);
+    return rc;
 }
 
 /* The pack matrix (M_*) that holds per-layer slot s, or -1 where the CUDA pass has no kernel that reads it. */
@@ -290,7 +380,8 @@ int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
             for (int si = ARCH_LAYER_FIRST; si < ARCH_SLOT_COUNT; si++) {
                 enum arch_slot s = (enum arch_slot)si;
                 const arch_tensor *at = &e->a.t[s];
-                if (at->need == ARCH_ABSENT || (pass == 0) != (at->kind != ARCH_VECTOR))
+                if (arch_slot_need(&e->a, s, l) == ARCH_ABSENT || arch_slot_sparse(s) ||
+                    (pass == 0) != (at->kind != ARCH_VECTOR))
                     continue;
                 if (s == ARCH_QKV || s == ARCH_GATE_UP) { /* fused: row ranges of one tensor */
                     static const int qkv_mi[] = {M_Q, M_K, M_V}, gu_mi[] = {M_GATE, M_UP};
@@ -311,8 +402,10 @@ int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
                 if (mi >= 0 ? bind_mat(e, &w->m[mi], s, l, err, errlen) : bind_vec(e, fr, vec, s, l, err, errlen))
                     return -1;
             }
+        if (arch_layer_sparse(&e->a, l) && bind_moe(e, fr, w, l, err, errlen))
+            return -1;
         size_t off = 0;
-        for (int i = 0; i < M_COUNT; i++)
+        for (int i = 0; i < layer_n_mats(w); i++)
             off = place_mat(w, i, off);
         w->pack_bytes = off;
     }
@@ -359,12 +452,15 @@ static int open_disk_tier(cuda_engine *e, int lr, char *err, size_t errlen)
     e->slot_bytes = stream_slot_bytes(e->disk);
     for (int l = lr; l < m->n_layers; l++) {
         dlayer *w = &e->layers[l];
-        for (int i = 0; i < M_COUNT; i++) {
-            int64_t at = stream_slot_offset(e->disk, l, w->m[i].t->file, w->m[i].t->offset);
+        for (int i = 0; i < layer_n_mats(w); i++) {
+            dmat *d = layer_mat_at(w, i);
+            if (!d->t)
+                continue;
+            int64_t at = stream_slot_offset(e->disk, l, d->t->file, d->t->offset);
             if (at < 0)
                 return util_errf(err, errlen, "%s: tensor %s lies outside layer %d's byte range.", m->source,
-                                 w->m[i].t->name, l);
-            w->m[i].off = (size_t)at + w->m[i].sub;
+                                 d->t->name, l);
+            d->off = (size_t)at + d->sub;
         }
         w->pack_bytes = stream_layer_len(e->disk, l);
         e->st.streamed_bytes_per_pass += w->pack_bytes;
@@ -489,7 +585,10 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
     int rc = 0;
     pin_job *jobs = NULL;
     size_t nj = 0;
-    if (pin_bytes && !e->o.reader && !(jobs = (pin_job *)malloc((size_t)L * M_COUNT * sizeof *jobs)))
+    size_t n_mats = 0;
+    for (int l = 0; l < L; l++)
+        n_mats += (size_t)layer_n_mats(&e->layers[l]);
+    if (pin_bytes && !e->o.reader && !(jobs = (pin_job *)malloc(n_mats * sizeof *jobs)))
         return util_errf(err, errlen, "out of host memory.");
     for (int l = 0; l < L && rc == 0; l++) {
         dlayer *w = &e->layers[l];
@@ -499,15 +598,16 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
             continue;
         else
             w->host = e->h_pinned + (size_t)(uintptr_t)w->host;
-        for (int i = 0; i < M_COUNT && rc == 0; i++) {
-            if (w->m[i].shared) /* its bytes come with the first part */
+        for (int i = 0; i < layer_n_mats(w) && rc == 0; i++) {
+            const dmat *d = layer_mat_at(w, i);
+            if (!d->t || d->shared) /* no tensor; or its bytes come with the part that carries them */
                 continue;
             if (w->resident)
-                rc = upload_mat(e, fr, &w->m[i], w->dev + w->m[i].off, &bounce, &bounce_cap, err, errlen);
+                rc = upload_mat(e, fr, d, w->dev + d->off, &bounce, &bounce_cap, err, errlen);
             else if (jobs)
-                jobs[nj++] = (pin_job){w->m[i].t, w->host + w->m[i].off};
+                jobs[nj++] = (pin_job){d->t, w->host + d->off};
             else /* a caller's reader (tests): one thread, in order */
-                rc = read_tensor(e, fr, w->m[i].t, w->host + w->m[i].off, err, errlen);
+                rc = read_tensor(e, fr, d->t, w->host + d->off, err, errlen);
         }
     }
     free(bounce);
