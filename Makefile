@@ -12,7 +12,8 @@ SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omi
 # src/ in folders by stage (src/README.md): base <- model <- text, engine <- batch <- main.c.
 SRC_DIRS := base model text engine batch
 LIB_SRC := $(foreach d,$(SRC_DIRS),$(wildcard src/$(d)/*.c))
-HDRS    := $(wildcard src/*/*.h)
+# the built-in chat templates src/model/templates.c embeds (.incbin) rebuild like headers
+HDRS    := $(wildcard src/*/*.h) $(wildcard src/model/templates/*.jinja)
 TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 FUZZERS := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 60

@@ -22,18 +22,36 @@
  *     engine and is replaced by this comparison;
  *   - the default generation path (8-bit activations, like llama.cpp's) is
  *     reported against both references.
+ *
+ * Gemma 3 270M (gemma3:270m, Q4_K_M, tests/data/llamacpp/gemma3.json, the
+ * same 20 questions rendered by jinja2 with spill's built-in template), with
+ * thresholds fixed before the comparison ran:
+ *   - spill's built-in template + tokenizer give llama.cpp's prompt ids exactly,
+ *     and <end_of_turn> (one token) is in the stop set;
+ *   - spill's default path (fp32 activations) teacher-forced over llama.cpp's
+ *     sequences: top-1 agreement with llama.cpp ≥ 0.99 (the issue's target)
+ *     and mean |Δ log-prob| of the forced token ≤ 0.10.  The helper who wrote
+ *     this gate first set 0.97 before the run (no exact fp32 reference exists
+ *     for this model, and SmolLM2 above shows llama.cpp's own rounding leaves a
+ *     correct fp32 engine at 0.9747 there); the run measured 0.9927
+ *     (2842/2863) and 0.0200, and the gate was then raised to the issue's 0.99.
+ *     The path is deterministic (cpu.c's fixed summation order), so the margin
+ *     of 0.27 points is not noise.  A wiring error (a RoPE base, a missing norm,
+ *     the window, a scale) moves top-1 by tens of points.
  */
 #include <jansson.h>
 #include <math.h>
 
 #include "engine/engine.h"
 #include "model/model.h"
+#include "text/prompt.h"
 #include "text/template.h"
 #include "test.h"
 #include "text/tokenizer.h"
 #include "base/util.h"
 
 #define FIXTURE "tests/data/llamacpp/smollm2.json"
+#define GEMMA_FIXTURE "tests/data/llamacpp/gemma3.json"
 
 typedef struct stats {
     long positions, agree_llama, agree_fp32;
@@ -70,7 +88,9 @@ static bool same_seq(const int32_t *a, int n, json_t *b)
     return true;
 }
 
-static void run(model_desc *m, json_t *prompts, bool q8, stats *st)
+/* Teacher-forces every prompt's sequence (and, with greedy, generates greedily from every prompt) on one
+ * engine path, counting agreement with llama.cpp and, where the fixture has it, with the fp32 reference. */
+static void run(model_desc *m, json_t *prompts, bool q8, bool greedy, stats *st)
 {
     char err[SPILL_ERRLEN];
     size_t NP = json_array_size(prompts);
@@ -83,7 +103,12 @@ static void run(model_desc *m, json_t *prompts, bool q8, stats *st)
     if (rc)
         return;
     kv_cache *kv = engine_kv(e);
-    float *logits = malloc((size_t)1024 * (size_t)V * sizeof(float));
+    size_t rows = NP; /* logits rows: the longest teacher-forced sequence, or one per prompt when generating */
+    for (size_t p = 0; p < NP; p++) {
+        size_t n = json_array_size(json_object_get(json_array_get(prompts, p), "ids"));
+        rows = n > rows ? n : rows;
+    }
+    float *logits = malloc(rows * (size_t)V * sizeof(float));
     memset(st, 0, sizeof *st);
 
     /* teacher forcing: one prompt per pass, logits at every position */
@@ -106,17 +131,24 @@ static void run(model_desc *m, json_t *prompts, bool q8, stats *st)
             double mine = log_softmax_at(l, V, seq[i + 1]);
             int a = argmax(l, V);
             st->agree_llama += a == json_integer_value(json_array_get(top1, (size_t)i));
+            st->dlp_llama += fabs(mine - json_number_value(json_array_get(lp, (size_t)i)));
+            st->positions++;
+            if (!fp)
+                continue;
             st->agree_fp32 += a == json_integer_value(json_array_get(top32, (size_t)i));
-            st->dlp_llama += fabs(mine - json_real_value(json_array_get(lp, (size_t)i)));
             double d32 = fabs(mine - json_number_value(json_array_get(lp32, (size_t)i)));
             st->dlp_fp32 += d32;
             st->max_dlp_fp32 = d32 > st->max_dlp_fp32 ? d32 : st->max_dlp_fp32;
-            st->positions++;
         }
         kv_row_free(kv, &kr);
         free(seq);
     }
 
+    if (!greedy) {
+        free(logits);
+        engine_close(e);
+        return;
+    }
     /* greedy generation, all prompts batched at different lengths */
     kv_row *kr = calloc(NP, sizeof *kr);
     int32_t **gen = calloc(NP, sizeof *gen), *ngen = calloc(NP, sizeof *ngen), *pos = calloc(NP, sizeof *pos);
@@ -170,7 +202,7 @@ static void run(model_desc *m, json_t *prompts, bool q8, stats *st)
     engine_close(e);
 }
 
-int main(void)
+static void test_smollm2(void)
 {
     char err[SPILL_ERRLEN], path[4096];
     json_error_t je;
@@ -181,8 +213,11 @@ int main(void)
     if (rc == 0)
         rc = model_open(path, &m, err, sizeof err);
     CHECK(rc == 0, "the default model must be installed (tools/setup.sh): %s", err);
-    if (!fx || rc)
-        return test_finish("test_llamacpp");
+    if (!fx || rc) {
+        model_close(m);
+        json_decref(fx);
+        return;
+    }
     json_t *prompts = json_object_get(fx, "prompts");
     size_t NP = json_array_size(prompts);
 
@@ -228,8 +263,8 @@ int main(void)
     fprintf(stderr, "fp32 reference vs llama.cpp: top-1 %.4f, mean |dlogprob| %.5f\n", ref_rate, ref_mean);
 
     stats ex, q8;
-    run(m, prompts, false, &ex);
-    run(m, prompts, true, &q8);
+    run(m, prompts, false, true, &ex);
+    run(m, prompts, true, true, &q8);
     for (int k = 0; k < 2; k++) {
         const stats *s = k ? &q8 : &ex;
         fprintf(stderr,
@@ -250,5 +285,83 @@ int main(void)
           "exact path is further from llama.cpp than the fp32 reference is");
     model_close(m);
     json_decref(fx);
+}
+
+static void test_gemma3(void)
+{
+    char err[SPILL_ERRLEN], path[4096];
+    json_error_t je;
+    json_t *fx = json_load_file(GEMMA_FIXTURE, 0, &je);
+    CHECK(fx != NULL, "%s: %s", GEMMA_FIXTURE, je.text);
+    model_desc *m = NULL;
+    int rc = model_resolve("gemma3:270m", path, sizeof path, err, sizeof err);
+    if (rc == 0)
+        rc = model_open(path, &m, err, sizeof err);
+    CHECK(rc == 0, "gemma3:270m must be installed (tools/setup.sh): %s", err);
+    if (!fx || rc) {
+        model_close(m);
+        json_decref(fx);
+        return;
+    }
+    CHECK(m->template_builtin && !strcmp(m->template_builtin, "gemma3"), "gemma3:270m: the built-in template is %s",
+          m->template_builtin ? m->template_builtin : "not attached");
+    json_t *prompts = json_object_get(fx, "prompts");
+    size_t NP = json_array_size(prompts);
+
+    /* prompt ids: the path spill run takes for a chat row (prompt.c) vs llama.cpp's tokens of jinja2's render */
+    tokenizer *tok = NULL;
+    tmpl_t *tm = NULL;
+    CHECK(prompt_open_tokenizer(m, &tok, err, sizeof err) == 0 && prompt_open_template(m, &tm, err, sizeof err) == 0,
+          "tokenizer/template: %s", err);
+    prompt_src ps = {m, tok, tm};
+    int ids_match = 0;
+    for (size_t p = 0; tok && tm && p < NP; p++) {
+        json_t *pr = json_array_get(prompts, p), *ids = json_object_get(pr, "ids");
+        json_t *msgs =
+            json_pack("[{s:s,s:s}]", "role", "user", "content", json_string_value(json_object_get(pr, "question")));
+        int32_t *mine = NULL;
+        size_t nt = 0;
+        int n_prompt = (int)json_integer_value(json_object_get(pr, "n_prompt"));
+        bool same = prompt_chat(&ps, msgs, NULL, true, 0, NULL, NULL, &mine, &nt, err, sizeof err) == 0 &&
+                    (int)nt == n_prompt;
+        for (int i = 0; same && i < n_prompt; i++)
+            same = mine[i] == json_integer_value(json_array_get(ids, (size_t)i));
+        ids_match += same;
+        free(mine);
+        json_decref(msgs);
+    }
+    /* a chat row ends at the template's turn end: <end_of_turn> is one special token and in the stop set */
+    int32_t *eot = NULL;
+    size_t neot = 0;
+    bool stops = false;
+    if (tok && prompt_text(&ps, "<end_of_turn>", 13, false, &eot, &neot, err, sizeof err) == 0 && neot == 1)
+        for (size_t i = 0; i < m->n_stop; i++)
+            stops |= m->stop_ids[i] == eot[0];
+    CHECK(stops, "gemma3: <end_of_turn> (%zu ids, first %d) is not in the stop set", neot, neot ? eot[0] : -1);
+    free(eot);
+    template_free(tm);
+    tokenizer_free(tok);
+    fprintf(stderr, "gemma3: prompt ids identical to llama.cpp: %d/%zu\n", ids_match, NP);
+    CHECK(ids_match == (int)NP, "gemma3: template+tokenizer ids differ from llama.cpp on %zu prompts",
+          NP - (size_t)ids_match);
+
+    stats ex;
+    run(m, prompts, false, false, &ex);
+    double rate = ex.positions ? (double)ex.agree_llama / (double)ex.positions : 0,
+           mean = ex.positions ? ex.dlp_llama / (double)ex.positions : INFINITY;
+    fprintf(stderr, "gemma3 spill default (fp32 activations) vs llama.cpp: top-1 %.4f (%ld/%ld positions; target 0.99), "
+                    "mean |dlogprob| %.5f\n",
+            rate, ex.agree_llama, ex.positions, mean);
+    CHECK(ex.positions > 2500, "gemma3: only %ld positions compared", ex.positions);
+    CHECK(rate >= 0.99, "gemma3: top-1 agreement with llama.cpp %.4f < 0.99", rate);
+    CHECK(mean <= 0.10, "gemma3: mean |dlogprob| vs llama.cpp %.4f > 0.10", mean);
+    model_close(m);
+    json_decref(fx);
+}
+
+int main(void)
+{
+    test_gemma3();
+    test_smollm2();
     return test_finish("test_llamacpp");
 }

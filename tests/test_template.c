@@ -13,7 +13,8 @@
  *   - "raise":  TEMPLATE_ERR_RAISED and err equals the template's message exactly;
  *   - "error":  rc == -1 with a non-empty sentence that starts with the template name (messages
  *     are spill's own, jinja2's exception text is not compared);
- *   - DoS cases: every one fails with rc != 0 under the default limits (no timing assertions).
+ *   - DoS cases: every one fails with rc != 0 under the default limits (no timing assertions);
+ *   - each template built into the binary is byte-identical to its chat.json "builtin:NAME" row.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/templates.h"
 #include "text/template.h"
 #include "test.h"
 #include "base/util.h"
@@ -394,6 +396,32 @@ static void test_api(void)
     json_decref(msgs);
 }
 
+/* The templates built into the binary (model/templates.c) are the very text chat.json rendered with jinja2
+ * ("builtin:NAME" rows), so test_chat's byte-exact renders hold for what spill embeds. */
+static void test_builtin(json_t *root)
+{
+    static const char *const names[] = {"gemma3"};
+    json_t *templates = json_object_get(root, "templates"), *t;
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        const char *mine = templates_builtin(names[k]);
+        char want[64];
+        snprintf(want, sizeof want, "builtin:%s", names[k]);
+        json_t *src = NULL;
+        size_t i;
+        json_array_foreach(templates, i, t)
+        {
+            if (!strcmp(json_string_value(json_object_get(t, "name")), want))
+                src = json_object_get(t, "template");
+        }
+        CHECK(mine && src, "%s: built in %s, in chat.json %s", want, mine ? "yes" : "no", src ? "yes" : "no");
+        if (mine && src)
+            CHECK(strlen(mine) == json_string_length(src) && !memcmp(mine, json_string_value(src), strlen(mine)),
+                  "%s: the embedded template differs from the one chat.json was rendered from", want);
+    }
+    CHECK(templates_builtin("no-such-family") == NULL && templates_builtin(NULL) == NULL,
+          "an unknown built-in template name must give NULL");
+}
+
 int main(void)
 {
     setenv("TZ", "UTC", 1);
@@ -404,6 +432,7 @@ int main(void)
     if (chat) {
         test_chat(chat);
         test_threads(chat);
+        test_builtin(chat);
         json_decref(chat);
     }
     test_dos();

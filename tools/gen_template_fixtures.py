@@ -24,6 +24,7 @@ Template sources (tests/data/tmpl/src/ and GGUF metadata):
     google-gemma-2-2b-it, NousResearch-Hermes-3 (tool_use), DeepSeek-R1-Distill-Qwen, IBM Granite 3.3:
     llama.cpp's models/templates/ copies of the Hugging Face templates.
   - Qwen-Qwen2.5-Instruct.recreated.jinja: written from memory ("source": "recreated").
+  - builtin:NAME: spill's built-in templates, src/model/templates/NAME.jinja (sources in its README.md).
 
 Usage: python3 tools/gen_template_fixtures.py   (from the repo root; deterministic)
 """
@@ -39,6 +40,7 @@ from transformers.utils import chat_template_utils as ctu
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "data", "tmpl")
 SRC = os.path.join(OUT, "src")
+BUILTIN = "src/model/templates"
 NOW = 1721980800  # 2024-07-26 08:00:00 UTC; the C test sets TZ=UTC and passes the same clock
 FORMAT_VERSION = 1
 
@@ -111,6 +113,14 @@ def real_templates():
     for name, (source, extra) in sources.items():
         with open(os.path.join(SRC, name + ".jinja"), encoding="utf-8", newline="") as f:
             out.append({"name": name, "source": source, "template": f.read(), "extra": extra})
+    # spill's built-in templates (src/model/templates/, embedded in the binary): test_template.c also checks
+    # that the embedded text is byte-identical to the "template" recorded here
+    for name in sorted(os.listdir(BUILTIN)):
+        if name.endswith(".jinja"):
+            with open(os.path.join(BUILTIN, name), encoding="utf-8", newline="") as f:
+                out.append({"name": "builtin:" + name[:-6], "source": "src/model/templates/" + name +
+                            " (its README.md names the upstream)", "template": f.read(),
+                            "extra": {"bos_token": "<bos>", "eos_token": "<eos>"}})
     return out
 
 

