@@ -254,13 +254,13 @@ static void run_dir(const char *ref, const char *name, const char *dir)
     size_t ring;
     double wait_s, read_s;
     CHECK(engine_stream_stats(es, &ring, &bytes, &wait_s, &read_s) && bytes > 0, "%s: nothing was streamed", name);
-    fprintf(stderr, "%-28s %3d positions, max |dlogsoftmax| %.2e, streamed %llu bytes, identical: %s\n", name, compared,
+    fprintf(stderr, "%-34s %3d positions, max |dlogsoftmax| %.2e, streamed %llu bytes, identical: %s\n", name, compared,
             worst, (unsigned long long)bytes, stream_diff ? "NO" : "yes");
     uint64_t run, skipped;
     if (engine_moe_stats(e, &run, &skipped)) {
         CHECK(run > 0 && skipped > 0, "%s: %llu experts ran, %llu skipped", name, (unsigned long long)run,
               (unsigned long long)skipped);
-        fprintf(stderr, "%-28s experts ran %llu times, skipped %llu times\n", "", (unsigned long long)run,
+        fprintf(stderr, "%-34s experts ran %llu times, skipped %llu times\n", "", (unsigned long long)run,
                 (unsigned long long)skipped);
         check_batch_independent(m, &rows[n_rows - 1], V, name);
     }

@@ -32,7 +32,11 @@
  *    norms) packed with --quant none: the GGUF (for llama: Q/K rows
  *    permuted, consecutive-pair RoPE) must give the HF engine's logits to
  *    max |Δ log-softmax| ≤ 1e-4 (the test_forward tolerance: only summation
- *    order differs).  Llama 3 scaling gets a rope_freqs tensor.
+ *    order differs).  Llama 3 scaling gets a rope_freqs tensor.  The MoE
+ *    checkpoints (mixtral, qwen2_moe with a shared expert and dense layers,
+ *    qwen3_moe; per-expert tensors and transformers 5's fused ones) become
+ *    llama.cpp's stacked experts with the routing description intact, under
+ *    the same bound (qwen3_moe also q8, ≤ 2% as above).
  * 4. The real SmolLM2 Q4_1 GGUF (when installed) packed to none and q8:
  *    opens and tokenizes like the source; none gives bit-identical logits
  *    (Q4_1 bytes copied, norms already F32); q8 keeps the source's next token
@@ -51,6 +55,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "model/arch.h"
 #include "model/gguf.h"
 #include "model/gguf_write.h"
 #include "model/model.h"
@@ -263,10 +268,12 @@ static bool opens(const char *path, model_desc **m)
 }
 
 /* Logits of the last of n tokens fed as one prefill chunk. */
-static float *run_logits(model_desc *m, const int32_t *toks, int n)
+/* The last position's logits of toks on a CPU engine, streamed from disk or resident. */
+static float *run_logits_on(model_desc *m, const int32_t *toks, int n, bool stream)
 {
     char err[SPILL_ERRLEN];
-    engine_opts eo = {.threads = 2, .max_pass_tokens = 32, .max_pass_seqs = 2, .page_tokens = 16, .kv_pages = 8};
+    engine_opts eo = {.threads = 2, .max_pass_tokens = 32, .max_pass_seqs = 2, .page_tokens = 16, .kv_pages = 8,
+                      .stream = stream, .stream_slots = 2};
     spill_engine *e;
     if (engine_open(m, &eo, &e, err, sizeof err)) {
         CHECK(0, "engine_open %s: %s", m->source, err);
@@ -283,6 +290,11 @@ static float *run_logits(model_desc *m, const int32_t *toks, int n)
     kv_row_free(engine_kv(e), &kr);
     engine_close(e);
     return lg;
+}
+
+static float *run_logits(model_desc *m, const int32_t *toks, int n)
+{
+    return run_logits_on(m, toks, n, false);
 }
 
 static double rel_l2(const float *a, const float *b, int n)
@@ -523,10 +535,10 @@ static void test_pack_synth(void)
 
 /* ---------------------------------------------------------------- 3. Hugging Face */
 
-static void test_pack_hf(const char *name, enum pack_quant q, double tol)
+/* Packs the HF directory src (name labels the output and the messages) and compares the result with it. */
+static void test_pack_dir(const char *name, const char *src, enum pack_quant q, double tol)
 {
-    char src[256], out[256], err[SPILL_ERRLEN];
-    snprintf(src, sizeof src, "tests/data/ref/%s", name);
+    char out[256], err[SPILL_ERRLEN];
     snprintf(out, sizeof out, "%s/%s-%d.gguf", dir, name, (int)q);
     pack_opts po = {.model = src, .out = out, .quant = q};
     pack_report rep;
@@ -545,9 +557,27 @@ static void test_pack_hf(const char *name, enum pack_quant q, double tol)
         return;
     }
     check_layout(mp, name);
-    bool llama = !strcmp(mh->arch, "llama");
+    bool llama = model_arch_find(mh->arch)->gguf_rope == ROPE_NORM; /* llama, and Mixtral as a llama file */
     CHECK(!strcmp(mp->arch, mh->arch) && mp->rope_style == (llama ? ROPE_NORM : ROPE_NEOX), "%s: arch %s rope %d", name,
           mp->arch, mp->rope_style);
+    if (mh->n_experts > 0) { /* MoE: llama.cpp's stacked experts, the routing description kept */
+        const model_tensor *g = find(mp, "blk.0.ffn_up_exps.weight"), *d = find(mp, "blk.0.ffn_down_exps.weight");
+        if (!mh->layer_sparse[0]) {
+            g = find(mp, "blk.1.ffn_up_exps.weight");
+            d = find(mp, "blk.1.ffn_down_exps.weight");
+        }
+        CHECK(g && d && g->n_dims == 3 && g->ne[0] == (uint64_t)mh->d_model &&
+                  g->ne[1] == (uint64_t)mh->expert_ffn_dim && g->ne[2] == (uint64_t)mh->n_experts &&
+                  d->ne[0] == (uint64_t)mh->expert_ffn_dim && d->ne[1] == (uint64_t)mh->d_model,
+              "%s: stacked experts", name);
+        CHECK(mp->n_experts == mh->n_experts && mp->n_experts_used == mh->n_experts_used &&
+                  mp->expert_ffn_dim == mh->expert_ffn_dim && mp->shared_ffn_dim == mh->shared_ffn_dim &&
+                  mp->expert_norm == mh->expert_norm,
+              "%s: routing description differs after packing", name);
+        for (int l = 0; l < mh->n_layers; l++)
+            CHECK(mp->layer_sparse[l] == mh->layer_sparse[l], "%s: layer %d sparse %d after packing, %d before", name,
+                  l, mp->layer_sparse[l], mh->layer_sparse[l]);
+    }
     CHECK(mp->n_layers == mh->n_layers && mp->d_model == mh->d_model && mp->n_heads == mh->n_heads &&
               mp->n_kv_heads == mh->n_kv_heads && mp->head_dim == mh->head_dim && mp->ffn_dim == mh->ffn_dim &&
               mp->vocab == mh->vocab && mp->tied_embeddings == mh->tied_embeddings &&
@@ -580,12 +610,38 @@ static void test_pack_hf(const char *name, enum pack_quant q, double tol)
             double d = q == PACK_NONE ? max_dlogsm(b, a, mh->vocab) : rel_l2(b, a, mh->vocab);
             CHECK(d <= tol, "%s: packed logits differ from HF by %g (tolerance %g)", name, d, tol);
         }
+        if (b && mh->n_experts > 0) { /* stacked experts bound by row offsets, streamed as resident */
+            float *c = run_logits_on(mp, toks, 9, true);
+            CHECK(c && !memcmp(b, c, (size_t)mh->vocab * sizeof *b), "%s: packed, streamed logits differ", name);
+            free(c);
+        }
         free(a);
         free(b);
     }
     model_close(mh);
     model_close(mp);
     pack_report_free(&rep);
+}
+
+static void test_pack_hf(const char *name, enum pack_quant q, double tol)
+{
+    char src[256];
+    snprintf(src, sizeof src, "tests/data/ref/%s", name);
+    test_pack_dir(name, src, q, tol);
+}
+
+/* transformers 5's fused experts (model_fused.safetensors) pack to the same stacked tensors. */
+static void test_pack_fused(const char *name)
+{
+    char src[256], cmd[1200], label[128];
+    snprintf(src, sizeof src, "%s/%s_fused", dir, name);
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s && cp tests/data/ref/%s/config.json %s/ && "
+             "cp tests/data/ref/%s/model_fused.safetensors %s/model.safetensors",
+             src, name, src, name, src);
+    CHECK(system(cmd) == 0, "building %s", src);
+    snprintf(label, sizeof label, "%s_fused", name);
+    test_pack_dir(label, src, PACK_NONE, 1e-4);
 }
 
 /* An HF directory with a tokenizer: tokenizer.json is embedded whole, the template and stop set travel. */
@@ -715,6 +771,13 @@ int main(void)
     test_pack_hf("qwen2_bias", PACK_NONE, 1e-4);
     test_pack_hf("qwen3_qknorm", PACK_NONE, 1e-4);
     test_pack_hf("llama_mha_s128_tied_llama3", PACK_NONE, 0);
+    test_pack_hf("mixtral_top2", PACK_NONE, 1e-4);
+    test_pack_hf("qwen2_moe_shared", PACK_NONE, 1e-4);
+    test_pack_hf("qwen2_moe_top1_step2", PACK_NONE, 1e-4);
+    test_pack_hf("qwen3_moe_top8", PACK_NONE, 1e-4);
+    test_pack_hf("qwen3_moe_top8", PACK_Q8, 0.02);
+    test_pack_fused("mixtral_top2");
+    test_pack_fused("qwen3_moe_top8");
     test_pack_hf("llama_gqa_s64", PACK_Q8, 0.02);
     test_pack_hf_tokenizer();
     test_pack_smollm(PACK_NONE);

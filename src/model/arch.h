@@ -115,6 +115,8 @@ typedef struct arch_family {
     bool gguf_moe_norm;        /* MoE GGUF without expert_weights_norm: renormalised (llama.cpp's per-family rule:
                                 * qwen3moe yes, qwen2moe no) */
     bool hf_pack;              /* spill pack can write this family's HF checkpoints as GGUF */
+    const char *gguf_name;     /* general.architecture of the GGUF files llama.cpp (and spill pack) write, when
+                                * not the family's name: qwen2moe, and llama for Mixtral */
     const char *gguf_turn_end; /* end-of-turn token of GGUF files without a chat template, or NULL */
 } arch_family;
 

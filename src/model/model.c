@@ -364,9 +364,14 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
         m->expert_ffn_dim = m->n_experts > 0 ? m->ffn_dim : 0; /* Mixtral: feed_forward_length is the experts' */
     if (gguf_int(g, arch, "expert_shared_feed_forward_length", &m->shared_ffn_dim))
         m->shared_ffn_dim = 0;
-    /* GGUF stores no dense layers among sparse ones: every layer of a file with experts is sparse */
+    /* GGUF has no key for dense layers among sparse ones: a layer is sparse when it has a router (llama.cpp's
+     * files have one in every layer; spill pack keeps Qwen2-MoE's dense layers dense) */
     if (mark_sparse_layers(m, NULL, 1, err, errlen))
         return -1;
+    for (int l = 0; m->layer_sparse && l < m->n_layers; l++) {
+        snprintf(key, sizeof key, "blk.%d.ffn_gate_inp.weight", l);
+        m->layer_sparse[l] = gguf_find_tensor(g, key) != NULL;
+    }
     snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
     bool norm;
     m->expert_norm = fam && (fam->moe_norm_always || (gguf_get_bool(g, key, &norm) ? norm : fam->gguf_moe_norm));

@@ -32,6 +32,14 @@
  *    writes is the row's hf_pack.  qwen2/qwen3/mistral use rotate-half in GGUF as in HF:
  *    no permutation.  Llama 3 RoPE scaling becomes the `rope_freqs.weight`
  *    tensor, as convert_hf_to_gguf.py writes it.
+ *  - HF MoE: the experts become llama.cpp's stacked tensors
+ *    (blk.N.ffn_gate_exps.weight [E, FE, D], ffn_up_exps, ffn_down_exps)
+ *    whether the checkpoint holds one tensor per expert or transformers 5's
+ *    fused gate_up_proj: an output tensor is a list of row runs of source
+ *    tensors (model_arch_experts finds them), read run by run.  The file's
+ *    architecture is llama.cpp's name (qwen2moe, qwen3moe, llama for
+ *    Mixtral); dense layers among sparse ones keep their dense FFN and no
+ *    router, which is how model.c tells them apart in a GGUF.
  *  - HF tokenizer: no conversion to tokenizer.ggml.* (the pre-tokenizer of an
  *    arbitrary tokenizer.json has no GGUF name); the file is embedded whole as
  *    the string key `spill.tokenizer.json`, next to tokenizer.chat_template,
@@ -73,7 +81,9 @@ static int use_rank(const char *name)
         "attn_norm.weight", "attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias", "attn_v.weight",
         "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight", "attn_qkv.weight", "attn_qkv.bias",
         "attn_output.weight", "post_attention_norm.weight", "ffn_norm.weight", "ffn_gate_inp.weight", "ffn_gate.weight",
-        "ffn_up.weight", "ffn_gate_up.weight", "ffn_down.weight", "post_ffw_norm.weight"};
+        "ffn_up.weight", "ffn_gate_up.weight", "ffn_down.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+        "ffn_down_exps.weight", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+        "ffn_down_shexp.weight", "post_ffw_norm.weight"};
     const char *s = name;
     if (!strncmp(name, "blk.", 4)) {
         const char *dot = strchr(name + 4, '.');
@@ -86,7 +96,11 @@ static int use_rank(const char *name)
 }
 
 typedef struct item {
-    const model_tensor *t; /* NULL for a generated tensor (rope_freqs) */
+    const model_tensor *t; /* NULL for a generated tensor (rope_freqs); the first run's tensor for stacked experts */
+    arch_expert *runs;     /* stacked experts: (n_runs) runs of run_rows rows each, in output order; NULL = t whole */
+    int n_runs;
+    uint64_t run_rows;
+    uint64_t ne[4]; /* stacked experts: the output shape [k, n, E] */
     char name[96];
     int32_t layer;
     int rank;
@@ -197,7 +211,8 @@ static int hf_keys(packer *p, char *err, size_t errlen)
 {
     const model_desc *m = p->m;
     gguf_w *w = p->w;
-    const char *a = m->arch;
+    const arch_family *fam = model_arch_find(m->arch);
+    const char *a = fam && fam->gguf_name ? fam->gguf_name : m->arch;
     char k[160];
     const char *base = strrchr(m->source, '/');
     base = base && base[1] ? base + 1 : m->source;
@@ -220,8 +235,13 @@ static int hf_keys(packer *p, char *err, size_t errlen)
     if (m->sliding_window > 0 &&
         gguf_w_u32(w, KEY("attention.sliding_window"), (uint32_t)m->sliding_window, err, errlen))
         return -1;
-    if (m->n_experts > 0 && (gguf_w_u32(w, KEY("expert_count"), (uint32_t)m->n_experts, err, errlen) ||
-                             gguf_w_u32(w, KEY("expert_used_count"), (uint32_t)m->n_experts_used, err, errlen)))
+    if (m->n_experts > 0 &&
+        (gguf_w_u32(w, KEY("expert_count"), (uint32_t)m->n_experts, err, errlen) ||
+         gguf_w_u32(w, KEY("expert_used_count"), (uint32_t)m->n_experts_used, err, errlen) ||
+         gguf_w_u32(w, KEY("expert_feed_forward_length"), (uint32_t)m->expert_ffn_dim, err, errlen) ||
+         gguf_w_bool(w, KEY("expert_weights_norm"), m->expert_norm, err, errlen) ||
+         (m->shared_ffn_dim > 0 &&
+          gguf_w_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)m->shared_ffn_dim, err, errlen))))
         return -1;
     if (m->rope_scaling == ROPE_SCALE_LINEAR || m->rope_scaling == ROPE_SCALE_YARN) {
         const char *ty = m->rope_scaling == ROPE_SCALE_LINEAR ? "linear" : "yarn";
@@ -366,6 +386,23 @@ static void row_task(void *vctx, int64_t task, int tid)
     j->rerr[3 * i] = e0, j->rerr[3 * i + 1] = e1, j->rerr[3 * i + 2] = nrm;
 }
 
+/* Reads rows [r0, r0 + n) of item it (rows of srow bytes) into p->src, run by run for stacked experts. */
+static int read_rows(packer *p, const item *it, uint64_t r0, uint64_t n, size_t srow, char *err, size_t errlen)
+{
+    if (!it->runs)
+        return read_at(p, it->t->file, p->src, (size_t)(n * srow), it->t->offset + r0 * srow, err, errlen);
+    for (uint64_t done = 0; done < n;) {
+        uint64_t r = r0 + done, in = r % it->run_rows;
+        uint64_t take = it->run_rows - in < n - done ? it->run_rows - in : n - done;
+        const arch_expert *x = &it->runs[r / it->run_rows];
+        if (read_at(p, x->t->file, p->src + done * srow, (size_t)(take * srow),
+                    x->t->offset + ((uint64_t)x->row0 + in) * srow, err, errlen))
+            return -1;
+        done += take;
+    }
+    return 0;
+}
+
 /*
  * Streams one tensor through: rows are read in chunks, converted, appended to
  * the output (or, for q4, to the two candidate buffers).  Fills the report's
@@ -383,12 +420,12 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
         return gguf_out_write(&p->out, p->rope_freqs, (size_t)r->dst_bytes, err, errlen);
     }
     r->src_type = t->dtype;
-    r->src_bytes = t->size;
-    uint64_t K = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];
+    uint64_t K = t->ne[0], rows = it->runs ? (uint64_t)it->n_runs * it->run_rows : t->ne[1] * t->ne[2] * t->ne[3];
     size_t srow, qrow = 0, q1row = 0;
     if (!quant_type_supported(t->dtype) || quant_row_bytes(t->dtype, (int64_t)K, &srow) != 0)
         return util_errf(err, errlen, "%s: tensor %s is stored as %s, which pack cannot read.", m->source, t->name,
                          quant_type_name(t->dtype));
+    r->src_bytes = it->runs ? rows * srow : t->size;
     bool quantize = is_matrix_to_quantize(p, it);
     bool to_f32 = is_vector(t);
     bool q4 = quantize && p->o->quant == PACK_Q4;
@@ -435,10 +472,10 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
     }
     for (uint64_t r0 = 0; r0 < rows; r0 += chunk) {
         uint64_t n = rows - r0 < chunk ? rows - r0 : chunk;
-        if (r0 + n < rows) /* let the kernel read the next chunk while this one is converted */
+        if (r0 + n < rows && !it->runs) /* let the kernel read the next chunk while this one is converted */
             posix_fadvise(p->fds[t->file], (off_t)(t->offset + (r0 + n) * srow),
                           (off_t)((rows - r0 - n < chunk ? rows - r0 - n : chunk) * srow), POSIX_FADV_WILLNEED);
-        if (read_at(p, t->file, p->src, (size_t)(n * srow), t->offset + r0 * srow, err, errlen))
+        if (read_rows(p, it, r0, n, srow, err, errlen))
             goto out;
         p->done_bytes += n * srow;
         row_job j = {p, t, it, r0, K, S, srow, qrow, q1row, quantize, q4, qt, cand0, cand1, p->rerr};
@@ -479,6 +516,53 @@ out:
 
 /* ---------------------------------------------------------------- the whole */
 
+/* An HF expert tensor: one expert's own (blk.N.ffn_up.E.weight) or transformers 5's 3-D ones; stacked instead. */
+static bool is_hf_expert(const model_tensor *t)
+{
+    const char *s = t->layer >= 0 ? strchr(t->name + 4, '.') + 1 : t->name;
+    if (!strcmp(s, "ffn_gate_up_exps.weight") || !strcmp(s, "ffn_down_exps.weight"))
+        return true;
+    for (const char *stem = "ffn_gate.\0ffn_up.\0ffn_down.\0"; *stem; stem += strlen(stem) + 1)
+        if (!strncmp(s, stem, strlen(stem)) && s[strlen(stem)] >= '0' && s[strlen(stem)] <= '9')
+            return true;
+    return false;
+}
+
+/* Adds each sparse layer's gate, up and down experts as stacked items: E runs of FE (down: D) rows. */
+static int stack_experts(packer *p, char *err, size_t errlen)
+{
+    const model_desc *m = p->m;
+    arch_layout a;
+    if (model_arch_resolve(m, ARCH_ENGINE_CPU, &a, err, errlen))
+        return -1;
+    static const enum arch_slot slots[3] = {ARCH_GATE_EXPS, ARCH_UP_EXPS, ARCH_DOWN_EXPS};
+    for (int l = 0; l < m->n_layers; l++)
+        for (int i = 0; i < 3 && arch_layer_sparse(&a, l); i++) {
+            item *it = &p->items[p->n_items++];
+            if (!(it->runs = calloc((size_t)a.n_experts, sizeof *it->runs)))
+                return util_errf(err, errlen, "out of memory.");
+            if (model_arch_experts(m, &a, slots[i], l, it->runs, err, errlen))
+                return -1;
+            for (int e = 1; e < a.n_experts; e++)
+                if (it->runs[e].t->dtype != it->runs[0].t->dtype)
+                    return util_errf(err, errlen,
+                                     "%s: the experts of layer %d are stored as %s and %s; pack stacks them only "
+                                     "when they share one dtype.",
+                                     m->source, l, quant_type_name(it->runs[0].t->dtype),
+                                     quant_type_name(it->runs[e].t->dtype));
+            it->t = it->runs[0].t;
+            it->n_runs = a.n_experts;
+            it->run_rows = (uint64_t)a.t[slots[i]].n;
+            uint64_t ne[4] = {(uint64_t)a.t[slots[i]].k, it->run_rows, (uint64_t)a.n_experts, 1};
+            memcpy(it->ne, ne, sizeof ne);
+            snprintf(it->name, sizeof it->name, "blk.%d.%s", l, model_arch_slot_name(slots[i]));
+            it->layer = l;
+            it->rank = use_rank(it->name);
+            it->src_idx = m->n_tensors; /* after the source's own tensors of the same rank: none */
+        }
+    return 0;
+}
+
 static int plan(packer *p, char *err, size_t errlen)
 {
     const model_desc *m = p->m;
@@ -486,11 +570,16 @@ static int plan(packer *p, char *err, size_t errlen)
     bool llama3 = hf && m->rope_scaling == ROPE_SCALE_LLAMA3;
     /* GGUF families with consecutive-pair RoPE (llama) store Q/K rows permuted */
     const arch_family *fam = model_arch_find(m->arch);
-    p->items = calloc(m->n_tensors + 1, sizeof *p->items);
+    bool stack = hf && m->n_experts > 0; /* HF experts become GGUF stacked tensors */
+    p->items = calloc(m->n_tensors + 1 + (stack ? 3 * (size_t)m->n_layers : 0), sizeof *p->items);
     if (!p->items)
         return util_errf(err, errlen, "out of memory.");
+    if (stack && stack_experts(p, err, errlen))
+        return -1;
     for (size_t i = 0; i < m->n_tensors; i++) {
         const model_tensor *t = &m->tensors[i];
+        if (stack && is_hf_expert(t))
+            continue;
         item *it = &p->items[p->n_items++];
         it->t = t;
         snprintf(it->name, sizeof it->name, "%s", t->name);
@@ -530,8 +619,8 @@ static int plan(packer *p, char *err, size_t errlen)
         uint64_t ne[4] = {(uint64_t)(m->rope_dim / 2), 1, 1, 1};
         uint32_t nd = 1, ty = GGML_F32;
         if (t) {
-            nd = t->n_dims;
-            memcpy(ne, t->ne, sizeof ne);
+            nd = it->runs ? 3 : t->n_dims;
+            memcpy(ne, it->runs ? it->ne : t->ne, sizeof ne);
             ty = is_vector(t)                   ? GGML_F32
                  : is_matrix_to_quantize(p, it) ? (p->o->quant == PACK_Q8 ? GGML_Q8_0 : GGML_Q4_0)
                                                 : t->dtype;
@@ -565,8 +654,8 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
     const arch_family *fam = model_arch_find(m->arch);
     if (m->format == MODEL_HF && !(fam && fam->hf_pack)) {
         util_errf(err, errlen,
-                  "%s: packing a Hugging Face %s checkpoint is not supported yet (llama, mistral, qwen2 and qwen3 "
-                  "are); convert it to GGUF with llama.cpp and pack that.",
+                  "%s: packing a Hugging Face %s checkpoint is not supported yet (llama, mistral, qwen2, qwen3, "
+                  "mixtral, qwen2_moe and qwen3_moe are); convert it to GGUF with llama.cpp and pack that.",
                   m->source, m->arch);
         goto out;
     }
@@ -637,6 +726,8 @@ out:
             close(p->fds[f]);
     free(p->fds);
     gguf_w_free(p->w);
+    for (size_t i = 0; p->items && i < p->n_items; i++)
+        free(p->items[i].runs);
     free(p->items);
     free(p->rope_freqs);
     free(p->x), free(p->src), free(p->dst), free(p->rerr);
