@@ -14,7 +14,7 @@ CUDA_LIBS  ?= -ljansson -lcrypto
 CUDA_LINK  := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lm -lstdc++
 
 CUDA_OBJ   := $(patsubst src/cuda/%.cu,build/cuda/%.o,$(wildcard src/cuda/*.cu))
-CUDA_CSRC  := engine/cpu base/pool base/settings model/quant engine/kv model/arch model/model model/gguf model/safetensors base/util engine/stream engine/forward engine/moe batch/sample
+CUDA_CSRC  := engine/cpu base/pool base/settings model/quant engine/kv model/arch model/model model/gguf model/safetensors base/util engine/stream engine/forward engine/moe model/templates batch/sample
 CUDA_COBJ  := $(patsubst %,build/cuda/c/%.o,$(CUDA_CSRC))
 CUDA_TESTS := $(patsubst tests/cuda/%.c,build/cuda/%,$(wildcard tests/cuda/test_*.c))
 

@@ -880,7 +880,7 @@ out:
 
 /* ---------------------------------------------------------------- open/close */
 
-/* A curated tag's own file that carries no chat template gets the tag's built-in one (registry_entry.template):
+/* A curated tag's own file that carries no chat template gets the tag's built-in one (registry_entry.chat_builtin):
  * the Gemma 3 GGUF spill installs ships none, and every chat row would fail.  Only the installed file itself
  * qualifies (same device and inode as the tag's path), never a look-alike, so a file the user made keeps the
  * template it has.  The stop set needs nothing more: a GGUF without a template already stops at its family's
@@ -893,13 +893,13 @@ static int attach_builtin_template(model_desc *m, const char *path, char *err, s
     if (m->chat_template || stat(path, &a) != 0)
         return 0;
     for (size_t i = 0; registry_at(i, &e); i++) {
-        const char *src = templates_builtin(e->template);
+        const char *src = templates_builtin(e->chat_builtin);
         if (!src || util_pathf(tagpath, sizeof tagpath, "%s/models/%s", util_spill_home(), e->local) != 0 ||
             stat(tagpath, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino)
             continue;
         if (!(m->chat_template = strdup(src)))
             return util_errf(err, errlen, "%s: out of memory.", path);
-        m->template_builtin = e->template;
+        m->template_builtin = e->chat_builtin;
         return 0;
     }
     return 0;

