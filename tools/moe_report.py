@@ -40,7 +40,7 @@ def main(d):
     for sh in shapes:
         total, L = layer_bytes(os.path.join(d, sh + "-show.txt"))
         expert_share = None
-        m = re.search(r"experts\s+(\d+), (\d+) per token", open(os.path.join(d, sh + "-show.txt")).read())
+        m = re.search(r"experts\s+(\d+) of F=\d+, (\d+) per token", open(os.path.join(d, sh + "-show.txt")).read())
         E, k = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
         print(f"{sh}: {L} layers, {total / 1e9:.2f} GB streamed per pass, limit {total / LINK * 1e3:.0f} ms at 55 GB/s;"
               f" {E} experts, {k} per token")
