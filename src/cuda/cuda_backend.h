@@ -99,6 +99,9 @@ typedef struct cuda_engine_stats {
     bool pin_registered;       /* open: the arena was read first, then registered (cudaHostRegister) */
     uint64_t experts_run;      /* MoE: (layer, expert) visits over at least one row since open */
     uint64_t experts_skipped;  /* MoE: (layer, expert) visits no row chose: no GEMM (0 for a dense model) */
+    uint64_t lazy_layers;        /* MoE, streamed: layer copies that left the experts out (small passes) */
+    uint64_t lazy_expert_bytes;  /* ... the hit experts' bytes fetched after routing */
+    uint64_t lazy_skipped_bytes; /* ... the bytes of experts no row chose: never copied */
 } cuda_engine_stats;
 
 /* Loads the model onto the GPU: globals and resident layers into HBM, the

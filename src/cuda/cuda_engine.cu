@@ -429,6 +429,7 @@ void cuda_engine_close(cuda_engine *e)
     }
     free(e->ev_copied);
     free(e->ev_free);
+    free(e->slot_lazy);
     if (e->prof)
         prof_report(e);
     for (size_t i = 0; e->pev && i < (size_t)e->m->n_layers * PROF_MARKS; i++)
@@ -497,6 +498,9 @@ void cuda_engine_get_stats(const cuda_engine *e, cuda_engine_stats *st)
     *st = e->st;
     st->experts_run = e->mo.experts_run;
     st->experts_skipped = e->mo.experts_skipped;
+    st->lazy_layers = e->mo.lazy_layers;
+    st->lazy_expert_bytes = e->mo.lazy_bytes;
+    st->lazy_skipped_bytes = e->mo.lazy_skipped;
 }
 
 void cuda_engine_inject_fault(cuda_engine *e)
@@ -562,6 +566,11 @@ static int pump(cuda_engine *e, char *err, size_t errlen)
         const dlayer *w = &e->layers[e->first_streamed + i];
         const uint8_t *src = w->host;
         size_t bytes = w->pack_bytes;
+        /* a pass that can hit at most half a sparse layer's experts copies the layer's head only; moe.cu
+         * fetches the experts its rows chose once routing has run (the slot remembers which kind it got) */
+        e->slot_lazy[slot] = cuda_moe_lazy(e, w, e->cur_T);
+        if (e->slot_lazy[slot])
+            bytes = w->head_bytes;
         if (e->disk) {
             stream_layer sl;
             if (release_host_slots(e, true, err, errlen))
@@ -598,7 +607,7 @@ typedef struct pass_meta {
     } while (0)
 
 static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, const uint8_t *base, int l, int64_t T,
-                         char *err, size_t errlen)
+                         bool lazy, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
     int64_t D = m->d_model, H = m->n_heads, K = m->n_kv_heads, S = m->head_dim, F = m->ffn_dim;
@@ -654,7 +663,7 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     CU(k_rmsnorm(e->x, w->ffn_norm, T, D, m->norm_eps, a->norm_plus_one, NULL, e->xb, s));
     MARK(6);
     if (w->moe) { /* a sparse layer: the routed experts (moe.cu) */
-        if ((rc = cuda_moe_ffn(e, w, base, T, err, errlen)))
+        if ((rc = cuda_moe_ffn(e, w, base, T, lazy, err, errlen)))
             return rc;
         MARK(7);
         MARK(8);
@@ -841,20 +850,22 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
                     dm + 3 * Tm + Rm + B + 3 * Tm + B,
                     e->att_tiles,
                     e->att_singles};
+    e->cur_T = T; /* before the first pump of the pass: its lazy-copy choice */
     CU(k_embed(e->embd.type, e->d_embd, e->embd.row_bytes, pm.tok, T, D, e->a.embed_scale, e->x, s));
     if (e->ns && (rc = pump(e, err, errlen)))
         return rc;
     for (int l = 0; l < m->n_layers; l++) {
         const dlayer *w = &e->layers[l];
         if (w->resident) {
-            if ((rc = forward_layer(e, &pm, w, w->dev, l, T, err, errlen)))
+            if ((rc = forward_layer(e, &pm, w, w->dev, l, T, false, err, errlen)))
                 return rc;
             continue;
         }
         uint64_t k = e->computes_freed;
         int slot = (int)(k % (uint64_t)e->slots);
         CU(cudaStreamWaitEvent(s, e->ev_copied[slot], 0));
-        if ((rc = forward_layer(e, &pm, w, e->d_ring + (size_t)slot * e->slot_bytes, l, T, err, errlen)))
+        if ((rc = forward_layer(e, &pm, w, e->d_ring + (size_t)slot * e->slot_bytes, l, T, e->slot_lazy[slot], err,
+                                errlen)))
             return rc;
         CU(cudaEventRecord(e->ev_free[slot], s));
         e->computes_freed++;

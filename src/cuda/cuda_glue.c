@@ -52,6 +52,11 @@ static void g_io_line(void *impl, char *buf, size_t cap)
     if (st.experts_run + st.experts_skipped) {
         n = snprintf(buf, cap, "experts: %llu (layer, expert) visits ran, %llu skipped; ",
                      (unsigned long long)st.experts_run, (unsigned long long)st.experts_skipped);
+        if (n > 0 && (size_t)n < cap && st.lazy_layers)
+            n += snprintf(buf + n, cap - (size_t)n,
+                          "%llu layer copies fetched only the hit experts: %.2f GB copied, %.2f GB never copied; ",
+                          (unsigned long long)st.lazy_layers, (double)st.lazy_expert_bytes / 1e9,
+                          (double)st.lazy_skipped_bytes / 1e9);
         if (n < 0 || (size_t)n >= cap)
             return;
         buf += n, cap -= (size_t)n;
@@ -60,7 +65,11 @@ static void g_io_line(void *impl, char *buf, size_t cap)
         snprintf(buf, cap, "weights resident in HBM");
         return;
     }
-    n = snprintf(buf, cap, "%.2f GB streamed per pass; last pass's copies busy %.3f s (%.1f GB/s)",
+    if (st.lazy_layers) /* head-first copies move less than the layer bytes: no rate from the two */
+        n = snprintf(buf, cap, "%.2f GB of layers streamed per whole pass; last pass's layer copies busy %.3f s",
+                     (double)st.streamed_bytes_per_pass / 1e9, st.last_h2d_busy_s);
+    else
+        n = snprintf(buf, cap, "%.2f GB streamed per pass; last pass's copies busy %.3f s (%.1f GB/s)",
                      (double)st.streamed_bytes_per_pass / 1e9, st.last_h2d_busy_s,
                      st.last_h2d_busy_s > 0 ? (double)st.streamed_bytes_per_pass / 1e9 / st.last_h2d_busy_s : 0.0);
     if (st.pinned_bytes && n > 0 && (size_t)n < cap)

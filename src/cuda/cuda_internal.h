@@ -63,6 +63,8 @@ typedef struct dmoe {
 typedef struct dlayer {
     dmat m[M_COUNT];
     dmoe *moe; /* sparse layers: the routed FFN (m[M_GATE/UP/DOWN] then have no tensor); NULL = dense */
+    size_t head_bytes; /* sparse layers: pack bytes before the first expert (attention, shared expert): what a
+                        * pass copies when it fetches only the experts its rows chose (moe.cu); 0 = whole only */
     size_t pack_bytes;
     bool resident;
     uint8_t *dev;                                                 /* resident: the pack in HBM */
@@ -102,6 +104,8 @@ struct cuda_engine {
     cudaEvent_t *ev_copied, *ev_free; /* (slots) */
     cudaEvent_t *ev_cs[2], *ev_ce[2]; /* (ns) per pass parity: copy start / end */
     uint64_t copies_issued, computes_freed;
+    bool *slot_lazy; /* (slots) the slot's layer was copied without its experts: moe.cu fetches the hit ones */
+    int64_t cur_T;   /* tokens of the pass being run (pump decides lazy copies from it) */
     int att_tiles;          /* this pass's attention plan (build_meta) */
     int64_t att_singles;
     int32_t att_max_len; /* the longest per-token row's positions this pass (pos + 1) */
@@ -130,6 +134,8 @@ struct cuda_engine {
         int32_t *h_ids, *h_perm;                           /* pinned host copies */
         int32_t *h_count;                                  /* (E) rows per expert this layer (host) */
         uint64_t experts_run, experts_skipped;             /* (layer, expert) visits with rows / with none */
+        uint64_t lazy_layers, lazy_bytes, lazy_skipped;    /* layers copied head-first; expert bytes fetched
+                                                            * after routing; expert bytes never copied */
     } mo;
 
     void **allocs; /* every cudaMalloc, freed at close */
@@ -188,7 +194,13 @@ size_t cuda_moe_pass_bytes(const model_desc *m, size_t T);
 int cuda_moe_alloc(cuda_engine *e, char *err, size_t errlen);
 /* The routed FFN of sparse layer w for the pass's T tokens: e->h = experts(norm(x)) (+ the gated shared
  * expert), with e->xb already holding bf16(norm(x)); base is the layer pack's bytes on the device. */
-int cuda_moe_ffn(cuda_engine *e, const dlayer *w, const uint8_t *base, int64_t T, char *err, size_t errlen);
+int cuda_moe_ffn(cuda_engine *e, const dlayer *w, const uint8_t *base, int64_t T, bool lazy, char *err,
+                 size_t errlen);
+/* Whether a pass of T tokens copies sparse layer w head-first and fetches only its hit experts: at most half
+ * the experts can be hit (T * k <= E / 2), from the pinned tier (the disk tier's slots hold the file's order). */
+bool cuda_moe_lazy(const cuda_engine *e, const dlayer *w, int64_t T);
+/* Sets w->head_bytes once the layer's pack is placed. */
+void cuda_moe_place(dlayer *w);
 /* y(T, n) = x(T, k) . W(n, k)^T for one matrix of the pack (cuda_engine.cu's GEMM). */
 int cuda_gemm(cuda_engine *e, const dmat *w, const uint8_t *base, const bf16 *x, int64_t T, float *y, char *err,
               size_t errlen);

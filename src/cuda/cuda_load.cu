@@ -408,6 +408,7 @@ int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
         for (int i = 0; i < layer_n_mats(w); i++)
             off = place_mat(w, i, off);
         w->pack_bytes = off;
+        cuda_moe_place(w);
     }
     return 0;
 }
@@ -639,13 +640,14 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
         return -1;
     e->ev_copied = (cudaEvent_t *)calloc((size_t)e->slots, sizeof(cudaEvent_t));
     e->ev_free = (cudaEvent_t *)calloc((size_t)e->slots, sizeof(cudaEvent_t));
+    e->slot_lazy = (bool *)calloc((size_t)e->slots, sizeof(bool));
     for (int p = 0; p < 2; p++) {
         e->ev_cs[p] = (cudaEvent_t *)calloc((size_t)e->ns, sizeof(cudaEvent_t));
         e->ev_ce[p] = (cudaEvent_t *)calloc((size_t)e->ns, sizeof(cudaEvent_t));
         if (!e->ev_cs[p] || !e->ev_ce[p])
             return util_errf(err, errlen, "out of host memory for stream events.");
     }
-    if (!e->ev_copied || !e->ev_free)
+    if (!e->ev_copied || !e->ev_free || !e->slot_lazy)
         return util_errf(err, errlen, "out of host memory for stream events.");
     for (int i = 0; i < e->slots; i++) {
         CU(cudaEventCreateWithFlags(&e->ev_copied[i], cudaEventDisableTiming));

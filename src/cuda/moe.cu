@@ -125,16 +125,53 @@ int layer_n_mats(const dlayer *w)
     return M_COUNT + 3 * w->moe->E + 3;
 }
 
+/* Order: the attention's matrices, the shared expert, then the routed experts, so a layer's head (what a
+ * pass needs before routing, and whatever routing picks for the shared expert) is one leading byte range. */
 dmat *layer_mat_at(dlayer *w, int i)
 {
     if (i < M_COUNT)
         return &w->m[i];
     dmoe *mo = w->moe;
     i -= M_COUNT;
-    if (i < 3 * mo->E)
-        return i < mo->E ? &mo->gate[i] : i < 2 * mo->E ? &mo->up[i - mo->E] : &mo->down[i - 2 * mo->E];
-    i -= 3 * mo->E;
-    return i == 0 ? &mo->sh_gate : i == 1 ? &mo->sh_up : &mo->sh_down;
+    if (i < 3)
+        return i == 0 ? &mo->sh_gate : i == 1 ? &mo->sh_up : &mo->sh_down;
+    i -= 3;
+    return i < mo->E ? &mo->gate[i] : i < 2 * mo->E ? &mo->up[i - mo->E] : &mo->down[i - 2 * mo->E];
+}
+
+void cuda_moe_place(dlayer *w)
+{
+    w->head_bytes = 0;
+    if (!w->moe)
+        return;
+    size_t head = w->pack_bytes;
+    for (int i = M_COUNT + 3; i < layer_n_mats(w); i++) {
+        const dmat *d = layer_mat_at(w, i);
+        if (d->t && d->off < head)
+            head = d->off;
+    }
+    w->head_bytes = head;
+}
+
+bool cuda_moe_lazy(const cuda_engine *e, const dlayer *w, int64_t T)
+{
+    return w->moe && w->head_bytes > 0 && !e->disk && T * e->m->n_experts_used * 2 <= w->moe->E;
+}
+
+/* Copies expert x's three matrices of a head-first layer from the pinned pack into the slot (compute stream:
+ * the GEMMs that follow wait for them); returns the bytes copied. */
+static int fetch_expert(cuda_engine *e, const dlayer *w, const uint8_t *base, int x, size_t *bytes, char *err,
+                        size_t errlen)
+{
+    const dmoe *mo = w->moe;
+    const dmat *parts[3] = {&mo->gate[x], &mo->up[x], &mo->down[x]};
+    for (int p = 0; p < 3; p++) {
+        size_t n = (size_t)parts[p]->n * parts[p]->row_bytes;
+        CU(cudaMemcpyAsync((uint8_t *)base + parts[p]->off, w->host + parts[p]->off, n, cudaMemcpyHostToDevice,
+                           e->cs));
+        *bytes += n;
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- buffers */
@@ -207,7 +244,8 @@ static int mlp(cuda_engine *e, const dmat *gate, const dmat *up, const dmat *dow
     return cuda_gemm(e, down, base, gb, T, y, err, errlen);
 }
 
-int cuda_moe_ffn(cuda_engine *e, const dlayer *w, const uint8_t *base, int64_t T, char *err, size_t errlen)
+int cuda_moe_ffn(cuda_engine *e, const dlayer *w, const uint8_t *base, int64_t T, bool lazy, char *err,
+                 size_t errlen)
 {
     const model_desc *m = e->m;
     const dmoe *mo = w->moe;
@@ -247,6 +285,20 @@ int cuda_moe_ffn(cuda_engine *e, const dlayer *w, const uint8_t *base, int64_t T
     CU(cudaMemcpyAsync(e->mo.perm, perm, (size_t)TK * 2 * 4, cudaMemcpyHostToDevice, s));
     moe_gather_kernel<<<blocks_for(TK * D), 256, 0, s>>>(e->xb, e->mo.perm, TK, D, e->mo.xg);
     CU(cudaGetLastError());
+    if (lazy) { /* the slot holds the layer's head only: bring in the experts the rows chose */
+        size_t got = 0, all = 0;
+        for (int64_t x = 0; x < E; x++) {
+            size_t one = 0;
+            for (const dmat *d : {&mo->gate[x], &mo->up[x], &mo->down[x]})
+                one += (size_t)d->n * d->row_bytes;
+            all += one;
+            if (cnt[x] - (x ? cnt[x - 1] : 0) > 0 && (rc = fetch_expert(e, w, base, (int)x, &got, err, errlen)))
+                return rc;
+        }
+        e->mo.lazy_layers++;
+        e->mo.lazy_bytes += got;
+        e->mo.lazy_skipped += all - got;
+    }
     for (int64_t x = 0; x < E; x++) {
         int32_t lo = x ? cnt[x - 1] : 0, n = cnt[x] - lo;
         if (n == 0) {
