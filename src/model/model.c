@@ -980,7 +980,7 @@ static void human_bytes(uint64_t b, char *out, size_t cap)
 
 void model_print(const model_desc *m, FILE *f)
 {
-    static const char *scal[] = {"none", "linear", "llama3", "yarn", "dynamic"};
+    static const char *scal[] = {"none", "linear", "llama3", "yarn", "dynamic", "longrope"};
     char tb[32];
     human_bytes(m->total_bytes, tb, sizeof tb);
     fprintf(f, "model        %s\n", m->source);
@@ -1007,7 +1007,13 @@ void model_print(const model_desc *m, FILE *f)
             n += m->layer_sliding[l];
         fprintf(f, ", sliding window %d on %d of %d layers", m->sliding_window, n, m->n_layers);
     }
+    if (m->query_scale > 0)
+        fprintf(f, ", queries scaled by %.6g", m->query_scale);
+    if (m->attn_softcap > 0)
+        fprintf(f, ", score softcap %g", m->attn_softcap);
     fputc('\n', f);
+    if (m->final_softcap > 0)
+        fprintf(f, "logits       softcap %g\n", m->final_softcap);
     if (m->n_experts) {
         fprintf(f, "experts      %d of F=%d, %d per token, weights %s", m->n_experts, m->expert_ffn_dim,
                 m->n_experts_used, m->expert_norm ? "normalised over the chosen" : "as routed (not normalised)");
