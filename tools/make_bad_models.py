@@ -380,6 +380,49 @@ def moe_models(golden):
          f"[{E}, {D}, {F}].")
 
 
+def arch_models(golden):
+    """Dense-family checkpoints (HF directories) whose config or tensors break a family rule: model_open or
+    engine_open must refuse each with one sentence (tests/test_arch.c).  A two-layer Gemma 2 of D=16; sentences
+    mirror src/model/model.c and src/model/arch.c."""
+    D, F, V = 16, 8, 8
+    cfg = {"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": D, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 8, "intermediate_size": F, "vocab_size": V,
+           "max_position_embeddings": 32, "rms_norm_eps": 1e-6, "sliding_window": 4, "query_pre_attn_scalar": 8,
+           "tie_word_embeddings": True, "layer_types": ["sliding_attention", "full_attention"]}
+    z = lambda *shape: np.zeros(shape, dtype=np.float32)
+    t0 = {"model.embed_tokens.weight": z(V, D), "model.norm.weight": z(D)}
+    for l in range(2):
+        p = f"model.layers.{l}."
+        t0.update({p + "input_layernorm.weight": z(D), p + "post_attention_layernorm.weight": z(D),
+                   p + "pre_feedforward_layernorm.weight": z(D), p + "post_feedforward_layernorm.weight": z(D),
+                   p + "self_attn.q_proj.weight": z(16, D), p + "self_attn.k_proj.weight": z(8, D),
+                   p + "self_attn.v_proj.weight": z(8, D), p + "self_attn.o_proj.weight": z(D, 16),
+                   p + "mlp.gate_proj.weight": z(F, D), p + "mlp.up_proj.weight": z(F, D),
+                   p + "mlp.down_proj.weight": z(D, F)})
+
+    def case(name, cfg_edit, t_edit, msg):
+        d = f"{BAD}/{name}"
+        os.makedirs(d)
+        c = json.loads(json.dumps(cfg))
+        cfg_edit(c)
+        with open(f"{d}/config.json", "w") as fh:
+            json.dump(c, fh)
+        t = dict(t0)
+        t_edit(t)
+        save_file(t, f"{d}/model.safetensors")
+        golden.append((name, msg.format(d=d)))
+
+    keep = lambda t: None
+    case("arch_layer_types_short", lambda c: c.update({"layer_types": ["sliding_attention"]}), keep,
+         "{d}/config.json: layer_types must list one attention kind for each of the 2 layers; it has 1.")
+    case("arch_layer_types_kind", lambda c: c.update({"layer_types": ["sliding_attention", "linear_attention"]}), keep,
+         "{d}/config.json: layer_types[1] is linear_attention; spill runs sliding_attention and full_attention "
+         "layers.")
+    case("arch_post_norm_missing", lambda c: None,
+         lambda t: t.pop("model.layers.1.post_feedforward_layernorm.weight"),
+         "{d}: tensor blk.1.post_ffw_norm.weight is missing.")
+
+
 def main():
     for d in (BAD, "fuzz/seeds/fuzz_gguf", "fuzz/seeds/fuzz_safetensors"):  # wholly this script's
         reset_dir(d)
@@ -958,6 +1001,7 @@ def main():
                            f"directory of a safetensors model.")
 
     moe_models(golden)
+    arch_models(golden)
 
     with open(f"{BAD}/expected.tsv", "w") as fh:
         for fname, msg in golden:
