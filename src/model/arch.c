@@ -171,6 +171,7 @@ static const arch_family families[] = {
              "logits).",
      .cpu = true,
      .cuda = true,
+     .hf_pack = true,
      .tensors = {GLOBALS, [ARCH_ATTN_NORM] = R, [ARCH_QKV] = R, [ARCH_O] = R, [ARCH_FFN_NORM] = R, [ARCH_GATE_UP] = R,
                  [ARCH_DOWN] = R}},
     {.name = "gemma2",

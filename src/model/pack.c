@@ -31,7 +31,9 @@
  *    packed files and llama.cpp reads them too.  Which HF families pack
  *    writes is the row's hf_pack.  qwen2/qwen3/mistral use rotate-half in GGUF as in HF:
  *    no permutation.  Llama 3 RoPE scaling becomes the `rope_freqs.weight`
- *    tensor, as convert_hf_to_gguf.py writes it.
+ *    tensor, as convert_hf_to_gguf.py writes it; Phi-3's longrope lists become
+ *    `rope_factors_short.weight` / `rope_factors_long.weight` and its fused
+ *    gate/up projection is called ffn_up, as llama.cpp's phi3 files have them.
  *  - HF MoE: the experts become llama.cpp's stacked tensors
  *    (blk.N.ffn_gate_exps.weight [E, FE, D], ffn_up_exps, ffn_down_exps)
  *    whether the checkpoint holds one tensor per expert or transformers 5's
@@ -76,7 +78,8 @@ static int use_rank(const char *name)
 {
     static const char *const order[] = {
         /* globals */
-        "token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
+        "token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight", "rope_factors_long.weight",
+        "rope_factors_short.weight",
         /* per layer, as forward.c uses them */
         "attn_norm.weight", "attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias", "attn_v.weight",
         "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight", "attn_qkv.weight", "attn_qkv.bias",
@@ -96,7 +99,9 @@ static int use_rank(const char *name)
 }
 
 typedef struct item {
-    const model_tensor *t; /* NULL for a generated tensor (rope_freqs); the first run's tensor for stacked experts */
+    const model_tensor *t; /* NULL for a generated tensor (gen); the first run's tensor for stacked experts */
+    const float *gen;      /* generated F32 tensor (rope_freqs, Phi-3's rope_factors_*): gen_n values */
+    size_t gen_n;
     arch_expert *runs;     /* stacked experts: (n_runs) runs of run_rows rows each, in output order; NULL = t whole */
     int n_runs;
     uint64_t run_rows;
@@ -242,6 +247,11 @@ static int hf_keys(packer *p, char *err, size_t errlen)
          gguf_w_bool(w, KEY("expert_weights_norm"), m->expert_norm, err, errlen) ||
          (m->shared_ffn_dim > 0 &&
           gguf_w_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)m->shared_ffn_dim, err, errlen))))
+        return -1;
+    if (m->rope_scaling == ROPE_SCALE_LONGROPE && /* the factor lists travel as tensors (plan) */
+        (gguf_w_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)m->rope_orig_ctx, err, errlen) ||
+         (m->rope_attn_factor > 0 &&
+          gguf_w_f32(w, KEY("rope.scaling.attn_factor"), (float)m->rope_attn_factor, err, errlen))))
         return -1;
     if (m->rope_scaling == ROPE_SCALE_LINEAR || m->rope_scaling == ROPE_SCALE_YARN) {
         const char *ty = m->rope_scaling == ROPE_SCALE_LINEAR ? "linear" : "yarn";
@@ -414,10 +424,11 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
     const model_desc *m = p->m;
     snprintf(r->name, sizeof r->name, "%s", it->name);
     r->permuted = it->permute;
-    if (!t) { /* generated rope_freqs */
+    if (!t) { /* generated: rope_freqs, rope_factors_* */
+        (void)m;
         r->src_type = r->dst_type = GGML_F32;
-        r->dst_bytes = (uint64_t)(m->rope_dim / 2) * 4;
-        return gguf_out_write(&p->out, p->rope_freqs, (size_t)r->dst_bytes, err, errlen);
+        r->dst_bytes = (uint64_t)it->gen_n * 4;
+        return gguf_out_write(&p->out, it->gen, (size_t)r->dst_bytes, err, errlen);
     }
     r->src_type = t->dtype;
     uint64_t K = t->ne[0], rows = it->runs ? (uint64_t)it->n_runs * it->run_rows : t->ne[1] * t->ne[2] * t->ne[3];
@@ -571,7 +582,7 @@ static int plan(packer *p, char *err, size_t errlen)
     /* GGUF families with consecutive-pair RoPE (llama) store Q/K rows permuted */
     const arch_family *fam = model_arch_find(m->arch);
     bool stack = hf && m->n_experts > 0; /* HF experts become GGUF stacked tensors */
-    p->items = calloc(m->n_tensors + 1 + (stack ? 3 * (size_t)m->n_layers : 0), sizeof *p->items);
+    p->items = calloc(m->n_tensors + 3 + (stack ? 3 * (size_t)m->n_layers : 0), sizeof *p->items);
     if (!p->items)
         return util_errf(err, errlen, "out of memory.");
     if (stack && stack_experts(p, err, errlen))
@@ -583,6 +594,10 @@ static int plan(packer *p, char *err, size_t errlen)
         item *it = &p->items[p->n_items++];
         it->t = t;
         snprintf(it->name, sizeof it->name, "%s", t->name);
+        /* llama.cpp's Phi-3 files call the fused gate/up projection ffn_up (model.c reads it back as gate/up) */
+        const char *dot = t->layer >= 0 ? strchr(t->name + 4, '.') : NULL;
+        if (fam && !strcmp(fam->name, "phi3") && dot && !strcmp(dot, ".ffn_gate_up.weight"))
+            snprintf(it->name, sizeof it->name, "blk.%d.ffn_up.weight", (int)t->layer);
         it->layer = t->layer;
         it->rank = use_rank(t->name);
         it->src_idx = i;
@@ -608,15 +623,27 @@ static int plan(packer *p, char *err, size_t errlen)
             return -1;
         item *it = &p->items[p->n_items++];
         snprintf(it->name, sizeof it->name, "rope_freqs.weight");
+        it->gen = p->rope_freqs;
+        it->gen_n = (size_t)(m->rope_dim / 2);
         it->layer = -1;
         it->rank = use_rank(it->name);
         it->src_idx = m->n_tensors;
     }
+    if (hf && m->rope_scaling == ROPE_SCALE_LONGROPE) /* the factor lists as tensors, as llama.cpp's phi3 files */
+        for (int which = 0; which < 2; which++) {
+            item *it = &p->items[p->n_items++];
+            snprintf(it->name, sizeof it->name, "%s", which ? "rope_factors_long.weight" : "rope_factors_short.weight");
+            it->gen = which ? m->rope_long : m->rope_short;
+            it->gen_n = (size_t)(m->rope_dim / 2);
+            it->layer = -1;
+            it->rank = use_rank(it->name);
+            it->src_idx = m->n_tensors;
+        }
     qsort(p->items, p->n_items, sizeof *p->items, item_cmp);
     for (size_t i = 0; i < p->n_items; i++) {
         item *it = &p->items[i];
         const model_tensor *t = it->t;
-        uint64_t ne[4] = {(uint64_t)(m->rope_dim / 2), 1, 1, 1};
+        uint64_t ne[4] = {(uint64_t)it->gen_n, 1, 1, 1};
         uint32_t nd = 1, ty = GGML_F32;
         if (t) {
             nd = it->runs ? 3 : t->n_dims;
@@ -654,7 +681,7 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
     const arch_family *fam = model_arch_find(m->arch);
     if (m->format == MODEL_HF && !(fam && fam->hf_pack)) {
         util_errf(err, errlen,
-                  "%s: packing a Hugging Face %s checkpoint is not supported yet (llama, mistral, qwen2, qwen3, "
+                  "%s: packing a Hugging Face %s checkpoint is not supported yet (llama, mistral, qwen2, qwen3, phi3, "
                   "mixtral, qwen2_moe and qwen3_moe are); convert it to GGUF with llama.cpp and pack that.",
                   m->source, m->arch);
         goto out;
