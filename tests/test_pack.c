@@ -605,8 +605,9 @@ static void test_pack_dir(const char *name, const char *src, enum pack_quant q, 
         free(f);
     } else {
         int32_t toks[24] = {1, 17, 200, 3, 99, 42, 42, 7, 128, 5, 66, 9, 31, 250, 4, 18, 77, 2, 140, 11, 60, 8, 93, 21};
-        /* 9 tokens; and 24 for longrope, past original_max_position_embeddings (16): the long factors */
-        for (int n = 9; n <= (mh->rope_scaling == ROPE_SCALE_LONGROPE ? 24 : 9); n += 15) {
+        /* 9 tokens; and 24 for longrope (past original_max_position_embeddings, 16: the long factors) and for
+         * sliding windows (past the fixtures' window of 8) */
+        for (int n = 9; n <= (mh->rope_scaling == ROPE_SCALE_LONGROPE || mh->sliding_window ? 24 : 9); n += 15) {
             float *a = run_logits(mh, toks, n), *b = run_logits(mp, toks, n);
             if (a && b) {
                 double d = q == PACK_NONE ? max_dlogsm(b, a, mh->vocab) : rel_l2(b, a, mh->vocab);
@@ -774,6 +775,8 @@ int main(void)
     test_pack_hf("qwen2_bias", PACK_NONE, 1e-4);
     test_pack_hf("qwen3_qknorm", PACK_NONE, 1e-4);
     test_pack_hf("llama_mha_s128_tied_llama3", PACK_NONE, 0);
+    test_pack_hf("gemma2_softcap_window", PACK_NONE, 1e-4);
+    test_pack_hf("gemma3_local_linear", PACK_NONE, 1e-4);
     test_pack_hf("phi3_longrope_partial", PACK_NONE, 1e-4);
     test_pack_hf("phi3_plain_tied", PACK_NONE, 1e-4);
     test_pack_hf("mixtral_top2", PACK_NONE, 1e-4);

@@ -431,6 +431,17 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
         m->rope_theta_local = fam->gguf_rope_local;
         if (fam->query_pre_attn_scalar)
             m->query_scale = m->head_dim > 0 ? 1.0 / __builtin_sqrt((double)m->head_dim) : 0;
+        /* the same conventions where the file says them (spill pack writes them from an HF config) */
+        int pat;
+        if (!gguf_int(g, arch, "attention.sliding_window_pattern", &pat) && pat > 0)
+            m->sliding_pattern = pat;
+        double swa_base = gguf_num(g, arch, "rope.freq_base_swa", 0);
+        if (swa_base > 0)
+            m->rope_theta_local = swa_base;
+        const gguf_kv *qs = gguf_get(g, "spill.query_pre_attn_scalar");
+        double qv = qs ? gguf_num(g, "spill", "query_pre_attn_scalar", 0) : 0;
+        if (fam->query_pre_attn_scalar && qv > 0)
+            m->query_scale = 1.0 / __builtin_sqrt(qv);
     }
 
     /* tensors */

@@ -34,6 +34,10 @@
  *    tensor, as convert_hf_to_gguf.py writes it; Phi-3's longrope lists become
  *    `rope_factors_short.weight` / `rope_factors_long.weight` and its fused
  *    gate/up projection is called ffn_up, as llama.cpp's phi3 files have them.
+ *    Gemma: norms get their 1 added (HF stores w - 1), and what llama.cpp
+ *    fixes per family but an HF config sets travels as keys model.c reads
+ *    back: attention.sliding_window_pattern, rope.freq_base_swa, the softcaps,
+ *    and spill.query_pre_attn_scalar when it is not the head size.
  *  - HF MoE: the experts become llama.cpp's stacked tensors
  *    (blk.N.ffn_gate_exps.weight [E, FE, D], ffn_up_exps, ffn_down_exps)
  *    whether the checkpoint holds one tensor per expert or transformers 5's
@@ -112,6 +116,7 @@ typedef struct item {
     size_t src_idx;
     int widx;     /* index in the writer */
     bool permute; /* HF llama Q/K rows */
+    bool plus_one; /* HF Gemma norm: 1 is added to every element */
     int perm_S;   /* head size for the permutation */
 } item;
 
@@ -212,6 +217,46 @@ static bool is_matrix_to_quantize(const packer *p, const item *it)
 
 /* ---------------------------------------------------------------- metadata */
 
+/* Gemma's conventions that llama.cpp's keys fix per family but an HF config sets: the window pattern (which
+ * layers slide), the sliding layers' RoPE base, the query scale when query_pre_attn_scalar is not the head size
+ * (spill.query_pre_attn_scalar: llama.cpp has no key for it), the softcaps. */
+static int gemma_keys(packer *p, const char *a, char *err, size_t errlen)
+{
+    const model_desc *m = p->m;
+    char k[160];
+#define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", a, suffix), k)
+    if (m->sliding_window > 0) {
+        int pat = 0; /* the N for which "every Nth layer is global" gives this model's layers */
+        for (int n = 1; n <= m->n_layers + 1 && !pat; n++) {
+            bool ok = true;
+            for (int l = 0; l < m->n_layers && ok; l++)
+                ok = m->layer_sliding[l] == (n == m->n_layers + 1 || (l + 1) % n != 0);
+            pat = ok ? n : 0;
+        }
+        if (!pat)
+            return util_errf(err, errlen,
+                             "%s: its sliding layers follow no every-Nth-layer-is-global pattern, which is all GGUF "
+                             "can say; run the checkpoint as it is.",
+                             m->source);
+        if (gguf_w_u32(p->w, KEY("attention.sliding_window_pattern"), (uint32_t)pat, err, errlen))
+            return -1;
+    }
+    if (m->rope_theta_local > 0 &&
+        gguf_w_f32(p->w, KEY("rope.freq_base_swa"), (float)m->rope_theta_local, err, errlen))
+        return -1;
+    if (m->attn_softcap > 0 && gguf_w_f32(p->w, KEY("attn_logit_softcapping"), (float)m->attn_softcap, err, errlen))
+        return -1;
+    if (m->final_softcap > 0 &&
+        gguf_w_f32(p->w, KEY("final_logit_softcapping"), (float)m->final_softcap, err, errlen))
+        return -1;
+#undef KEY
+    double q = m->query_scale > 0 ? 1.0 / (m->query_scale * m->query_scale) : m->head_dim;
+    if (fabs(q - m->head_dim) > 1e-6 * m->head_dim &&
+        gguf_w_f32(p->w, "spill.query_pre_attn_scalar", (float)q, err, errlen))
+        return -1;
+    return 0;
+}
+
 static int hf_keys(packer *p, char *err, size_t errlen)
 {
     const model_desc *m = p->m;
@@ -239,6 +284,8 @@ static int hf_keys(packer *p, char *err, size_t errlen)
         return -1;
     if (m->sliding_window > 0 &&
         gguf_w_u32(w, KEY("attention.sliding_window"), (uint32_t)m->sliding_window, err, errlen))
+        return -1;
+    if (fam && fam->hf_norm_plus_one && gemma_keys(p, a, err, errlen))
         return -1;
     if (m->n_experts > 0 &&
         (gguf_w_u32(w, KEY("expert_count"), (uint32_t)m->n_experts, err, errlen) ||
@@ -373,6 +420,9 @@ static void row_task(void *vctx, int64_t task, int tid)
     }
     float *x = p->x + i * K;
     quant_dequant_row(j->t->dtype, srcp, x, (int64_t)K); /* K = 1 for an element of a permuted bias */
+    if (j->it->plus_one) /* Gemma HF norms are w - 1; GGUF stores w (convert_hf_to_gguf.py adds the 1) */
+        for (uint64_t k = 0; k < K; k++)
+            x[k] += 1.0f;
     if (!j->quantize) {
         memcpy(p->dst + i * K * 4, x, (size_t)K * 4);
         return;
@@ -606,6 +656,7 @@ static int plan(packer *p, char *err, size_t errlen)
                       (!strcmp(s, "attn_q.weight") || !strcmp(s, "attn_k.weight") || !strcmp(s, "attn_q.bias") ||
                        !strcmp(s, "attn_k.bias"));
         it->perm_S = m->head_dim;
+        it->plus_one = m->norm_plus_one && is_vector(t) && strstr(t->name, "norm.weight");
         if (it->permute && m->rope_dim != m->head_dim)
             return util_errf(err, errlen,
                              "%s: partial rotary (%d of %d dims) with the llama Q/K permutation is not supported.",
@@ -681,7 +732,7 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
     const arch_family *fam = model_arch_find(m->arch);
     if (m->format == MODEL_HF && !(fam && fam->hf_pack)) {
         util_errf(err, errlen,
-                  "%s: packing a Hugging Face %s checkpoint is not supported yet (llama, mistral, qwen2, qwen3, phi3, "
+                  "%s: packing a Hugging Face %s checkpoint is not supported yet (llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, "
                   "mixtral, qwen2_moe and qwen3_moe are); convert it to GGUF with llama.cpp and pack that.",
                   m->source, m->arch);
         goto out;
