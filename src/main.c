@@ -372,8 +372,13 @@ int main(int argc, char **argv)
         usage_all(stderr);
         return SPILL_EX_USAGE;
     }
-    if (wants_help(argc - 2, argv + 2))
+    if (wants_help(argc - 2, argv + 2)) {
+        if (!strcmp(cmd, "run") || !strcmp(cmd, "resume")) { /* every option, from the parser's own table */
+            run_opts_help(stdout, !strcmp(cmd, "resume"));
+            return 0;
+        }
         return usage_one(cmd, 0);
+    }
     if (!c->built) {
         fprintf(stderr, "spill: '%s' is not built yet in this version; see `spill --help` for what works now.\n", cmd);
         return SPILL_EX_UNAVAILABLE;

@@ -12,7 +12,9 @@
  *     engine (65: the tiny model relabelled mamba), a
  *     --mem-budget too small for the longest row (2);
  *   - `spill resume` of a directory that is no job is 66, never 75;
- *   - 75 is left to interruptions and GPU faults (test_run checks SIGINT).
+ *   - 75 is left to interruptions and GPU faults (test_run checks SIGINT);
+ *   - `spill run --help` and `spill resume --help` exit 0 and list every
+ *     option, each of which the parser takes (issue 16, item 5).
  */
 #include <errno.h>
 #include <limits.h>
@@ -180,6 +182,45 @@ static void test_setup_errors(void)
     CHECK(rc == 66, "resume of a directory that holds no job: exit %d, want 66", rc);
 }
 
+/* spill run --help and spill resume --help list every option, one line each, and the parser takes every option
+ * listed (the list and the parser read one table: this checks it from the outside). */
+static void test_help(void)
+{
+    for (int resume = 0; resume < 2; resume++) {
+        char cmd[PATH_MAX + 64], line[512];
+        snprintf(cmd, sizeof cmd, "%s %s --help", bin(), resume ? "resume" : "run");
+        FILE *f = popen(cmd, "r");
+        CHECK(f != NULL, "popen %s", cmd);
+        if (!f)
+            continue;
+        int listed = 0, taken = 0;
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "  -", 3))
+                continue;
+            char opt[64] = "", arg[64] = "";
+            if (sscanf(line, " %63[^ ,] %63s", opt, arg) < 1 || !strcmp(opt, "--help"))
+                continue;
+            listed++;
+            const char *val = !strcmp(arg, "N") ? "1"
+                              : !strcmp(arg, "BYTES") ? "1M"
+                              : !strcmp(arg, "bf16|int8") ? "int8"
+                              : (!strcmp(arg, "DIR") || !strcmp(arg, "FILE")) ? "/tmp/spill-test-exit-none"
+                                                                                : NULL;
+            int rc = resume ? (val ? RUN("resume", "/no/such/job", opt, val) : RUN("resume", "/no/such/job", opt))
+                            : (val ? RUN("run", "/no/such/model.gguf", "/no/such/in.jsonl", opt, val)
+                                   : RUN("run", "/no/such/model.gguf", "/no/such/in.jsonl", opt));
+            bool ok = rc >= 0 && !stderr_has("is not an option") && !stderr_has("needs a value");
+            CHECK(ok, "spill %s --help lists %s, but the parser refuses it", resume ? "resume" : "run", opt);
+            taken += ok;
+        }
+        int st = pclose(f);
+        CHECK(st == 0, "spill %s --help exits %d", resume ? "resume" : "run", st);
+        CHECK(listed >= (resume ? 18 : 19), "spill %s --help lists only %d options", resume ? "resume" : "run", listed);
+        fprintf(stderr, "spill %s --help: %d options listed, %d taken by the parser\n", resume ? "resume" : "run",
+                listed, taken);
+    }
+}
+
 int main(void)
 {
     if (!mkdtemp(root)) {
@@ -187,6 +228,7 @@ int main(void)
         return 1;
     }
     test_bad_arguments();
+    test_help();
     test_setup_errors();
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);

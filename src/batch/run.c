@@ -834,10 +834,7 @@ int run_main(int argc, char **argv)
 {
     runner r = {0};
     if (run_parse_opts(argc, argv, &r.o, false)) {
-        fprintf(stderr, "usage: spill run MODEL INPUT.jsonl [-o DIR] [--batch N] [--threads N] [--kv-mem BYTES] "
-                        "[--mem-budget BYTES] [--stream|--resident] [--stream-slots N] [--prefill-chunk N] "
-                        "[--page-tokens N] [--q8-activations] [--cpu|--gpu] [--gpu-mem BYTES] [--resident-layers N] "
-                        "[--from-disk] [--kv-dtype bf16|int8] [--pass-log FILE] [--quiet]\n");
+        fprintf(stderr, "usage: spill run MODEL INPUT.jsonl [OPTIONS]   (spill run --help lists every option)\n");
         return SPILL_EX_USAGE;
     }
     char dir[4096], id[JOB_ID_MAX], err[SPILL_ERRLEN];
@@ -860,7 +857,7 @@ int resume_main(int argc, char **argv)
 {
     runner r = {0};
     if (run_parse_opts(argc, argv, &r.o, true)) {
-        fprintf(stderr, "usage: spill resume JOB_DIR|JOB_ID [--threads N] [--quiet]\n");
+        fprintf(stderr, "usage: spill resume JOB_DIR|JOB_ID [OPTIONS]   (spill resume --help lists every option)\n");
         return SPILL_EX_USAGE;
     }
     char dir[4096], err[SPILL_ERRLEN];

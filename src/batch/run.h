@@ -5,7 +5,13 @@
 #ifndef SPILL_RUN_H
 #define SPILL_RUN_H
 
+#include <stdbool.h>
+#include <stdio.h>
+
 int run_main(int argc, char **argv);
 int resume_main(int argc, char **argv);
+/* Prints spill run's (resume: spill resume's) usage and every option, one line each, from the table the
+ * option parser reads. */
+void run_opts_help(FILE *f, bool resume);
 
 #endif

@@ -10,6 +10,7 @@
  * the same memory and runs the same batch.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,106 @@ static int parse_int(const char *name, const char *s, int *out)
     return 0;
 }
 
+/* Every option of spill run (and resume, but -o): the parser reads this table and --help prints it, so the
+ * two cannot drift apart. */
+enum opt_kind { OPT_INT, OPT_BYTES, OPT_STR, OPT_TRUE, OPT_SET, OPT_KV_DTYPE };
+typedef struct run_opt {
+    const char *name, *alt; /* spelling, and another one or NULL */
+    const char *arg;        /* the value's name in --help, NULL for a flag */
+    enum opt_kind kind;
+    size_t off; /* the run_opts field it sets */
+    int val;    /* OPT_SET: the value stored */
+    bool run_only;
+    const char *help;
+} run_opt;
+#define OFF(f) offsetof(run_opts, f)
+static const run_opt opts[] = {
+    {"-o", NULL, "DIR", OPT_STR, OFF(out_dir), 0, true, "the job's directory (default: a new job under $SPILL_HOME/jobs)"},
+    {"--batch", NULL, "N", OPT_INT, OFF(batch), 0, false, "rows decoded together per pass (default: what memory allows)"},
+    {"--threads", NULL, "N", OPT_INT, OFF(threads), 0, false, "CPU threads (default: every core)"},
+    {"--prefill-chunk", NULL, "N", OPT_INT, OFF(prefill_chunk), 0, false, "prompt tokens a pass takes at most"},
+    {"--page-tokens", NULL, "N", OPT_INT, OFF(page_tokens), 0, false, "positions per KV page (default 16)"},
+    {"--kv-mem", NULL, "BYTES", OPT_BYTES, OFF(kv_bytes), 0, false, "memory for KV pages (K, M or G suffix)"},
+    {"--mem-budget", NULL, "BYTES", OPT_BYTES, OFF(mem_budget), 0, false,
+     "the whole job's host memory (default: 90% of what is available)"},
+    {"--stream", NULL, NULL, OPT_SET, OFF(mode), 1, false, "stream the layers from storage every pass"},
+    {"--resident", NULL, NULL, OPT_SET, OFF(mode), 2, false, "hold every layer in RAM (refused when it does not fit)"},
+    {"--stream-slots", NULL, "N", OPT_INT, OFF(stream_slots), 0, false, "layers read ahead while streaming (default 3)"},
+    {"--q8-activations", NULL, NULL, OPT_TRUE, OFF(q8), 0, false,
+     "CPU: quantized weights multiply 8-bit activations (faster for small batches, not exact)"},
+    {"--exact", NULL, NULL, OPT_TRUE, OFF(exact), 0, false, "CPU: fp32 activations (the default)"},
+    {"--cpu", NULL, NULL, OPT_SET, OFF(device), 1, false, "run on the CPU engine"},
+    {"--gpu", NULL, NULL, OPT_SET, OFF(device), 2, false, "run on the GPU (a CUDA build)"},
+    {"--gpu-mem", NULL, "BYTES", OPT_BYTES, OFF(gpu_mem), 0, false, "GPU: HBM to plan with (default: all free)"},
+    {"--resident-layers", NULL, "N", OPT_INT, OFF(resident_layers), 0, false,
+     "GPU: layers kept in HBM when streaming (default: the planner's choice)"},
+    {"--from-disk", NULL, NULL, OPT_TRUE, OFF(from_disk), 0, false,
+     "GPU: read streamed layers from storage every pass (no pinned RAM copy)"},
+    {"--kv-dtype", NULL, "bf16|int8", OPT_KV_DTYPE, OFF(kv_dtype), 0, false,
+     "GPU: KV pages in bf16 (default) or int8 (twice the rows per GB)"},
+    {"--pass-log", NULL, "FILE", OPT_STR, OFF(pass_log), 0, false, "a CSV line per pass (rows, tokens, seconds)"},
+    {"--quiet", "-q", NULL, OPT_TRUE, OFF(quiet), 0, false, "no progress line"},
+};
+#undef OFF
+
+void run_opts_help(FILE *f, bool resume)
+{
+    fprintf(f, resume ? "usage: spill resume JOB_DIR|JOB_ID [OPTIONS]\n  continue an interrupted job exactly where it "
+                        "stopped (the job's own options, unless given again)\n\noptions:\n"
+                      : "usage: spill run MODEL INPUT.jsonl [OPTIONS]\n  answer every row; OpenAI-format output and error "
+                        "files in the job's directory\n\noptions:\n");
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        const run_opt *d = &opts[i];
+        if (resume && d->run_only)
+            continue;
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s%s%s", d->name, d->alt ? ", " : "", d->alt ? d->alt : "", d->arg ? " " : "",
+                 d->arg ? d->arg : "");
+        fprintf(f, "  %-26s %s\n", left, d->help);
+    }
+    fprintf(f, "  %-26s %s\n", "--help, -h", "this list");
+}
+
+/* Applies option d to o from argv[*i] (and its value, argv[*i + 1]); -1 with a sentence on stderr. */
+static int apply_opt(const run_opt *d, int argc, char **argv, int *i, run_opts *o)
+{
+    char *field = (char *)o + d->off;
+    if (d->arg && *i + 1 >= argc) {
+        fprintf(stderr, "spill: %s needs a value (%s).\n", argv[*i], d->arg);
+        return -1;
+    }
+    const char *v = d->arg ? argv[++*i] : NULL;
+    switch (d->kind) {
+    case OPT_INT:
+        return parse_int(d->name, v, (int *)field);
+    case OPT_BYTES:
+        if (parse_bytes(v, (uint64_t *)field)) {
+            fprintf(stderr, "spill: %s takes a size in bytes (a number, optionally with K, M or G), not \"%.40s\".\n",
+                    d->name, v);
+            return -1;
+        }
+        return 0;
+    case OPT_STR:
+        *(const char **)field = v;
+        return 0;
+    case OPT_TRUE:
+        *(bool *)field = true;
+        return 0;
+    case OPT_SET:
+        *(int *)field = d->val;
+        return 0;
+    case OPT_KV_DTYPE:
+        if (strcmp(v, "bf16") && strcmp(v, "int8")) {
+            fprintf(stderr, "spill: --kv-dtype takes bf16 (the GPU's default) or int8 (twice the rows per GB of "
+                            "KV), not \"%s\".\n", v);
+            return -1;
+        }
+        *(int *)field = !strcmp(v, "int8") ? KV_I8 : KV_BF16;
+        return 0;
+    }
+    return -1;
+}
+
 int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
 {
     o->resident_layers = -1;
@@ -59,75 +160,20 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
     int np = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        bool has = i + 1 < argc;
-        if (!strcmp(a, "-o") && has && !resume)
-            o->out_dir = argv[++i];
-        else if (!strcmp(a, "--threads") && has) {
-            if (parse_int(a, argv[++i], &o->threads))
+        const run_opt *d = NULL;
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0] && !d; k++)
+            if ((!strcmp(a, opts[k].name) || (opts[k].alt && !strcmp(a, opts[k].alt))) && !(resume && opts[k].run_only))
+                d = &opts[k];
+        if (d) {
+            if (apply_opt(d, argc, argv, &i, o))
                 return -1;
         }
-        else if (!strcmp(a, "--batch") && has) {
-            if (parse_int(a, argv[++i], &o->batch))
-                return -1;
-        }
-        else if (!strcmp(a, "--prefill-chunk") && has) {
-            if (parse_int(a, argv[++i], &o->prefill_chunk))
-                return -1;
-        }
-        else if (!strcmp(a, "--page-tokens") && has) {
-            if (parse_int(a, argv[++i], &o->page_tokens))
-                return -1;
-        }
-        else if (!strcmp(a, "--kv-mem") && has) {
-            if (parse_bytes(argv[++i], &o->kv_bytes))
-                return -1;
-        } else if (!strcmp(a, "--mem-budget") && has) {
-            if (parse_bytes(argv[++i], &o->mem_budget))
-                return -1;
-        } else if (!strcmp(a, "--stream"))
-            o->mode = 1;
-        else if (!strcmp(a, "--resident"))
-            o->mode = 2;
-        else if (!strcmp(a, "--stream-slots") && has) {
-            if (parse_int(a, argv[++i], &o->stream_slots))
-                return -1;
-        }
-        else if (!strcmp(a, "--cpu"))
-            o->device = 1;
-        else if (!strcmp(a, "--gpu"))
-            o->device = 2;
-        else if (!strcmp(a, "--gpu-mem") && has) {
-            if (parse_bytes(argv[++i], &o->gpu_mem))
-                return -1;
-        } else if (!strcmp(a, "--from-disk"))
-            o->from_disk = true;
-        else if (!strcmp(a, "--kv-dtype") && has) {
-            const char *v = argv[++i];
-            if (strcmp(v, "bf16") && strcmp(v, "int8")) {
-                fprintf(stderr, "spill: --kv-dtype takes bf16 (the GPU's default) or int8 (twice the rows per GB of "
-                                "KV), not \"%s\".\n", v);
-                return -1;
-            }
-            o->kv_dtype = !strcmp(v, "int8") ? KV_I8 : KV_BF16;
-        }
-        else if (!strcmp(a, "--resident-layers") && has) {
-            if (parse_int(a, argv[++i], &o->resident_layers))
-                return -1;
-        }
-        else if (!strcmp(a, "--exact"))
-            o->exact = true;
-        else if (!strcmp(a, "--q8-activations"))
-            o->q8 = true;
-        else if (!strcmp(a, "--pass-log") && has)
-            o->pass_log = argv[++i];
-        else if (!strcmp(a, "--quiet") || !strcmp(a, "-q"))
-            o->quiet = true;
         else if (a[0] != '-' && np < 2)
             pos[np++] = a;
         else {
             if (a[0] == '-')
-                fprintf(stderr, "spill: %s is not an option of spill %s%s.\n", a, resume ? "resume" : "run",
-                        i + 1 == argc ? " (or it needs a value)" : "");
+                fprintf(stderr, "spill: %s is not an option of spill %s; spill %s --help lists them.\n", a,
+                        resume ? "resume" : "run", resume ? "resume" : "run");
             return -1;
         }
     }
