@@ -34,8 +34,8 @@ static const struct command {
     const char *name, *usage, *what;
     bool built;
 } commands[] = {
-    {"run", "spill run MODEL INPUT.jsonl [-o DIR] [--batch N] [--kv-mem BYTES]", "answer every row; OpenAI-format output + error files", true},
-    {"resume", "spill resume JOB", "continue an interrupted job exactly where it stopped", true},
+    {"run", "spill run MODEL INPUT.jsonl [-o DIR] [OPTIONS]", "answer every row; OpenAI-format output + error files (--help: every option)", true},
+    {"resume", "spill resume JOB [OPTIONS]", "continue an interrupted job exactly where it stopped", true},
     {"distill", "spill distill MODEL INPUT [--logprobs K] [--score]", "top-K log-probs, or teacher-forced scoring", false},
     {"eval", "spill eval INPUT MODEL [MODEL...] --metric M", "run each model, score each row, one comparison table",
      false},
