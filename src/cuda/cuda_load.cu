@@ -383,12 +383,14 @@ int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
                 if (arch_slot_need(&e->a, s, l) == ARCH_ABSENT || arch_slot_sparse(s) ||
                     (pass == 0) != (at->kind != ARCH_VECTOR))
                     continue;
-                if (s == ARCH_QKV || s == ARCH_GATE_UP) { /* fused: row ranges of one tensor */
-                    static const int qkv_mi[] = {M_Q, M_K, M_V}, gu_mi[] = {M_GATE, M_UP};
-                    int64_t HS = (int64_t)m->n_heads * m->head_dim, KS = (int64_t)m->n_kv_heads * m->head_dim;
-                    int64_t qkv_rows[] = {HS, KS, KS}, gu_rows[] = {m->ffn_dim, m->ffn_dim};
-                    if (s == ARCH_QKV ? bind_fused(e, w, s, l, qkv_mi, qkv_rows, 3, err, errlen)
-                                      : bind_fused(e, w, s, l, gu_mi, gu_rows, 2, err, errlen))
+                enum arch_slot parts[ARCH_MAX_PARTS];
+                int64_t rows[ARCH_MAX_PARTS];
+                int np = arch_fused_parts(&e->a, s, parts, rows);
+                if (np) { /* fused: row ranges of one tensor */
+                    int mi[ARCH_MAX_PARTS];
+                    for (int i = 0; i < np; i++)
+                        mi[i] = layer_mat(parts[i]);
+                    if (bind_fused(e, w, s, l, mi, rows, np, err, errlen))
                         return -1;
                     continue;
                 }

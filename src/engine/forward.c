@@ -309,12 +309,14 @@ static int bind_weights(spill_engine *e, char *err, size_t errlen)
                 continue; /* a sparse layer's FFN is bound by bind_moe */
             enum arch_kind kind = e->a.t[s].kind;
             layer_w *lw = &e->layers[l];
-            if (s == ARCH_QKV || s == ARCH_GATE_UP) { /* fused: bound as row ranges of one tensor */
-                int64_t HS = (int64_t)m->n_heads * m->head_dim, KS = (int64_t)m->n_kv_heads * m->head_dim;
-                wmat *qkv[] = {&lw->q, &lw->k, &lw->v}, *gu[] = {&lw->gate, &lw->up};
-                int64_t qkv_rows[] = {HS, KS, KS}, gu_rows[] = {m->ffn_dim, m->ffn_dim};
-                if (s == ARCH_QKV ? bind_fused(e, ARCH_QKV, l, qkv, qkv_rows, 3, err, errlen)
-                                  : bind_fused(e, ARCH_GATE_UP, l, gu, gu_rows, 2, err, errlen))
+            enum arch_slot parts[ARCH_MAX_PARTS];
+            int64_t rows[ARCH_MAX_PARTS];
+            int np = arch_fused_parts(&e->a, (enum arch_slot)s, parts, rows);
+            if (np) { /* fused: bound as row ranges of one tensor */
+                wmat *dst[ARCH_MAX_PARTS];
+                for (int i = 0; i < np; i++)
+                    dst[i] = layer_mat(lw, parts[i]);
+                if (bind_fused(e, (enum arch_slot)s, l, dst, rows, np, err, errlen))
                     return -1;
                 continue;
             }

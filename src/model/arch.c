@@ -507,6 +507,19 @@ static int check_shape(const model_desc *m, const char *name, const model_tensor
     return 0;
 }
 
+int arch_fused_parts(const arch_layout *a, enum arch_slot s, enum arch_slot parts[ARCH_MAX_PARTS],
+                     int64_t rows[ARCH_MAX_PARTS])
+{
+    static const enum arch_slot qkv[] = {ARCH_Q, ARCH_K, ARCH_V}, gate_up[] = {ARCH_GATE, ARCH_UP};
+    const enum arch_slot *p = s == ARCH_QKV ? qkv : s == ARCH_GATE_UP ? gate_up : NULL;
+    int n = s == ARCH_QKV ? 3 : s == ARCH_GATE_UP ? 2 : 0;
+    for (int i = 0; i < n; i++) {
+        parts[i] = p[i];
+        rows[i] = a->t[p[i]].n; /* the split slot's shape in this model: HS, KS, KS or F, F */
+    }
+    return n;
+}
+
 int model_arch_tensor(const model_desc *m, const arch_layout *a, enum arch_slot s, int layer, const model_tensor **out,
                       char *err, size_t errlen)
 {

@@ -248,6 +248,13 @@ typedef struct arch_expert {
 int model_arch_experts(const model_desc *m, const arch_layout *a, enum arch_slot s, int layer, arch_expert *out,
                        char *err, size_t errlen);
 
+/* The split slots fused slot s holds, in row order, and each one's rows in this model (QKV: Q, K, V; GATE_UP:
+ * GATE, UP): an engine binds each part as a row range of the one tensor.  Returns the number of parts, 0 for a
+ * slot that is not fused. */
+#define ARCH_MAX_PARTS 3
+int arch_fused_parts(const arch_layout *a, enum arch_slot s, enum arch_slot parts[ARCH_MAX_PARTS],
+                     int64_t rows[ARCH_MAX_PARTS]);
+
 /* Whether layer l attends through the sliding window (and rotates with rope_local when rope_local_on). */
 static inline bool arch_layer_sliding(const arch_layout *a, int l)
 {

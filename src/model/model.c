@@ -441,8 +441,7 @@ static int open_gguf(const char *path, model_desc *m, char *err, size_t errlen)
         double swa_base = gguf_num(g, arch, "rope.freq_base_swa", 0);
         if (swa_base > 0)
             m->rope_theta_local = swa_base;
-        const gguf_kv *qs = gguf_get(g, "spill.query_pre_attn_scalar");
-        double qv = qs ? gguf_num(g, "spill", "query_pre_attn_scalar", 0) : 0;
+        double qv = gguf_num(g, "spill", "query_pre_attn_scalar", 0);
         if (fam->query_pre_attn_scalar && qv > 0)
             m->query_scale = 1.0 / __builtin_sqrt(qv);
     }
