@@ -94,7 +94,7 @@ int main(int argc, char **argv)
         for (int b = 0; b < B; b++) {
             kv_row_release(engine_kv(e), &kr[b]);
             kv_row_reserve(engine_kv(e), &kr[b], ctx);
-            sq[b] = (fwd_seq){&kr[b], 0, n_prompt, prompt, true, false};
+            sq[b] = (fwd_seq){&kr[b], 0, n_prompt, prompt, true, false, 0, 0};
         }
         double t0 = now_s();
         if (engine_forward(e, sq, B, logits, err, sizeof err)) {
@@ -111,7 +111,7 @@ int main(int argc, char **argv)
                     if (l[v] > l[best])
                         best = v;
                 next[b] = best;
-                sq[b] = (fwd_seq){&kr[b], n_prompt + step, 1, &next[b], true, false};
+                sq[b] = (fwd_seq){&kr[b], n_prompt + step, 1, &next[b], true, false, 0, 0};
             }
             if (engine_forward(e, sq, B, logits, err, sizeof err)) {
                 fprintf(stderr, "%s\n", err);

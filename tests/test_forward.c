@@ -142,10 +142,10 @@ static void check_batch_independent(model_desc *m, const ref_row *row, uint32_t 
     float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
     kv_row ka = {0}, kb = {0};
     int rc = kv_row_reserve(engine_kv(a), &ka, n) || kv_row_reserve(engine_kv(b), &kb, n);
-    fwd_seq whole = {&ka, 0, n, row->ids, true, false};
+    fwd_seq whole = {&ka, 0, n, row->ids, true, false, 0, 0};
     rc = rc || engine_forward(a, &whole, 1, la, err, sizeof err);
     for (int32_t i = 0; i < n && !rc; i++) {
-        fwd_seq one = {&kb, i, 1, row->ids + i, true, false};
+        fwd_seq one = {&kb, i, 1, row->ids + i, true, false, 0, 0};
         rc = engine_forward(b, &one, 1, lb, err, sizeof err);
     }
     CHECK(rc == 0, "%s: batch check: %s", name, err);
@@ -219,8 +219,8 @@ static void run_dir(const char *ref, const char *name, const char *dir)
             }
             CHECK(kv_row_reserve(kv, &kr[r], done[r] + n) == 0, "%s: KV reserve", name);
             CHECK(kv_row_reserve(kvs, &krs[r], done[r] + n) == 0, "%s: KV reserve (streamed)", name);
-            seqs[ns] = (fwd_seq){&kr[r], done[r], n, rows[r].ids + done[r], true, false};
-            seqs_s[ns] = (fwd_seq){&krs[r], done[r], n, rows[r].ids + done[r], true, false};
+            seqs[ns] = (fwd_seq){&kr[r], done[r], n, rows[r].ids + done[r], true, false, 0, 0};
+            seqs_s[ns] = (fwd_seq){&krs[r], done[r], n, rows[r].ids + done[r], true, false, 0, 0};
             idx[ns++] = (int)r;
         }
         if (!ns)

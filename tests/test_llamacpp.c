@@ -123,7 +123,7 @@ static void run(model_desc *m, json_t *prompts, bool q8, bool greedy, stats *st)
             seq[i] = (int32_t)json_integer_value(json_array_get(ids, i));
         kv_row kr = {0};
         CHECK(kv_row_reserve(kv, &kr, n) == 0, "KV");
-        fwd_seq sq = {&kr, 0, n - 1, seq, true, true};
+        fwd_seq sq = {&kr, 0, n - 1, seq, true, true, 0, 0};
         rc = engine_forward(e, &sq, 1, logits, err, sizeof err);
         CHECK(rc == 0, "forward: %s", err);
         for (int i = 0; rc == 0 && i < n - 1; i++) {
@@ -164,7 +164,7 @@ static void run(model_desc *m, json_t *prompts, bool q8, bool greedy, stats *st)
         gen[p] = malloc(129 * sizeof(int32_t));
         kv_row_reserve(kv, &kr[p], np + 129);
         pos[p] = np;
-        sqs[p] = (fwd_seq){&kr[p], 0, np, pids[p], true, false};
+        sqs[p] = (fwd_seq){&kr[p], 0, np, pids[p], true, false, 0, 0};
         map[p] = p;
     }
     int ns = (int)NP;
@@ -184,7 +184,7 @@ static void run(model_desc *m, json_t *prompts, bool q8, bool greedy, stats *st)
                 continue;
             gen[p][ngen[p]++] = t;
             next[p] = t;
-            sqs[k] = (fwd_seq){&kr[p], pos[p]++, 1, &next[p], true, false};
+            sqs[k] = (fwd_seq){&kr[p], pos[p]++, 1, &next[p], true, false, 0, 0};
             map[k++] = p;
         }
         ns = k;

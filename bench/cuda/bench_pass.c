@@ -168,7 +168,7 @@ static int run_case(cuda_engine *e, const cfg *c, int rows, int n, int32_t pos0,
             fprintf(stderr, "KV reserve failed for row %d\n", r);
             rc = -1;
         }
-        seqs[r] = (fwd_seq){&kr[r], pos0, n, toks + (size_t)r * n % 4096, true, false};
+        seqs[r] = (fwd_seq){&kr[r], pos0, n, toks + (size_t)r * n % 4096, true, false, 0, 0};
     }
     for (int i = 0; i <= reps && rc == 0; i++) {
         rc = cuda_engine_forward(e, seqs, rows, c->copy_logits ? logits : NULL, err, sizeof err);

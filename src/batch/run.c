@@ -355,7 +355,7 @@ static int forward_and_draw(runner *r, int ns, int nl, char *err, size_t errlen)
                           sp->presence_penalty == 0 && w->n_choices == 1;
             r->want[k] = !greedy ? -2 : sp->logprobs ? sp->n_top_logprobs : -1;
         }
-        frc = r->be.forward_pick(r->be.impl, s->seqs, ns, r->want, r->sres, r->logits, err, errlen);
+        frc = r->be.forward_pick(r->be.impl, s->seqs, ns, r->want, NULL, r->sres, r->logits, err, errlen);
         for (int k = 0; !frc && k < nl; k++)
             if (r->want[k] < -1)
                 r->cidx[nc++] = k;

@@ -620,3 +620,26 @@ int sample_dist(const float *logits, int V, const sample_params *p, const sample
     }
     return 0;
 }
+
+int sample_score(const float *logits, int V, int32_t target, int n_top, sample_result *out, char *err,
+                 size_t errlen)
+{
+    out->token = target;
+    out->logprob = 0;
+    out->n_top = 0;
+    if (target < 0 || target >= V || n_top < 0 || n_top > SAMPLE_MAX_TOP)
+        return util_errf(err, errlen, "token %d (or %d alternatives) is outside a vocabulary of %d.", target, n_top,
+                         V);
+    bool any = false;
+    for (int i = 0; i < V && !any; i++)
+        any = clean_logit(logits[i]) > -INFINITY;
+    if (!any) {
+        out->token = -1;
+        return util_errf(err, errlen, "every logit is NaN or -inf: no log-prob to report.");
+    }
+    sample_params p = {0};
+    p.logprobs = true;
+    p.n_top_logprobs = n_top < V ? n_top : V;
+    logprobs_fill(logits, V, &p, target, out);
+    return 0;
+}

@@ -130,6 +130,14 @@ int sample_next(const float *logits, int V, const sample_params *p, sample_state
                 sample_result *out, char *err, size_t errlen);
 
 /*
+ * Teacher forcing (scoring, echo): out->token = target, out->logprob its log-softmax of the raw logits and the
+ * n_top most likely alternatives, with sample_next's numerics (the GPU's target pick matches it).  -1 with a
+ * sentence for a target outside [0, V) or logits that are all NaN / -inf (out->token then -1).
+ */
+int sample_score(const float *logits, int V, int32_t target, int n_top, sample_result *out, char *err,
+                 size_t errlen);
+
+/*
  * The distribution sample_next would draw from for these logits and this
  * state, written to probs (V): one-hot at the argmax for temperature 0,
  * else the renormalised kept probabilities (0 outside the kept set).  Same

@@ -297,7 +297,7 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
                 budget = s->cfg.max_seqs + s->cfg.prefill_chunk;
                 break;
             }
-            add_seq(s, (fwd_seq){&ch->kv, ch->fed, 1, &ch->next, true, false}, idx, c);
+            add_seq(s, (fwd_seq){&ch->kv, ch->fed, 1, &ch->next, true, false, 0, 0}, idx, c);
             budget--;
         }
     }
@@ -328,7 +328,7 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
                 return util_errf(err, errlen, "out of memory growing a KV page table.");
             if (rr == -1)
                 break; /* no pages now: this prompt waits for pages freed by finishing rows */
-            add_seq(s, (fwd_seq){&ch->kv, ch->fed, n, w->prompt + ch->fed, ch->fed + n == w->n_prompt, false}, idx,
+            add_seq(s, (fwd_seq){&ch->kv, ch->fed, n, w->prompt + ch->fed, ch->fed + n == w->n_prompt, false, 0, 0}, idx,
                     c);
             budget -= n;
         }

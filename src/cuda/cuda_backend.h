@@ -146,9 +146,10 @@ typedef struct cuda_pick {
  * logits row) is -2 for a row whose logits the host samples (copied to
  * logits + k*V, or left in cuda_engine_logits when logits is NULL), -1 for
  * the argmax alone, 0..CUDA_PICK_MAX_TOP for the argmax with its log-prob
- * and that many alternatives; picks[k] is filled for rows with want >= -1. */
-int cuda_engine_forward_pick(cuda_engine *e, fwd_seq *seqs, int n_seqs, const int32_t *want, cuda_pick *picks,
-                             float *logits, char *err, size_t errlen);
+ * and that many alternatives; picks[k] is filled for rows with want >= -1.
+ * target (R; NULL = none): a row with target[k] >= 0 gets that token's log-prob instead of the argmax's. */
+int cuda_engine_forward_pick(cuda_engine *e, fwd_seq *seqs, int n_seqs, const int32_t *want, const int32_t *target,
+                             cuda_pick *picks, float *logits, char *err, size_t errlen);
 
 /* The last pass's (R, V) logits in pinned host memory; valid until the next
  * cuda_engine_forward or close. */

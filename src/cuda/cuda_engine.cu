@@ -208,7 +208,7 @@ static pass_sizes pass_sizes_for(const model_desc *m, size_t T, size_t B, size_t
     p.meta = (3 * T + R + B + 3 * T + B) * 4; /* tok pos seq, rows, pt_off, tiles (2T) singles, longrope (B) */
     p.part = k_attention_part_floats(m->head_dim) * 4;
     p.blas_ws = BLAS_WS_BYTES;
-    p.want = R * 4;
+    p.want = R * 8; /* want, then target */
     p.picks = R * sizeof(pick_out);
     return p;
 }
@@ -701,8 +701,11 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
                              (long long)Tmax);
         if (sq->pos0 < 0 || kv_pages_for(&e->kv, sq->pos0 + sq->n) > sq->kv->n_pages || sq->pos0 + sq->n > m->ctx_len)
             return util_errf(err, errlen, "sequence %d has no KV room for positions up to %d.", s, sq->pos0 + sq->n);
+        if (sq->all_logits && (sq->logits_skip < 0 || sq->logits_skip >= sq->n))
+            return util_errf(err, errlen, "sequence %d skips %d of its %d tokens' logits (at most n - 1).", s,
+                             sq->logits_skip, sq->n);
         T += sq->n;
-        R += sq->all_logits ? sq->n : sq->want_logits;
+        R += sq->all_logits ? sq->n - sq->logits_skip : sq->want_logits;
         if (R > e->max_rows)
             return util_errf(err, errlen,
                              "a pass asked for more than the engine's %d rows of logits; raise "
@@ -736,7 +739,7 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
             tok[t] = sq->tokens[i];
             pos[t] = sq->pos0 + i;
             seq[t] = s;
-            if (sq->all_logits)
+            if (sq->all_logits && i >= sq->logits_skip)
                 rows[R++] = (int32_t)t;
         }
         if (sq->want_logits && !sq->all_logits)
@@ -826,7 +829,7 @@ static_assert(sizeof(cuda_pick) == sizeof(pick_out) && offsetof(cuda_pick, top_l
               "cuda_pick mirrors pick_out");
 
 static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, const int32_t *want,
-                         cuda_pick *picks, char *err, size_t errlen)
+                         const int32_t *target, cuda_pick *picks, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
     int64_t T = 0, D = m->d_model, V = m->vocab;
@@ -883,9 +886,12 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
             CU(k_softcap(e->logits, (int64_t)R * V, (float)e->a.final_softcap, s));
         if (want) {
             /* picks on the device; only the rows the host samples come back whole, in runs of rows */
+            /* want then target, one copy: d_want holds 2 * max_rows */
             memcpy(e->h_want, want, (size_t)R * 4);
-            CU(cudaMemcpyAsync(e->d_want, e->h_want, (size_t)R * 4, cudaMemcpyHostToDevice, s));
-            CU(k_pick(e->logits, R, (int)V, e->d_want, e->d_picks, s));
+            if (target)
+                memcpy(e->h_want + R, target, (size_t)R * 4);
+            CU(cudaMemcpyAsync(e->d_want, e->h_want, (size_t)R * (target ? 8 : 4), cudaMemcpyHostToDevice, s));
+            CU(k_pick(e->logits, R, (int)V, e->d_want, target ? e->d_want + R : NULL, e->d_picks, s));
             CU(cudaMemcpyAsync(e->h_picks, e->d_picks, (size_t)R * sizeof(pick_out), cudaMemcpyDeviceToHost, s));
             for (int k = 0; k < R;) {
                 if (want[k] >= -1) {
@@ -928,21 +934,21 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
 }
 
 static int forward_any(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, const int32_t *want,
-                       cuda_pick *picks, char *err, size_t errlen);
+                       const int32_t *target, cuda_pick *picks, char *err, size_t errlen);
 
 int cuda_engine_forward(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen)
 {
-    return forward_any(e, seqs, n_seqs, logits, NULL, NULL, err, errlen);
+    return forward_any(e, seqs, n_seqs, logits, NULL, NULL, NULL, err, errlen);
 }
 
-int cuda_engine_forward_pick(cuda_engine *e, fwd_seq *seqs, int n_seqs, const int32_t *want, cuda_pick *picks,
-                             float *logits, char *err, size_t errlen)
+int cuda_engine_forward_pick(cuda_engine *e, fwd_seq *seqs, int n_seqs, const int32_t *want, const int32_t *target,
+                             cuda_pick *picks, float *logits, char *err, size_t errlen)
 {
-    return forward_any(e, seqs, n_seqs, logits, want, picks, err, errlen);
+    return forward_any(e, seqs, n_seqs, logits, want, target, picks, err, errlen);
 }
 
 static int forward_any(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits, const int32_t *want,
-                       cuda_pick *picks, char *err, size_t errlen)
+                       const int32_t *target, cuda_pick *picks, char *err, size_t errlen)
 {
     if (g_poisoned) {
         util_errf(err, errlen, "the CUDA context is unusable after an earlier GPU fault; exit and resume.");
@@ -951,7 +957,7 @@ static int forward_any(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logits,
     if (e->broken)
         return util_errf(err, errlen, "the CUDA engine stopped in the middle of an earlier pass; reopen it.");
     double t0 = mono();
-    int rc = forward_inner(e, seqs, n_seqs, logits, want, picks, err, errlen);
+    int rc = forward_inner(e, seqs, n_seqs, logits, want, target, picks, err, errlen);
     if (rc == 0 || !e->broken) {
         if (rc == 0) {
             e->st.last_pass_s = mono() - t0;

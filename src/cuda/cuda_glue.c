@@ -34,10 +34,10 @@ _Static_assert(sizeof(sample_result) == sizeof(cuda_pick) && offsetof(sample_res
                    SAMPLE_MAX_TOP == CUDA_PICK_MAX_TOP,
                "sample_result mirrors cuda_pick");
 
-static int g_forward_pick(void *impl, fwd_seq *seqs, int n, const int32_t *want, struct sample_result *picks,
-                          float *logits, char *err, size_t errlen)
+static int g_forward_pick(void *impl, fwd_seq *seqs, int n, const int32_t *want, const int32_t *target,
+                          struct sample_result *picks, float *logits, char *err, size_t errlen)
 {
-    int rc = cuda_engine_forward_pick(impl, seqs, n, want, (cuda_pick *)picks, logits, err, errlen);
+    int rc = cuda_engine_forward_pick(impl, seqs, n, want, target, (cuda_pick *)picks, logits, err, errlen);
     return rc == CUDA_ENGINE_EDEVICE ? ENGINE_EDEVICE : rc;
 }
 

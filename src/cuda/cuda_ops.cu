@@ -263,14 +263,18 @@ int cuda_attention_last_split(void)
     return k_attention_last_split();
 }
 
-int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, cuda_pick *out, char *err, size_t errlen)
+int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, const int32_t *target, cuda_pick *out,
+                 char *err, size_t errlen)
 {
     OP_BEGIN;
-    void *dl, *dw, *dout;
+    void *dl, *dw, *dt = NULL, *dout;
     TRY(op_up(c, &dl, logits, (size_t)R * (size_t)V * 4));
     TRY(op_up(c, &dw, want, (size_t)R * 4));
+    if (target)
+        TRY(op_up(c, &dt, target, (size_t)R * 4));
     TRY(op_up(c, &dout, NULL, (size_t)R * sizeof(pick_out)));
-    TRY(op_down(c, k_pick((const float *)dl, R, V, (const int32_t *)dw, (pick_out *)dout, 0), out, dout,
+    TRY(op_down(c, k_pick((const float *)dl, R, V, (const int32_t *)dw, (const int32_t *)dt, (pick_out *)dout, 0),
+                out, dout,
                 (size_t)R * sizeof(pick_out)));
     return op_done(c, 0);
 }

@@ -64,7 +64,8 @@ int cuda_attention_last_split(void);
 void cuda_attention_kind(int kind);
 
 /* picks for R rows of host logits (R, V) with want as in cuda_engine_forward_pick. */
-int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, cuda_pick *out, char *err, size_t errlen);
+int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, const int32_t *target, cuda_pick *out,
+                 char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

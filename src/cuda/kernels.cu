@@ -549,7 +549,7 @@ __device__ double block_sum_f64(double v, double *sh)
 
 /* One block per row.  Top-K is exact: a 4-round radix select finds the K-th largest key, then the ids
  * above it and the lowest ids equal to it are gathered in id order and ranked by (value desc, id asc). */
-__global__ void pick_kernel(const float *logits, int V, const int32_t *want, pick_out *out)
+__global__ void pick_kernel(const float *logits, int V, const int32_t *want, const int32_t *target, pick_out *out)
 {
     __shared__ uint64_t sh64[PICK_THREADS / 32];
     __shared__ double shd[PICK_THREADS / 32];
@@ -561,6 +561,11 @@ __global__ void pick_kernel(const float *logits, int V, const int32_t *want, pic
     int r = blockIdx.x, K = want[r], tid = threadIdx.x;
     if (K < -1)
         return;
+    int32_t tg = target ? target[r] : -1; /* >= 0: report this token's log-prob instead of the argmax's */
+    if (tg >= V)
+        tg = -1;
+    if (tg >= 0 && K < 0)
+        K = 0;
     const float *x = logits + (size_t)r * (size_t)V;
     pick_out *o = out + r;
     /* argmax: max of (ord << 32 | ~id) = largest value, then lowest id */
@@ -592,8 +597,8 @@ __global__ void pick_kernel(const float *logits, int V, const int32_t *want, pic
     S = block_sum_f64(S, shd);
     double lse = (double)m + log(S);
     if (tid == 0) {
-        double lp = (double)m - lse;
-        o->token = token;
+        double lp = (tg >= 0 ? (double)pick_val(pick_ord(x[tg])) : (double)m) - lse;
+        o->token = tg >= 0 ? tg : token;
         o->logprob = lp < -9999.0 ? -9999.0f : (float)lp;
     }
     if (K > V)
@@ -693,11 +698,12 @@ __global__ void pick_kernel(const float *logits, int V, const int32_t *want, pic
         o->n_top = K;
 }
 
-cudaError_t k_pick(const float *logits, int R, int V, const int32_t *want, pick_out *out, cudaStream_t s)
+cudaError_t k_pick(const float *logits, int R, int V, const int32_t *want, const int32_t *target, pick_out *out,
+                   cudaStream_t s)
 {
     if (R <= 0)
         return cudaSuccess;
-    pick_kernel<<<R, PICK_THREADS, 0, s>>>(logits, V, want, out);
+    pick_kernel<<<R, PICK_THREADS, 0, s>>>(logits, V, want, target, out);
     return cudaGetLastError();
 }
 

@@ -186,8 +186,10 @@ typedef struct pick_out {
 
 /* For each of R rows of logits(R, V) with want[r] >= -1: out[r] = the argmax, and with want[r] >= 0 its
  * log-prob and the want[r] (<= PICK_MAX_TOP) most likely ids, (value desc, id asc), with log-probs.  Rows with
- * want[r] < -1 are skipped (the host samples them). */
-cudaError_t k_pick(const float *logits, int R, int V, const int32_t *want, pick_out *out, cudaStream_t s);
+ * want[r] < -1 are skipped (the host samples them).  target (device, R; NULL = none): a row with target[r] >= 0
+ * reports that token and its log-prob instead of the argmax (teacher-forced scoring), alternatives as above. */
+cudaError_t k_pick(const float *logits, int R, int V, const int32_t *want, const int32_t *target, pick_out *out,
+                   cudaStream_t s);
 
 /* Test hook: a write through a wild device pointer. */
 cudaError_t k_poison(cudaStream_t s);

@@ -38,6 +38,8 @@ typedef struct engine_opts {
     bool from_disk;       /* GPU backends: streamed layers are read from storage every pass, never cached */
     int kv_dtype;         /* GPU backends: KV_I8 for int8 KV pages; 0 = the backend's own (fp32 CPU, bf16 GPU) */
     bool gpu_profile, gpu_attention_fp32, gpu_pin_alloc; /* GPU diagnostics (base/settings.h; cuda_engine_opts) */
+    const struct lora_set *lora; /* adapters the pass may apply per sequence (fwd_seq.adapter); NULL = none.
+                                    Borrowed: it must outlive the engine */
 } engine_opts;
 
 typedef struct fwd_seq {
@@ -47,6 +49,9 @@ typedef struct fwd_seq {
     const int32_t *tokens;/* (n) */
     bool want_logits;     /* logits of the last token fed */
     bool all_logits;      /* logits of every token fed (teacher forcing, scoring); implies want_logits */
+    int32_t logits_skip;  /* all_logits: the first logits_skip tokens fed return none (rows for tokens
+                             [logits_skip, n) only); 0 otherwise */
+    int32_t adapter;      /* LoRA: 0 = the bare base, i = engine_opts.lora->ad[i - 1] (model/lora.h) */
 } fwd_seq;
 
 /* Loads every weight the forward pass binds into RAM (read once, in file
@@ -103,9 +108,11 @@ typedef struct spill_backend {
      * no bias, no penalty).  want (one per logits row): -2 = the host samples this row (its logits land at
      * logits + k*V), -1 = the argmax alone, 0..SAMPLE_MAX_TOP = the argmax, its log-prob and that many top
      * alternatives.  picks[k] is filled for rows with want >= -1 (token -1: every logit NaN or -inf).
+     * target (one per logits row, NULL = none): a row with target[k] >= 0 reports that token and its log-prob
+     * (teacher forcing: scoring, echo) instead of the argmax, with its want >= 0 alternatives.
      * NULL = every row's logits come back. */
-    int (*forward_pick)(void *impl, fwd_seq *seqs, int n_seqs, const int32_t *want, struct sample_result *picks,
-                        float *logits, char *err, size_t errlen);
+    int (*forward_pick)(void *impl, fwd_seq *seqs, int n_seqs, const int32_t *want, const int32_t *target,
+                        struct sample_result *picks, float *logits, char *err, size_t errlen);
     /* One line on what the weights' tiers moved so far (bytes per pass, disk and copy rates); NULL = none. */
     void (*io_line)(void *impl, char *buf, size_t cap);
 } spill_backend;

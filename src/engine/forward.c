@@ -714,7 +714,10 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
                 cpu_scale(e->x + T * D, D, e->a.embed_scale);
             T++;
         }
-        R += sq->all_logits ? sq->n : sq->want_logits;
+        if (sq->all_logits && (sq->logits_skip < 0 || sq->logits_skip >= sq->n))
+            return util_errf(err, errlen, "sequence %d skips %d of its %d tokens' logits (at most n - 1).", s,
+                             sq->logits_skip, sq->n);
+        R += sq->all_logits ? sq->n - sq->logits_skip : sq->want_logits;
     }
 
     for (int l = 0; l < m->n_layers; l++) {
@@ -744,7 +747,7 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
     int r = 0;
     int64_t t = 0;
     for (int s = 0; s < n_seqs; s++) {
-        int64_t first = seqs[s].all_logits ? t : t + seqs[s].n - 1;
+        int64_t first = seqs[s].all_logits ? t + seqs[s].logits_skip : t + seqs[s].n - 1;
         t += seqs[s].n;
         if (!seqs[s].all_logits && !seqs[s].want_logits)
             continue;

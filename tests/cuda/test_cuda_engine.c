@@ -243,8 +243,8 @@ static void run_fixture_w(const char *name, const char *weights, int resident_la
             }
             CHECK(kv_row_reserve(kv, &kr[r], done[r] + n) == 0, "%s: KV reserve", name);
             CHECK(kv_row_reserve(kvs, &krs[r], done[r] + n) == 0, "%s: KV reserve (streamed)", name);
-            seqs[ns] = (fwd_seq){&kr[r], done[r], n, rows[r].ids + done[r], true, false};
-            seqs_s[ns] = (fwd_seq){&krs[r], done[r], n, rows[r].ids + done[r], true, false};
+            seqs[ns] = (fwd_seq){&kr[r], done[r], n, rows[r].ids + done[r], true, false, 0, 0};
+            seqs_s[ns] = (fwd_seq){&krs[r], done[r], n, rows[r].ids + done[r], true, false, 0, 0};
             idx[ns++] = (int)r;
         }
         if (!ns)
@@ -260,7 +260,7 @@ static void run_fixture_w(const char *name, const char *weights, int resident_la
         int32_t want[MAXROWS];
         for (int s = 0; s < ns; s++)
             want[s] = s % 4 == 0 ? -2 : s % 4 == 1 ? -1 : s % 4 == 2 ? 5 : 64;
-        int rcs = pick ? cuda_engine_forward_pick(es, seqs_s, ns, want, picks, NULL, err, sizeof err)
+        int rcs = pick ? cuda_engine_forward_pick(es, seqs_s, ns, want, NULL, picks, NULL, err, sizeof err)
                        : cuda_engine_forward(es, seqs_s, ns, NULL, err, sizeof err); /* logits left in place */
         CHECK(rcs == 0, "%s: streamed forward: %s", name, err);
         if (rcs == 0)
@@ -625,10 +625,10 @@ static void run_long_rows(model_desc *m)
                       kv_row_reserve(cuda_engine_kv(re), &kr[r], len[r] + n) == 0,
                   "long rows: KV reserve");
             bool last = len[r] + n >= plen[r];
-            sc[ns] = (fwd_seq){&kc[r], len[r], n, toks[r] + len[r], last, false};
-            sg[ns] = (fwd_seq){&kg[r], len[r], n, toks[r] + len[r], last, false};
-            su[ns] = (fwd_seq){&ku[r], len[r], n, toks[r] + len[r], last, false};
-            sr[ns] = (fwd_seq){&kr[r], len[r], n, toks[r] + len[r], last, false};
+            sc[ns] = (fwd_seq){&kc[r], len[r], n, toks[r] + len[r], last, false, 0, 0};
+            sg[ns] = (fwd_seq){&kg[r], len[r], n, toks[r] + len[r], last, false, 0, 0};
+            su[ns] = (fwd_seq){&ku[r], len[r], n, toks[r] + len[r], last, false, 0, 0};
+            sr[ns] = (fwd_seq){&kr[r], len[r], n, toks[r] + len[r], last, false, 0, 0};
             idx[ns++] = r;
         }
         if ((rc = engine_forward(ce, sc, ns, lc, err, sizeof err))) {
@@ -773,10 +773,10 @@ static void run_gguf(void)
                       kv_row_reserve(cuda_engine_kv(gse), &ks[r], len[r] + n) == 0 &&
                       kv_row_reserve(cuda_engine_kv(gde), &kd[r], len[r] + n) == 0,
                   "synthetic gguf: KV reserve");
-            sc[r] = (fwd_seq){&kc[r], len[r], n, toks[r] + len[r], true, false};
-            sg[r] = (fwd_seq){&kg[r], len[r], n, toks[r] + len[r], true, false};
-            ss[r] = (fwd_seq){&ks[r], len[r], n, toks[r] + len[r], true, false};
-            sd[r] = (fwd_seq){&kd[r], len[r], n, toks[r] + len[r], true, false};
+            sc[r] = (fwd_seq){&kc[r], len[r], n, toks[r] + len[r], true, false, 0, 0};
+            sg[r] = (fwd_seq){&kg[r], len[r], n, toks[r] + len[r], true, false, 0, 0};
+            ss[r] = (fwd_seq){&ks[r], len[r], n, toks[r] + len[r], true, false, 0, 0};
+            sd[r] = (fwd_seq){&kd[r], len[r], n, toks[r] + len[r], true, false, 0, 0};
         }
         if ((rc = engine_forward(ce, sc, R, lc, err, sizeof err)))
             CHECK(0, "synthetic gguf: cpu forward: %s", err);
@@ -819,10 +819,10 @@ static void run_gguf(void)
         CHECK(kv_row_reserve(engine_kv(ce), &kc[2], len[2] + 3) == 0 &&
                   kv_row_reserve(cuda_engine_kv(ge), &kg[2], len[2] + 3) == 0,
               "all_logits: KV reserve");
-        ac[0] = (fwd_seq){&kc[0], len[0], 1, toks[0] + len[0], true, false};
-        ag[0] = (fwd_seq){&kg[0], len[0], 1, toks[0] + len[0], true, false};
-        ac[1] = (fwd_seq){&kc[2], len[2], 3, toks[2] + len[2], false, true};
-        ag[1] = (fwd_seq){&kg[2], len[2], 3, toks[2] + len[2], false, true};
+        ac[0] = (fwd_seq){&kc[0], len[0], 1, toks[0] + len[0], true, false, 0, 0};
+        ag[0] = (fwd_seq){&kg[0], len[0], 1, toks[0] + len[0], true, false, 0, 0};
+        ac[1] = (fwd_seq){&kc[2], len[2], 3, toks[2] + len[2], false, true, 0, 0};
+        ag[1] = (fwd_seq){&kg[2], len[2], 3, toks[2] + len[2], false, true, 0, 0};
         float *ac_l = malloc((size_t)4 * V * 4), *ag_l = malloc((size_t)4 * V * 4);
         int r1 = engine_forward(ce, ac, 2, ac_l, err, sizeof err);
         CHECK(r1 == 0, "all_logits: cpu forward: %s", err);
@@ -836,7 +836,7 @@ static void run_gguf(void)
         CHECK(aw <= TOL_LOGSOFTMAX, "all_logits: max |dlogsoftmax| CUDA vs CPU %.3g over 4 rows", aw);
         free(ac_l), free(ag_l);
         /* more rows than max_logit_rows (8): refused with a sentence before any GPU work */
-        fwd_seq big = {&kg[1], 0, 9, toks[1], false, true};
+        fwd_seq big = {&kg[1], 0, 9, toks[1], false, true, 0, 0};
         CHECK(kv_row_reserve(cuda_engine_kv(ge), &kg[1], 9) == 0, "all_logits: KV reserve");
         CHECK(cuda_engine_forward(ge, &big, 1, NULL, err, sizeof err) == -1 && strstr(err, "rows of logits"),
               "9 logit rows refused: %s", err);
@@ -845,10 +845,10 @@ static void run_gguf(void)
     /* a bad token is refused before any GPU work, and the engine goes on */
     if (rc == 0) {
         int32_t bad = V + 5;
-        fwd_seq b = {&kg[0], len[0], 1, &bad, true, false};
+        fwd_seq b = {&kg[0], len[0], 1, &bad, true, false, 0, 0};
         CHECK(cuda_engine_forward(ge, &b, 1, lg, err, sizeof err) == -1 && strstr(err, "vocabulary"), "bad token: %s",
               err);
-        fwd_seq ok = {&kg[0], len[0], 1, toks[0] + len[0], true, false};
+        fwd_seq ok = {&kg[0], len[0], 1, toks[0] + len[0], true, false, 0, 0};
         CHECK(cuda_engine_forward(ge, &ok, 1, lg, err, sizeof err) == 0, "after a bad token: %s", err);
     }
     for (int r = 0; r < R; r++) {
@@ -908,7 +908,7 @@ static void run_fault(void)
     int32_t tok = 3;
     float *lg = malloc((size_t)m->vocab * 4);
     kv_row_reserve(cuda_engine_kv(e), &r, 1);
-    fwd_seq s = {&r, 0, 1, &tok, true, false};
+    fwd_seq s = {&r, 0, 1, &tok, true, false, 0, 0};
     CHECK(cuda_engine_forward(e, &s, 1, lg, err, sizeof err) == 0, "fault: first pass: %s", err);
     cuda_engine_inject_fault(e);
     int rc = cuda_engine_forward(e, &s, 1, lg, err, sizeof err);
@@ -954,7 +954,7 @@ static void run_lazy_experts(const char *name)
         rc = kv_row_reserve(cuda_engine_kv(e), &ka, n) || kv_row_reserve(cuda_engine_kv(es), &kb, n);
     int differ = 0;
     for (int32_t i = 0; i < n && rc == 0; i++) {
-        fwd_seq sa = {&ka, i, 1, rows[0].ids + i, true, false}, sb = {&kb, i, 1, rows[0].ids + i, true, false};
+        fwd_seq sa = {&ka, i, 1, rows[0].ids + i, true, false, 0, 0}, sb = {&kb, i, 1, rows[0].ids + i, true, false, 0, 0};
         rc = cuda_engine_forward(e, &sa, 1, a, err, sizeof err) || cuda_engine_forward(es, &sb, 1, b, err, sizeof err);
         differ += rc == 0 && memcmp(a, b, (size_t)V * sizeof(float)) != 0;
     }

@@ -575,7 +575,7 @@ static void test_pick(void)
         x[i] = i == 3 ? 3e4f : (float)(i % 9) - 1e5f;
     cuda_pick *pk = malloc(R * sizeof *pk);
     char err[SPILL_ERRLEN];
-    int rc = cuda_op_pick(lg, R, V, want, pk, err, sizeof err);
+    int rc = cuda_op_pick(lg, R, V, want, NULL, pk, err, sizeof err);
     CHECK(rc == 0, "pick: %s", err);
     sample_scratch sc;
     sample_state st;
@@ -616,7 +616,7 @@ static void test_pick(void)
         big[i] = frand(-12, 12);
     big[77777] = big[5] = 13.0f;
     int32_t w64 = 64;
-    rc = cuda_op_pick(big, 1, VB, &w64, pk, err, sizeof err);
+    rc = cuda_op_pick(big, 1, VB, &w64, NULL, pk, err, sizeof err);
     CHECK(rc == 0, "pick (128k): %s", err);
     sample_params p = {0, 1, 0, 0, 0, 0, NULL, NULL, true, 64};
     sample_result sr;
