@@ -36,7 +36,7 @@ static const struct command {
 } commands[] = {
     {"run", "spill run MODEL INPUT.jsonl [-o DIR] [OPTIONS]", "answer every row; OpenAI-format output + error files (--help: every option)", true},
     {"resume", "spill resume JOB [OPTIONS]", "continue an interrupted job exactly where it stopped", true},
-    {"distill", "spill distill MODEL INPUT [--logprobs K] [--score]", "top-K log-probs, or teacher-forced scoring", false},
+    {"distill", "spill distill MODEL INPUT [OPTIONS]", "top-K log-probs (--logprobs K, --full-logits), or --score: teacher-forced log-probs of given answers", true},
     {"eval", "spill eval INPUT MODEL [MODEL...] --metric M", "run each model, score each row, one comparison table",
      false},
     {"check", "spill check INPUT.jsonl [--all]", "validate a batch / chat / fine-tuning / eval file", true},
@@ -373,8 +373,9 @@ int main(int argc, char **argv)
         return SPILL_EX_USAGE;
     }
     if (wants_help(argc - 2, argv + 2)) {
-        if (!strcmp(cmd, "run") || !strcmp(cmd, "resume")) { /* every option, from the parser's own table */
-            run_opts_help(stdout, !strcmp(cmd, "resume"));
+        if (!strcmp(cmd, "run") || !strcmp(cmd, "resume") || !strcmp(cmd, "distill")) {
+            /* every option, from the parser's own table */
+            run_opts_help(stdout, !strcmp(cmd, "resume"), !strcmp(cmd, "distill"));
             return 0;
         }
         return usage_one(cmd, 0);
@@ -393,6 +394,8 @@ int main(int argc, char **argv)
         return run_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "resume"))
         return resume_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "distill"))
+        return distill_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "probe"))
         return probe_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "pack"))

@@ -110,7 +110,8 @@ static void test_bad_arguments(void)
         CHECK(rc == 2, "spill%s: exit %d, want 2 (bad arguments)", shown, rc);
         CHECK(stderr_has("usage") || stderr_has("spill"), "spill%s: nothing on stderr says why", shown);
     }
-    CHECK(RUN("distill") == 69, "spill distill: want 69 (not built yet)");
+    CHECK(RUN("eval") == 69, "spill eval: want 69 (not built yet)");
+    CHECK(RUN("distill") == 2, "spill distill without MODEL INPUT: want 2 (usage)");
 }
 
 /* A set-up refusal: the code, a sentence, and no job directory left behind. */
@@ -182,13 +183,17 @@ static void test_setup_errors(void)
     CHECK(rc == 66, "resume of a directory that holds no job: exit %d, want 66", rc);
 }
 
-/* spill run --help and spill resume --help list every option, one line each, and the parser takes every option
- * listed (the list and the parser read one table: this checks it from the outside). */
+/* spill run --help, spill resume --help and spill distill --help list every option, one line each, and the
+ * parser takes every option listed (the list and the parser read one table: this checks it from the outside);
+ * distill's own options are not run's. */
 static void test_help(void)
 {
-    for (int resume = 0; resume < 2; resume++) {
+    static const char *const cmds[] = {"run", "resume", "distill"};
+    for (int ci = 0; ci < 3; ci++) {
+        const char *cn = cmds[ci];
+        bool resume = ci == 1;
         char cmd[PATH_MAX + 64], line[512];
-        snprintf(cmd, sizeof cmd, "%s %s --help", bin(), resume ? "resume" : "run");
+        snprintf(cmd, sizeof cmd, "%s %s --help", bin(), cn);
         FILE *f = popen(cmd, "r");
         CHECK(f != NULL, "popen %s", cmd);
         if (!f)
@@ -201,24 +206,28 @@ static void test_help(void)
             if (sscanf(line, " %63[^ ,] %63s", opt, arg) < 1 || !strcmp(opt, "--help"))
                 continue;
             listed++;
-            const char *val = !strcmp(arg, "N") ? "1"
+            const char *val = !strcmp(arg, "N") || !strcmp(arg, "K") ? "1"
                               : !strcmp(arg, "BYTES") ? "1M"
                               : !strcmp(arg, "bf16|int8") ? "int8"
                               : (!strcmp(arg, "DIR") || !strcmp(arg, "FILE")) ? "/tmp/spill-test-exit-none"
                                                                                 : NULL;
             int rc = resume ? (val ? RUN("resume", "/no/such/job", opt, val) : RUN("resume", "/no/such/job", opt))
-                            : (val ? RUN("run", "/no/such/model.gguf", "/no/such/in.jsonl", opt, val)
-                                   : RUN("run", "/no/such/model.gguf", "/no/such/in.jsonl", opt));
+                            : (val ? RUN(cn, "/no/such/model.gguf", "/no/such/in.jsonl", opt, val)
+                                   : RUN(cn, "/no/such/model.gguf", "/no/such/in.jsonl", opt));
             bool ok = rc >= 0 && !stderr_has("is not an option") && !stderr_has("needs a value");
-            CHECK(ok, "spill %s --help lists %s, but the parser refuses it", resume ? "resume" : "run", opt);
+            CHECK(ok, "spill %s --help lists %s, but the parser refuses it", cn, opt);
             taken += ok;
         }
         int st = pclose(f);
-        CHECK(st == 0, "spill %s --help exits %d", resume ? "resume" : "run", st);
-        CHECK(listed >= (resume ? 18 : 19), "spill %s --help lists only %d options", resume ? "resume" : "run", listed);
-        fprintf(stderr, "spill %s --help: %d options listed, %d taken by the parser\n", resume ? "resume" : "run",
-                listed, taken);
+        CHECK(st == 0, "spill %s --help exits %d", cn, st);
+        int want = resume ? 18 : ci == 2 ? 23 : 19;
+        CHECK(listed >= want, "spill %s --help lists only %d options", cn, listed);
+        fprintf(stderr, "spill %s --help: %d options listed, %d taken by the parser\n", cn, listed, taken);
     }
+    /* distill's options are its own */
+    int rc = RUN("run", "/no/such/model.gguf", "/no/such/in.jsonl", "--score");
+    CHECK(rc == 2 && stderr_has("is not an option of spill run"), "spill run --score: exit %d, want 2 with a sentence",
+          rc);
 }
 
 int main(void)

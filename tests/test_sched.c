@@ -112,8 +112,8 @@ static int fake_forward(void *impl, fwd_seq *seqs, int n_seqs, float *logits, ch
 
 /* The backend-side greedy pick (forward_pick) over the same fake logits: argmax with ties to the lowest id,
  * written straight into the runner's results; the runner samples the other rows from their logits. */
-static int fake_forward_pick(void *impl, fwd_seq *seqs, int n_seqs, const int32_t *want, struct sample_result *picks,
-                             float *logits, char *err, size_t errlen)
+static int fake_forward_pick(void *impl, fwd_seq *seqs, int n_seqs, const int32_t *want, const int32_t *target,
+                             struct sample_result *picks, float *logits, char *err, size_t errlen)
 {
     fake *f = impl;
     int R = 0;
@@ -286,7 +286,7 @@ static int run_passes(drive *d, sched *s, fake *f, const spill_backend *be, samp
                 const row *w = &s->rows[s->seq_row[sidx[k]]];
                 want[k] = w->sp.temperature == 0 && w->n_choices == 1 ? -1 : -2;
             }
-            rc = be->forward_pick(be->impl, s->seqs, ns, want, sres, logits, err, errlen);
+            rc = be->forward_pick(be->impl, s->seqs, ns, want, NULL, sres, logits, err, errlen);
         } else {
             for (int k = 0; k < nl; k++)
                 want[k] = -2;
@@ -415,7 +415,7 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, calib *fit, d
     for (size_t i = 0; i < n_rows; i++)
         unfit += sched_row_pages(&f.kv, &rows[i]) > f.kv.n_pages;
     CHECK(unfit == 0, "%d rows need more pages than the cache's %d", unfit, f.kv.n_pages);
-    sched_cfg cfg = {&be, g_tok, VOCAB, 0, js->batch, max_seqs, js->chunk, 0};
+    sched_cfg cfg = {&be, g_tok, VOCAB, 0, js->batch, max_seqs, js->chunk, 0, max_seqs};
     if (sched_init(&s, &cfg, rows, n_rows, err, sizeof err)) {
         CHECK(0, "sched_init: %s", err);
         goto out;

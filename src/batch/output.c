@@ -262,6 +262,14 @@ static int check_result(const out_result *r, bool chat, char *err, size_t errlen
                 if (check_lp(tk->top[a].logprob, "a top_logprobs entry", c, t, err, errlen) != 0)
                     return -1;
         }
+        for (size_t t = 1; ch->echo && t < ch->n_echo; t++) { /* the first echo token's log-prob is null */
+            const out_token *tk = &ch->echo_tokens[t];
+            if (check_lp(tk->logprob, "an echoed prompt token's logprob", c, t, err, errlen) != 0)
+                return -1;
+            for (size_t a = 0; a < tk->n_top; a++)
+                if (check_lp(tk->top[a].logprob, "an echoed prompt token's top_logprobs entry", c, t, err, errlen))
+                    return -1;
+        }
     }
     return 0;
 }
@@ -368,26 +376,42 @@ static json_t *response_json(int status, const char *request_id, json_t *body)
     return o;
 }
 
+/* [{token, logprob, bytes}, …] */
+static json_t *alts_json(const out_alt *alts, size_t n)
+{
+    json_t *top = json_array();
+    int bad = !top;
+    for (size_t a = 0; !bad && a < n; a++) {
+        json_t *alt = json_object();
+        bad |= !alt;
+        bad |= json_object_set_new(alt, "token", json_token(alts[a].bytes, alts[a].len));
+        bad |= json_object_set_new(alt, "logprob", json_logprob(alts[a].logprob));
+        bad |= json_object_set_new(alt, "bytes", json_bytes(alts[a].bytes, alts[a].len));
+        bad |= json_array_append_new(top, alt);
+    }
+    if (bad) {
+        json_decref(top);
+        return NULL;
+    }
+    return top;
+}
+
 static json_t *chat_logprobs(const out_choice *ch)
 {
     json_t *content = json_array(), *o = json_object();
     int bad = !content || !o;
     for (size_t t = 0; !bad && t < ch->n_tokens; t++) {
         const out_token *tk = &ch->tokens[t];
-        json_t *e = json_object(), *top = json_array();
+        json_t *e = json_object(), *top = alts_json(tk->top, tk->n_top < OUT_OPENAI_MAX_TOP ? tk->n_top
+                                                                                            : OUT_OPENAI_MAX_TOP);
         bad |= !e || !top;
-        for (size_t a = 0; !bad && a < tk->n_top; a++) {
-            json_t *alt = json_object();
-            bad |= !alt;
-            bad |= json_object_set_new(alt, "token", json_token(tk->top[a].bytes, tk->top[a].len));
-            bad |= json_object_set_new(alt, "logprob", json_logprob(tk->top[a].logprob));
-            bad |= json_object_set_new(alt, "bytes", json_bytes(tk->top[a].bytes, tk->top[a].len));
-            bad |= json_array_append_new(top, alt);
-        }
         bad |= json_object_set_new(e, "token", json_token(tk->bytes, tk->len));
         bad |= json_object_set_new(e, "logprob", json_logprob(tk->logprob));
         bad |= json_object_set_new(e, "bytes", json_bytes(tk->bytes, tk->len));
         bad |= json_object_set_new(e, "top_logprobs", top);
+        if (!bad && tk->n_top > OUT_OPENAI_MAX_TOP)
+            bad |= json_object_set_new(e, "more_top_logprobs",
+                                       alts_json(tk->top + OUT_OPENAI_MAX_TOP, tk->n_top - OUT_OPENAI_MAX_TOP));
         bad |= json_array_append_new(content, e);
     }
     bad |= json_object_set_new(o, "content", content);
@@ -404,8 +428,18 @@ static json_t *completion_logprobs(const out_choice *ch)
     json_t *o = json_object(), *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
     int bad = !o || !tokens || !lps || !tops || !offs;
     size_t offset = 0;
-    for (size_t t = 0; !bad && t < ch->n_tokens; t++) {
-        const out_token *tk = &ch->tokens[t];
+    /* echo: the prompt's tokens first (the first has no log-prob and no alternatives), then the answer's */
+    size_t ne = ch->echo ? ch->n_echo : 0;
+    for (size_t t = 0; !bad && t < ne + ch->n_tokens; t++) {
+        const out_token *tk = t < ne ? &ch->echo_tokens[t] : &ch->tokens[t - ne];
+        if (t == 0 && ne) {
+            bad |= json_array_append_new(tokens, json_token(tk->bytes, tk->len));
+            bad |= json_array_append_new(lps, json_null());
+            bad |= json_array_append_new(tops, json_null());
+            bad |= json_array_append_new(offs, json_integer(0));
+            offset += code_points(tk->bytes, tk->len);
+            continue;
+        }
         json_t *top = json_object();
         bad |= !top;
         for (size_t a = 0; !bad && a < tk->n_top; a++) {
@@ -457,7 +491,17 @@ static json_t *body_json(const out_result *r, bool chat, const char *id)
             bad |= json_object_set_new(co, "index", json_integer((json_int_t)c));
             bad |= json_object_set_new(co, "message", msg);
         } else {
-            bad |= json_object_set_new(co, "text", json_text(ch->text, ch->len));
+            if (ch->echo) { /* echo: the prompt's text, then the answer's */
+                char *t = malloc(ch->echo_len + ch->len + 1);
+                bad |= !t;
+                if (t) {
+                    memcpy(t, ch->echo, ch->echo_len);
+                    memcpy(t + ch->echo_len, ch->text, ch->len);
+                    bad |= json_object_set_new(co, "text", json_text(t, ch->echo_len + ch->len));
+                    free(t);
+                }
+            } else
+                bad |= json_object_set_new(co, "text", json_text(ch->text, ch->len));
             bad |= json_object_set_new(co, "index", json_integer((json_int_t)c));
         }
         bad |= json_object_set_new(co, "logprobs", lp);
@@ -506,6 +550,63 @@ static bool str_ok(const char *s)
 static bool opt_ok(const char *s)
 {
     return !s || util_utf8_valid(s, strlen(s));
+}
+
+int output_score_line(const out_score *s, char **line, size_t *len, char *err, size_t errlen)
+{
+    if (!s->custom_id || !util_utf8_valid(s->custom_id, strlen(s->custom_id)) || !s->model ||
+        !util_utf8_valid(s->model, strlen(s->model)))
+        return util_errf(err, errlen, "output: a score row's custom_id or model is missing or not valid UTF-8.");
+    json_t *o = json_object(), *sc = json_object(), *pids = json_array(), *aids = json_array(),
+           *toks = json_array(), *lps = json_array(), *tops = json_array();
+    int bad = !o || !sc || !pids || !aids || !toks || !lps || !tops;
+    bool any_top = false;
+    double sum = 0;
+    for (size_t i = 0; !bad && i < s->n_prompt; i++)
+        bad |= json_array_append_new(pids, json_integer(s->prompt_ids[i]));
+    for (size_t i = 0; !bad && i < s->n_answer; i++) {
+        const out_token *tk = &s->answer[i];
+        if (check_lp(tk->logprob, "logprob", 0, i, err, errlen)) {
+            bad = 2;
+            break;
+        }
+        sum += tk->logprob;
+        any_top |= tk->n_top > 0;
+        bad |= json_array_append_new(aids, json_integer(s->answer_ids[i]));
+        bad |= json_array_append_new(toks, json_text(tk->bytes, tk->len));
+        bad |= json_array_append_new(lps, json_logprob(tk->logprob));
+        bad |= json_array_append_new(tops, alts_json(tk->top, tk->n_top));
+    }
+    if (!bad) {
+        bad |= json_object_set_new(sc, "prompt_ids", pids);
+        bad |= json_object_set_new(sc, "answer_ids", aids);
+        bad |= json_object_set_new(sc, "answer_tokens", toks);
+        bad |= json_object_set_new(sc, "logprobs", lps);
+        bad |= json_object_set_new(sc, "sum", json_real(sum));
+        bad |= json_object_set_new(sc, "mean", s->n_answer ? json_real(sum / (double)s->n_answer) : json_null());
+        pids = aids = toks = lps = NULL;
+        if (any_top)
+            bad |= json_object_set_new(sc, "top_logprobs", tops);
+        else
+            json_decref(tops);
+        tops = NULL;
+        bad |= json_object_set_new(o, "custom_id", json_string(s->custom_id));
+        bad |= json_object_set_new(o, "model", json_string(s->model));
+        bad |= json_object_set_new(o, "score", sc);
+        sc = NULL;
+        if (s->stamp)
+            bad |= json_object_set_new(o, "spill", stamp_json(s->stamp));
+    }
+    json_decref(pids), json_decref(aids), json_decref(toks), json_decref(lps), json_decref(tops), json_decref(sc);
+    char *d = bad ? NULL : dump_line(o);
+    json_decref(o);
+    if (bad == 2)
+        return -1;
+    if (!d)
+        return util_errf(err, errlen, "output: out of memory building the score of row %.80s.", s->custom_id);
+    *line = d;
+    *len = strlen(d);
+    return 0;
 }
 
 int output_http_error_line(const out_http_error *e, const out_ids *ids, char **line, size_t *len, char *err,

@@ -53,7 +53,17 @@ typedef struct out_choice {
     bool logprobs; /* false → "logprobs":null */
     size_t n_tokens;
     const out_token *tokens; /* (n_tokens) when logprobs */
+    /* completions echo: the prompt's text goes before text, and with logprobs its tokens before tokens (the
+     * first prompt token has no log-prob: written null, whatever echo_tokens[0].logprob holds) */
+    const char *echo;
+    size_t echo_len;
+    size_t n_echo;
+    const out_token *echo_tokens; /* (n_echo) */
 } out_choice;
+
+/* Chat logprobs hold at most this many top_logprobs per token (OpenAI's limit); a distillation row's further
+ * alternatives follow in the entry's "more_top_logprobs" (same shape), so the object stays OpenAI's. */
+#define OUT_OPENAI_MAX_TOP 20
 
 /* spill's provenance stamp; NULL strings become null. */
 typedef struct out_stamp {
@@ -107,6 +117,23 @@ int output_chat_line(const out_result *r, const out_ids *ids, char **line, size_
 
 /* /v1/completions success line (body object "text_completion", id "cmpl-…", legacy logprobs). */
 int output_completion_line(const out_result *r, const out_ids *ids, char **line, size_t *len, char *err, size_t errlen);
+
+/* One `spill distill --score` row: the teacher-forced log-probs of its answer. */
+typedef struct out_score {
+    const char *custom_id;
+    const char *model;
+    const int32_t *prompt_ids;
+    size_t n_prompt;
+    const int32_t *answer_ids;
+    size_t n_answer;
+    const out_token *answer; /* (n_answer): each token's bytes, log-prob and alternatives (n_top may be 0) */
+    const out_stamp *stamp;
+} out_score;
+
+/* {"custom_id","model","score":{"prompt_ids","answer_ids","answer_tokens","logprobs","sum","mean"
+ *  [,"top_logprobs":[[{token,logprob,bytes}…]…]]},"spill":{…}}: answer_tokens as text (invalid UTF-8 →
+ * U+FFFD), sum and mean over the answer's log-probs in double. */
+int output_score_line(const out_score *s, char **line, size_t *len, char *err, size_t errlen);
 
 /* HTTP-style error line (for errors.jsonl). */
 int output_http_error_line(const out_http_error *e, const out_ids *ids, char **line, size_t *len, char *err,

@@ -892,10 +892,15 @@ static int parse_completions_body(pctx *c, const json_t *body, request *out)
     s->max_tokens = 16;
     int64_t lp = 0;
     bool has_lp = false;
-    if (opt_int(c, body, pre, "max_tokens", 1, INT64_MAX, "at least 1", &s->max_tokens, NULL) ||
+    /* max_tokens 0 is legal with echo (legacy completions: score the prompt without generating) */
+    if (opt_int(c, body, pre, "max_tokens", 0, INT64_MAX, "at least 0", &s->max_tokens, NULL) ||
         parse_common_sampling(c, body, s) || opt_int(c, body, pre, "logprobs", 0, 5, "between 0 and 5", &lp, &has_lp) ||
         opt_bool(c, body, pre, "echo", &s->echo) || check_ignored(c, body))
         return -1;
+    if (s->max_tokens == 0 && !s->echo)
+        return fail(c, false, "invalid_request", pkey(pre, "max_tokens").s,
+                    "%s is 0, which generates nothing; set it to at least 1, or set echo to true to score the "
+                    "prompt alone.", pkey(pre, "max_tokens").s);
     s->logprobs = has_lp;
     s->top_logprobs = (int)lp;
     json_t *suffix = json_object_get(body, "suffix");

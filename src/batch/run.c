@@ -38,9 +38,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "npy.h"
 #include "run_internal.h"
 #include "../base/util.h"
 #include "../model/arch.h"
@@ -154,28 +156,110 @@ static int accept_token(runner *r, row *w, choice *c, const sample_result *sr, c
     return 0;
 }
 
+static int keep_logits(runner *r, row *w, int32_t index, const float *lg, char *err, size_t errlen);
+
+/* A scored prompt token (prompt index at) of row w: its log-prob and alternatives, and with --full-logits
+ * (--score) its logits row. */
+static int record_score(runner *r, row *w, int32_t at, const sample_result *sr, const float *lg, char *err,
+                        size_t errlen)
+{
+    int32_t n = w->n_prompt - w->score_from, i = at - w->score_from;
+    size_t top = (size_t)(w->score_top > 0 ? w->score_top : 1);
+    if (!w->plp) {
+        w->plp = calloc((size_t)n, sizeof *w->plp);
+        w->palts = calloc((size_t)n * top, sizeof *w->palts);
+        if (!w->plp || !w->palts)
+            return util_errf(err, errlen, "out of memory for the log-probs of row %s's %d prompt tokens.",
+                             w->custom_id, n);
+    }
+    size_t bl;
+    const uint8_t *b = tokenizer_token_bytes(r->tok, w->prompt[at], &bl);
+    out_alt *alts = w->palts + (size_t)i * top;
+    for (int k = 0; k < sr->n_top; k++) {
+        size_t al;
+        const uint8_t *ab = tokenizer_token_bytes(r->tok, sr->top_id[k], &al);
+        alts[k] = (out_alt){(const char *)ab, ab ? al : 0, sr->top_logprob[k]};
+    }
+    w->plp[i] = (out_token){(const char *)b, b ? bl : 0, sr->logprob, (size_t)sr->n_top, alts};
+    return w->full_logits ? keep_logits(r, w, i, lg, err, errlen) : 0;
+}
+
+/* --full-logits: logits row `index` of row w's answer into its .npy (opened on the first). */
+static int keep_logits(runner *r, row *w, int32_t index, const float *lg, char *err, size_t errlen)
+{
+    if (!w->lf) {
+        char name[200];
+        npy_safe_name(w->custom_id, name, sizeof name);
+        w->lf = malloc(sizeof *w->lf);
+        if (!w->lf)
+            return util_errf(err, errlen, "out of memory opening row %s's logits file.", w->custom_id);
+        if (npy_open(w->lf, r->logits_dir, name, r->m->vocab, err, errlen)) {
+            free(w->lf);
+            w->lf = NULL;
+            return -1;
+        }
+    }
+    if (index == 0) /* a row that starts again (preempted, recomputed) rewrites its file from the top */
+        w->lf->n_rows = 0;
+    return npy_write_row(w->lf, index, lg, err, errlen);
+}
+
+/* --score: the row's score line (custom_id, prompt and answer ids, log-probs, sum, mean). */
+static int score_line(runner *r, const row *w, char **line, size_t *len, char *err, size_t errlen)
+{
+    int32_t na = w->n_prompt - w->score_from;
+    if (na > 0 && !w->plp)
+        return util_errf(err, errlen, "row %s: its answer was never scored.", w->custom_id);
+    out_score sc = {w->custom_id, w->model, w->prompt, (size_t)w->score_from, w->prompt + w->score_from,
+                    (size_t)na, w->plp, &r->stamp};
+    return output_score_line(&sc, line, len, err, errlen);
+}
+
 /* Writes the finished row at s.active[ai] (its answer, or a 500 line when the store refuses it) and retires it. */
 static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
 {
     row *w = &r->rows[r->s.active[ai]];
     out_choice *oc = calloc(w->n_choices > 0 ? (size_t)w->n_choices : 1, sizeof *oc);
-    if (!oc)
+    /* echo with log-probs: every prompt token, the first without a log-prob */
+    out_token *et = w->echo && w->sp.logprobs ? calloc((size_t)w->n_prompt, sizeof *et) : NULL;
+    if (!oc || (w->echo && w->sp.logprobs && !et)) {
+        free(oc);
         return util_errf(err, errlen, "out of memory writing row %s.", w->custom_id);
+    }
+    if (et) {
+        size_t bl;
+        const uint8_t *b = tokenizer_token_bytes(r->tok, w->prompt[0], &bl);
+        et[0] = (out_token){(const char *)b, b ? bl : 0, 0, 0, NULL};
+        for (int32_t i = 1; i < w->n_prompt; i++)
+            et[i] = w->plp ? w->plp[i - 1] : (out_token){0};
+    }
     uint64_t completion = 0;
     for (int c = 0; c < w->n_choices; c++) {
         choice *ch = &w->ch[c];
         calib_finish(&r->cal_run, ch->n_gen, (double)w->max_new);
         oc[c] = (out_choice){ch->text ? ch->text : "", ch->text_len, ch->finish, w->sp.logprobs,
-                             (size_t)ch->n_gen, ch->lp};
+                             (size_t)ch->n_gen, ch->lp, w->echo, w->echo_len, et ? (size_t)w->n_prompt : 0, et};
         completion += (uint64_t)ch->n_gen;
     }
     out_result res = {w->custom_id, w->model, r->sys_fp, (int64_t)time(NULL), (size_t)w->n_choices, oc,
                       (uint64_t)w->n_prompt, completion, &r->stamp};
     char *line;
     size_t len;
-    int rc = w->endpoint == REQ_EP_CHAT ? output_chat_line(&res, NULL, &line, &len, err, errlen)
-                                        : output_completion_line(&res, NULL, &line, &len, err, errlen);
+    int rc = 0;
+    if (w->lf) { /* the logits file is durable before the row counts as done */
+        rc = npy_finish(w->lf, w->lf->n_rows, err, errlen);
+        free(w->lf);
+        w->lf = NULL;
+        if (rc) {
+            free(oc), free(et);
+            return -1; /* the disk failed: the job stops, resumable */
+        }
+    }
+    rc = r->o.score ? score_line(r, w, &line, &len, err, errlen)
+         : w->endpoint == REQ_EP_CHAT ? output_chat_line(&res, NULL, &line, &len, err, errlen)
+                                      : output_completion_line(&res, NULL, &line, &len, err, errlen);
     free(oc);
+    free(et);
     if (rc == 0) {
         rc = job_append_result(r->j, line, len, err, errlen);
         free(line);
@@ -335,8 +419,11 @@ static void draw_task(void *ctx, int64_t j, int tid)
     row *w = &r->rows[r->s.seq_row[q]];
     choice *ch = &w->ch[r->s.seq_choice[q]];
     char err[SPILL_ERRLEN];
-    r->src[k] = sample_next(r->logits + (size_t)k * (size_t)r->m->vocab, r->m->vocab, &w->sp, &ch->ss, &r->scs[tid],
-                            &r->sres[k], err, sizeof err);
+    const float *lg = r->logits + (size_t)k * (size_t)r->m->vocab;
+    if (r->tgt[k] >= 0) /* teacher forcing: the prompt token's log-prob, never a draw */
+        r->src[k] = sample_score(lg, r->m->vocab, r->tgt[k], w->score_top, &r->sres[k], err, sizeof err);
+    else
+        r->src[k] = sample_next(lg, r->m->vocab, &w->sp, &ch->ss, &r->scs[tid], &r->sres[k], err, sizeof err);
 }
 
 /* Runs the pass's forward and fills r->sres / r->src for every logits row (nl of them): greedy rows picked by
@@ -347,15 +434,23 @@ static int forward_and_draw(runner *r, int ns, int nl, char *err, size_t errlen)
     int nc = 0, frc;
     if (r->be.forward_pick) {
         /* Greedy rows (temperature 0, no bias or penalty, one choice) are picked where the logits are,
-         * with sample_next's ties and log-probs: only their token and log-probs come back. */
+         * with sample_next's ties and log-probs: only their token and log-probs come back; so are scored
+         * prompt tokens (their target's log-prob).  Rows whose logits are kept (--full-logits) come back whole. */
+        bool any_tgt = false;
         for (int k = 0; k < nl; k++) {
             const row *w = &r->rows[s->seq_row[r->sidx[k]]];
             const sample_params *sp = &w->sp;
             bool greedy = sp->temperature == 0 && sp->n_logit_bias == 0 && sp->frequency_penalty == 0 &&
                           sp->presence_penalty == 0 && w->n_choices == 1;
-            r->want[k] = !greedy ? -2 : sp->logprobs ? sp->n_top_logprobs : -1;
+            if (w->full_logits)
+                r->want[k] = -2;
+            else if (r->tgt[k] >= 0)
+                r->want[k] = w->score_top, any_tgt = true;
+            else
+                r->want[k] = !greedy ? -2 : sp->logprobs ? sp->n_top_logprobs : -1;
         }
-        frc = r->be.forward_pick(r->be.impl, s->seqs, ns, r->want, NULL, r->sres, r->logits, err, errlen);
+        frc = r->be.forward_pick(r->be.impl, s->seqs, ns, r->want, any_tgt ? r->tgt : NULL, r->sres, r->logits, err,
+                                 errlen);
         for (int k = 0; !frc && k < nl; k++)
             if (r->want[k] < -1)
                 r->cidx[nc++] = k;
@@ -390,9 +485,20 @@ static int run_passes(runner *r, char *err, size_t errlen)
         double pass_tokens, pass_att;
         sched_pass_work(s, &pass_tokens, &pass_att);
         int nl = 0;
-        for (int q = 0; q < ns; q++)
-            if (s->seqs[q].want_logits)
-                r->sidx[nl++] = q;
+        for (int q = 0; q < ns; q++) {
+            const fwd_seq *sq = &s->seqs[q];
+            if (!sq->want_logits)
+                continue;
+            const row *w = &r->rows[s->seq_row[q]];
+            for (int32_t i = sq->all_logits ? sq->logits_skip : sq->n - 1; i < sq->n; i++) {
+                int32_t p = sq->pos0 + i;
+                r->sidx[nl] = q;
+                r->lpos[nl] = p;
+                /* a prompt position of a scored row predicts the prompt's next token */
+                r->tgt[nl] = w->score_from > 0 && p + 1 >= w->score_from && p + 1 < w->n_prompt ? w->prompt[p + 1] : -1;
+                nl++;
+            }
+        }
         int frc = forward_and_draw(r, ns, nl, err, errlen);
         if (frc)
             return frc;
@@ -409,6 +515,18 @@ static int run_passes(runner *r, char *err, size_t errlen)
             if (r->src[li])
                 return util_errf(err, errlen, "row %s: no token could be drawn (every logit is NaN or -inf).",
                                  w->custom_id);
+            if (r->tgt[li] >= 0) { /* a scored prompt token */
+                if (record_score(r, w, r->lpos[li] + 1, &sr, lg, err, errlen))
+                    return -1;
+                continue;
+            }
+            if (w->max_new == 0) { /* echo with max_tokens 0 / --score: the prompt was all there was to do */
+                for (int c = 0; c < w->n_choices; c++)
+                    w->ch[c].done = true, w->ch[c].finish = OUT_FINISH_LENGTH;
+                continue;
+            }
+            if (w->full_logits && keep_logits(r, w, ch->n_gen, lg, err, errlen))
+                return -1;
             if (accept_token(r, w, ch, &sr, err, errlen))
                 return -1;
             /* n > 1: the other choices share the prompt's prefill — a copy of its KV pages, and their first
@@ -463,8 +581,13 @@ static void runner_free(runner *r)
     if (r->pass_log)
         fclose(r->pass_log);
     sched_free(&r->s);
-    for (size_t i = 0; i < r->n_rows; i++)
+    for (size_t i = 0; i < r->n_rows; i++) {
+        if (r->rows[i].lf) { /* an unfinished row's logits file stays as .part, rewritten on resume */
+            npy_abort(r->rows[i].lf);
+            free(r->rows[i].lf);
+        }
         sched_row_free(&r->rows[i]);
+    }
     free(r->rows);
     free(r->logits);
     sample_scratch_free(&r->sc);
@@ -477,11 +600,51 @@ static void runner_free(runner *r)
     free(r->src);
     free(r->want);
     free(r->cidx);
+    free(r->lpos);
+    free(r->tgt);
     if (r->be.impl)
         r->be.close(r->be.impl);
     tokenizer_free(r->tok);
     template_free(r->tmpl);
     model_close(r->m);
+}
+
+/* --full-logits: the files' total (exact for --score, at most max_tokens per row otherwise), refused above
+ * --max-logits-bytes or the job directory's free disk; the pre-run line states it.  0, or -1 with a sentence. */
+static int check_logits_room(runner *r, char *err, size_t errlen)
+{
+    if (util_pathf(r->logits_dir, sizeof r->logits_dir, "%s/logits", job_dir(r->j)))
+        return util_errf(err, errlen, "%s/logits: the path is too long.", job_dir(r->j));
+    uint64_t total = 0, rows = 0;
+    for (size_t i = 0; i < r->n_rows; i++) {
+        const row *w = &r->rows[i];
+        if (w->state != ROW_PENDING)
+            continue;
+        int64_t n = r->o.score ? w->n_prompt - w->score_from : w->max_new;
+        total += npy_bytes(n, r->m->vocab);
+        rows++;
+    }
+    struct statvfs sv;
+    uint64_t avail = statvfs(job_dir(r->j), &sv) == 0 ? (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize : UINT64_MAX;
+    const char *how = r->o.score ? "" : "up to ";
+    char tb[32], ab[32], cb[32];
+    fmt_bytes(total, tb, sizeof tb);
+    fmt_bytes(avail, ab, sizeof ab);
+    fmt_bytes(r->o.max_logits_bytes, cb, sizeof cb);
+    if (r->o.max_logits_bytes && total > r->o.max_logits_bytes)
+        return util_errf(err, errlen,
+                         "--full-logits would write %s%s for %llu rows (tokens x %d vocab x 2 bytes), above "
+                         "--max-logits-bytes %s; lower max_tokens, split the input or raise the cap.",
+                         how, tb, (unsigned long long)rows, r->m->vocab, cb);
+    if (total > avail)
+        return util_errf(err, errlen,
+                         "--full-logits would write %s%s for %llu rows (tokens x %d vocab x 2 bytes), but %s has "
+                         "%s free; lower max_tokens, split the input or free disk.",
+                         how, tb, (unsigned long long)rows, r->m->vocab, job_dir(r->j), ab);
+    if (!r->o.quiet)
+        fprintf(stderr, "spill: --full-logits: %s%s for %llu rows in %s (%s free)\n", how, tb,
+                (unsigned long long)rows, r->logits_dir, ab);
+    return 0;
 }
 
 /* The memory plan for this job (plan.h) from the pending rows' KV needs and the engine about to open. */
@@ -501,7 +664,7 @@ static int make_plan(runner *r, const engine_opts *eo, bool gpu, char *err, size
     plan_kv_want(need, nn, r->o.batch, &want, &min_pages);
     free(need);
     mem_job_in in = {r->m, eo, r->fingerprint, r->o.mem_budget, r->o.kv_bytes, r->o.threads, r->o.mode,
-                     r->o.page_tokens, r->o.kv_dtype, r->max_seqs, want, min_pages};
+                     r->o.page_tokens, r->o.kv_dtype, r->max_logit_rows, want, min_pages};
     return plan_job(&r->mem, &in, gpu, err, errlen);
 }
 
@@ -568,20 +731,22 @@ static void load_calibration(runner *r)
  * Needs r->m, r->tok, r->be, r->j. */
 static int setup_passes(runner *r, char *err, size_t errlen)
 {
-    size_t max_seqs = (size_t)r->max_seqs;
+    size_t max_seqs = (size_t)r->max_logit_rows; /* logits rows: one per sequence, plus scored prompt chunks' */
     r->logits = malloc(max_seqs * (size_t)r->m->vocab * sizeof(float));
     r->sres = malloc(max_seqs * sizeof *r->sres);
     r->sidx = malloc(max_seqs * sizeof *r->sidx);
     r->src = calloc(max_seqs, sizeof *r->src);
     r->want = malloc(max_seqs * sizeof *r->want);
     r->cidx = malloc(max_seqs * sizeof *r->cidx);
+    r->lpos = malloc(max_seqs * sizeof *r->lpos);
+    r->tgt = malloc(max_seqs * sizeof *r->tgt);
     if (sample_scratch_init(&r->sc, r->m->vocab, err, errlen) || pool_create(r->o.threads, 0, &r->spool, err, errlen))
         return -1;
     r->scs = calloc((size_t)pool_threads(r->spool), sizeof *r->scs);
     for (int t = 0; r->scs && t < pool_threads(r->spool); t++)
         if (sample_scratch_init(&r->scs[t], r->m->vocab, err, errlen))
             return -1;
-    if (!r->logits || !r->sres || !r->sidx || !r->src || !r->scs || !r->want || !r->cidx)
+    if (!r->logits || !r->sres || !r->sidx || !r->src || !r->scs || !r->want || !r->cidx || !r->lpos || !r->tgt)
         return util_errf(err, errlen, "out of memory for %zu rows.", r->n_rows);
     const kv_cache *kv = r->be.kv(r->be.impl);
     for (size_t i = 0; i < r->n_rows; i++) {
@@ -599,7 +764,7 @@ static int setup_passes(runner *r, char *err, size_t errlen)
             return -1;
     }
     sched_cfg sc = {&r->be, r->tok, r->m->vocab, r->job_seed, r->o.batch, r->max_seqs, r->o.prefill_chunk,
-                    r->mem.plan.guard};
+                    r->mem.plan.guard, r->max_logit_rows};
     return sched_init(&r->s, &sc, r->rows, r->n_rows, err, errlen);
 }
 
@@ -733,7 +898,24 @@ static int run_job(runner *r, const job_stored *stored)
         if (r->rows[i].state == ROW_PENDING && r->rows[i].n_choices > max_n)
             max_n = r->rows[i].n_choices;
     r->max_seqs = r->o.batch + max_n;
+    /* scored prompts (echo with log-probs, --score) return a logits row per token: up to a prompt chunk's
+     * worth more per pass, within 256 MiB of logits (at least one more row) */
+    bool scoring = false;
+    for (size_t i = 0; i < r->n_rows && !scoring; i++)
+        scoring = r->rows[i].state == ROW_PENDING && r->rows[i].score_from > 0;
+    int extra = 0;
+    if (scoring) {
+        int64_t cap = (int64_t)(256u << 20) / ((int64_t)r->m->vocab * 4);
+        extra = (int)(cap < r->o.prefill_chunk ? cap : r->o.prefill_chunk);
+        extra = extra < 1 ? 1 : extra;
+    }
+    r->max_logit_rows = r->max_seqs + extra;
+    if (r->o.full_logits && check_logits_room(r, err, sizeof err)) {
+        code = SPILL_EX_USAGE;
+        goto fail_job;
+    }
     engine_opts eo = {.threads = r->o.threads,
+                      .max_logit_rows = r->max_logit_rows,
                       .max_pass_tokens = r->max_seqs + r->o.prefill_chunk,
                       .max_pass_seqs = r->max_seqs,
                       .page_tokens = r->o.page_tokens,
@@ -830,11 +1012,15 @@ out:
     return code;
 }
 
-int run_main(int argc, char **argv)
+static int start_main(int argc, char **argv, int cmd)
 {
     runner r = {0};
+    r.o.cmd = cmd;
+    r.o.distill_k = -1;
     if (run_parse_opts(argc, argv, &r.o, false)) {
-        fprintf(stderr, "usage: spill run MODEL INPUT.jsonl [OPTIONS]   (spill run --help lists every option)\n");
+        fprintf(stderr, cmd == 1 ? "usage: spill distill MODEL INPUT.jsonl [OPTIONS]   (spill distill --help lists every "
+                                   "option)\n"
+                                 : "usage: spill run MODEL INPUT.jsonl [OPTIONS]   (spill run --help lists every option)\n");
         return SPILL_EX_USAGE;
     }
     char dir[4096], id[JOB_ID_MAX], err[SPILL_ERRLEN];
@@ -851,6 +1037,16 @@ int run_main(int argc, char **argv)
         return SPILL_EX_NOINPUT;
     }
     return run_job(&r, NULL);
+}
+
+int run_main(int argc, char **argv)
+{
+    return start_main(argc, argv, 0);
+}
+
+int distill_main(int argc, char **argv)
+{
+    return start_main(argc, argv, 1);
 }
 
 int resume_main(int argc, char **argv)

@@ -10,8 +10,10 @@
 
 int run_main(int argc, char **argv);
 int resume_main(int argc, char **argv);
-/* Prints spill run's (resume: spill resume's) usage and every option, one line each, from the table the
- * option parser reads. */
-void run_opts_help(FILE *f, bool resume);
+/* `spill distill`: spill run with log-probs for every row, full logits or teacher-forced scoring. */
+int distill_main(int argc, char **argv);
+/* Prints spill run's (resume: spill resume's; cmd 1: spill distill's) usage and every option, one line each,
+ * from the table the option parser reads. */
+void run_opts_help(FILE *f, bool resume, int cmd);
 
 #endif

@@ -46,6 +46,14 @@ typedef struct run_opts {
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
     bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
     spill_settings settings; /* the environment's diagnostic switches, read with the options */
+    /* spill distill (cmd 1): every row's answer carries distill_k top log-probs per token (-1: the rows' own);
+     * full_logits: each row's answer-token logits as float16 DIR/logits/<id>.npy, refused up front above the
+     * free disk or max_logits_bytes; score: teacher-forced log-probs of each row's final assistant turn, no
+     * generation (DIR/results.jsonl holds score lines) */
+    int cmd;
+    int distill_k;
+    bool full_logits, score;
+    uint64_t max_logits_bytes;
 } run_opts;
 
 typedef struct runner {
@@ -70,9 +78,13 @@ typedef struct runner {
     spill_pool *spool;     /* sampling threads: rows of a pass are sampled in parallel */
     sample_scratch *scs; /* (threads) one scratch per sampling thread */
     sample_result *sres; /* (max_seqs) this pass's draws */
-    int *sidx;           /* (max_seqs) sequence index of each logits row */
-    int *src;            /* (max_seqs) per-draw status */
-    int32_t *want;       /* (max_seqs) per logits row: -2 sampled here, else picked by the backend (forward_pick) */
+    int *sidx;           /* (max_logit_rows) sequence index of each logits row */
+    int *src;            /* (max_logit_rows) per-draw status */
+    int32_t *want;       /* (max_logit_rows) per logits row: -2 sampled here, else picked by the backend */
+    int32_t *lpos;       /* (max_logit_rows) the position whose logits each row is */
+    int32_t *tgt;        /* (max_logit_rows) teacher forcing: the prompt token a row scores, -1 for a draw */
+    int max_logit_rows;  /* logits rows one pass may return: max_seqs, plus scored prompt chunks' rows */
+    char logits_dir[4096]; /* --full-logits: DIR/logits */
     int *cidx;           /* (max_seqs) logits rows sampled here */
     float *logits;       /* (max_seqs, V) */
 

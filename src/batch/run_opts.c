@@ -64,46 +64,57 @@ typedef struct run_opt {
     int val;    /* OPT_SET: the value stored */
     bool run_only;
     const char *help;
+    bool distill_only; /* spill distill's own (its --help lists them first) */
 } run_opt;
 #define OFF(f) offsetof(run_opts, f)
 static const run_opt opts[] = {
-    {"-o", NULL, "DIR", OPT_STR, OFF(out_dir), 0, true, "the job's directory (default: a new job under $SPILL_HOME/jobs)"},
-    {"--batch", NULL, "N", OPT_INT, OFF(batch), 0, false, "rows decoded together per pass (default: what memory allows)"},
-    {"--threads", NULL, "N", OPT_INT, OFF(threads), 0, false, "CPU threads (default: every core)"},
-    {"--prefill-chunk", NULL, "N", OPT_INT, OFF(prefill_chunk), 0, false, "prompt tokens a pass takes at most"},
-    {"--page-tokens", NULL, "N", OPT_INT, OFF(page_tokens), 0, false, "positions per KV page (default 16)"},
-    {"--kv-mem", NULL, "BYTES", OPT_BYTES, OFF(kv_bytes), 0, false, "memory for KV pages (K, M or G suffix)"},
+    {"--logprobs", NULL, "K", OPT_INT, OFF(distill_k), 0, true,
+     "top log-probs per answer token, K <= 64 (OpenAI's shape up to 20; the rest in more_top_logprobs)", true},
+    {"--full-logits", NULL, NULL, OPT_TRUE, OFF(full_logits), 0, true,
+     "every answer token's logits as float16 DIR/logits/<custom_id>.npy (tokens x vocab)", true},
+    {"--max-logits-bytes", NULL, "BYTES", OPT_BYTES, OFF(max_logits_bytes), 0, true,
+     "refuse --full-logits jobs whose files would exceed this (default: the free disk)", true},
+    {"--score", NULL, NULL, OPT_TRUE, OFF(score), 0, true,
+     "teacher-forced log-probs of each row's final assistant message (+ end of turn); no generation", true},
+    {"-o", NULL, "DIR", OPT_STR, OFF(out_dir), 0, true, "the job's directory (default: a new job under $SPILL_HOME/jobs)", false},
+    {"--batch", NULL, "N", OPT_INT, OFF(batch), 0, false, "rows decoded together per pass (default: what memory allows)", false},
+    {"--threads", NULL, "N", OPT_INT, OFF(threads), 0, false, "CPU threads (default: every core)", false},
+    {"--prefill-chunk", NULL, "N", OPT_INT, OFF(prefill_chunk), 0, false, "prompt tokens a pass takes at most", false},
+    {"--page-tokens", NULL, "N", OPT_INT, OFF(page_tokens), 0, false, "positions per KV page (default 16)", false},
+    {"--kv-mem", NULL, "BYTES", OPT_BYTES, OFF(kv_bytes), 0, false, "memory for KV pages (K, M or G suffix)", false},
     {"--mem-budget", NULL, "BYTES", OPT_BYTES, OFF(mem_budget), 0, false,
-     "the whole job's host memory (default: 90% of what is available)"},
-    {"--stream", NULL, NULL, OPT_SET, OFF(mode), 1, false, "stream the layers from storage every pass"},
-    {"--resident", NULL, NULL, OPT_SET, OFF(mode), 2, false, "hold every layer in RAM (refused when it does not fit)"},
-    {"--stream-slots", NULL, "N", OPT_INT, OFF(stream_slots), 0, false, "layers read ahead while streaming (default 3)"},
+     "the whole job's host memory (default: 90% of what is available)", false},
+    {"--stream", NULL, NULL, OPT_SET, OFF(mode), 1, false, "stream the layers from storage every pass", false},
+    {"--resident", NULL, NULL, OPT_SET, OFF(mode), 2, false, "hold every layer in RAM (refused when it does not fit)", false},
+    {"--stream-slots", NULL, "N", OPT_INT, OFF(stream_slots), 0, false, "layers read ahead while streaming (default 3)", false},
     {"--q8-activations", NULL, NULL, OPT_TRUE, OFF(q8), 0, false,
-     "CPU: quantized weights multiply 8-bit activations (faster for small batches, not exact)"},
-    {"--exact", NULL, NULL, OPT_TRUE, OFF(exact), 0, false, "CPU: fp32 activations (the default)"},
-    {"--cpu", NULL, NULL, OPT_SET, OFF(device), 1, false, "run on the CPU engine"},
-    {"--gpu", NULL, NULL, OPT_SET, OFF(device), 2, false, "run on the GPU (a CUDA build)"},
-    {"--gpu-mem", NULL, "BYTES", OPT_BYTES, OFF(gpu_mem), 0, false, "GPU: HBM to plan with (default: all free)"},
+     "CPU: quantized weights multiply 8-bit activations (faster for small batches, not exact)", false},
+    {"--exact", NULL, NULL, OPT_TRUE, OFF(exact), 0, false, "CPU: fp32 activations (the default)", false},
+    {"--cpu", NULL, NULL, OPT_SET, OFF(device), 1, false, "run on the CPU engine", false},
+    {"--gpu", NULL, NULL, OPT_SET, OFF(device), 2, false, "run on the GPU (a CUDA build)", false},
+    {"--gpu-mem", NULL, "BYTES", OPT_BYTES, OFF(gpu_mem), 0, false, "GPU: HBM to plan with (default: all free)", false},
     {"--resident-layers", NULL, "N", OPT_INT, OFF(resident_layers), 0, false,
-     "GPU: layers kept in HBM when streaming (default: the planner's choice)"},
+     "GPU: layers kept in HBM when streaming (default: the planner's choice)", false},
     {"--from-disk", NULL, NULL, OPT_TRUE, OFF(from_disk), 0, false,
-     "GPU: read streamed layers from storage every pass (no pinned RAM copy)"},
+     "GPU: read streamed layers from storage every pass (no pinned RAM copy)", false},
     {"--kv-dtype", NULL, "bf16|int8", OPT_KV_DTYPE, OFF(kv_dtype), 0, false,
-     "GPU: KV pages in bf16 (default) or int8 (twice the rows per GB)"},
-    {"--pass-log", NULL, "FILE", OPT_STR, OFF(pass_log), 0, false, "a CSV line per pass (rows, tokens, seconds)"},
-    {"--quiet", "-q", NULL, OPT_TRUE, OFF(quiet), 0, false, "no progress line"},
+     "GPU: KV pages in bf16 (default) or int8 (twice the rows per GB)", false},
+    {"--pass-log", NULL, "FILE", OPT_STR, OFF(pass_log), 0, false, "a CSV line per pass (rows, tokens, seconds)", false},
+    {"--quiet", "-q", NULL, OPT_TRUE, OFF(quiet), 0, false, "no progress line", false},
 };
 #undef OFF
 
-void run_opts_help(FILE *f, bool resume)
+void run_opts_help(FILE *f, bool resume, int cmd)
 {
     fprintf(f, resume ? "usage: spill resume JOB_DIR|JOB_ID [OPTIONS]\n  continue an interrupted job exactly where it "
                         "stopped (the job's own options, unless given again)\n\noptions:\n"
-                      : "usage: spill run MODEL INPUT.jsonl [OPTIONS]\n  answer every row; OpenAI-format output and error "
-                        "files in the job's directory\n\noptions:\n");
+               : cmd == 1 ? "usage: spill distill MODEL INPUT.jsonl [OPTIONS]\n  answers with top-K log-probs per token "
+                            "(and full logits), or --score: log-probs of given assistant turns\n\noptions:\n"
+                          : "usage: spill run MODEL INPUT.jsonl [OPTIONS]\n  answer every row; OpenAI-format output and error "
+                            "files in the job's directory\n\noptions:\n");
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
         const run_opt *d = &opts[i];
-        if (resume && d->run_only)
+        if ((resume && d->run_only) || (d->distill_only && cmd != 1))
             continue;
         char left[64];
         snprintf(left, sizeof left, "%s%s%s%s%s", d->name, d->alt ? ", " : "", d->alt ? d->alt : "", d->arg ? " " : "",
@@ -162,7 +173,8 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
         const char *a = argv[i];
         const run_opt *d = NULL;
         for (size_t k = 0; k < sizeof opts / sizeof opts[0] && !d; k++)
-            if ((!strcmp(a, opts[k].name) || (opts[k].alt && !strcmp(a, opts[k].alt))) && !(resume && opts[k].run_only))
+            if ((!strcmp(a, opts[k].name) || (opts[k].alt && !strcmp(a, opts[k].alt))) &&
+                !(resume && opts[k].run_only) && !(opts[k].distill_only && o->cmd != 1))
                 d = &opts[k];
         if (d) {
             if (apply_opt(d, argc, argv, &i, o))
@@ -172,13 +184,20 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
             pos[np++] = a;
         else {
             if (a[0] == '-')
-                fprintf(stderr, "spill: %s is not an option of spill %s; spill %s --help lists them.\n", a,
-                        resume ? "resume" : "run", resume ? "resume" : "run");
+            {
+                const char *cn = resume ? "resume" : o->cmd == 1 ? "distill" : "run";
+                fprintf(stderr, "spill: %s is not an option of spill %s; spill %s --help lists them.\n", a, cn, cn);
+            }
             return -1;
         }
     }
     if (np != (resume ? 1 : 2) || o->batch < 0 || o->prefill_chunk < 0 || o->page_tokens < 0 || o->threads < 0)
         return -1;
+    if (o->cmd == 1 && (o->distill_k < -1 || o->distill_k > SAMPLE_MAX_TOP)) {
+        fprintf(stderr, "spill: --logprobs takes 0 to %d alternatives per token, not %d.\n", SAMPLE_MAX_TOP,
+                o->distill_k);
+        return -1;
+    }
     /* the environment's diagnostic switches, read once into the options (base/settings.h) */
     char err[SPILL_ERRLEN];
     if (settings_from_env(&o->settings, err, sizeof err)) {
@@ -194,12 +213,20 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
 
 json_t *run_opts_json(const run_opts *o)
 {
-    return json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b,s:b,s:i,s:s}", "threads", o->threads, "batch",
-                     o->batch, "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens, "kv_bytes",
-                     (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "gpu_mem",
-                     (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
-                     "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype", o->kv_dtype,
-                     "model", o->model_spec);
+    json_t *j = json_pack("{s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:i,s:i,s:b,s:b,s:b,s:b,s:i,s:s}", "threads", o->threads,
+                          "batch", o->batch, "prefill_chunk", o->prefill_chunk, "page_tokens", o->page_tokens,
+                          "kv_bytes", (json_int_t)o->kv_bytes, "mem_budget", (json_int_t)o->mem_budget, "gpu_mem",
+                          (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
+                          "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype",
+                          o->kv_dtype, "model", o->model_spec);
+    if (j && o->cmd == 1 &&
+        json_object_set_new(j, "distill",
+                            json_pack("{s:i,s:b,s:b,s:I}", "logprobs", o->distill_k, "full_logits", o->full_logits,
+                                      "score", o->score, "max_logits_bytes", (json_int_t)o->max_logits_bytes))) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
 }
 
 int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char *err, size_t errlen)
@@ -237,6 +264,14 @@ int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char 
     o->from_disk |= json_is_true(json_object_get(opt, "from_disk"));
     if (!o->kv_dtype)
         o->kv_dtype = (int)json_integer_value(json_object_get(opt, "kv_dtype"));
+    const json_t *d = json_object_get(opt, "distill");
+    if (json_is_object(d)) { /* a distill job resumes as one, with its own settings */
+        o->cmd = 1;
+        o->distill_k = (int)json_integer_value(json_object_get(d, "logprobs"));
+        o->full_logits = json_is_true(json_object_get(d, "full_logits"));
+        o->score = json_is_true(json_object_get(d, "score"));
+        o->max_logits_bytes = (uint64_t)json_integer_value(json_object_get(d, "max_logits_bytes"));
+    }
     return 0;
 }
 

@@ -40,12 +40,81 @@ int run_append_status_line(runner *r, const char *custom_id, int status, const c
 /* Renders and tokenizes one request into prompt ids through the shared prompt path (text/prompt.h, what
  * `spill template` and `spill tokenize` show).  Returns 0, or 1 with a per-row message in msg (the row
  * fails, the job goes on). */
+/* spill distill --score: the prompt is the conversation before its final assistant message (with the
+ * generation prompt), the answer what the template renders after it, through the first end-of-turn id.  The
+ * row's ids are prompt + answer, scored from the answer's first token.  0, or 1 with a per-row message. */
+static int build_scored(runner *r, request *q, row *w, char *msg, size_t msglen)
+{
+    char err[SPILL_ERRLEN];
+    prompt_src ps = {r->m, r->tok, r->tmpl};
+    size_t nm = q->messages ? json_array_size(q->messages) : 0;
+    json_t *last = nm ? json_array_get(q->messages, nm - 1) : NULL;
+    const char *role = last ? json_string_value(json_object_get(last, "role")) : NULL;
+    if (q->endpoint != REQ_EP_CHAT || !role || strcmp(role, "assistant") || nm < 2) {
+        snprintf(msg, msglen, "--score scores the final assistant message of a chat row; this row %s (for a "
+                              "completions prompt, use echo with max_tokens 0).",
+                 q->endpoint != REQ_EP_CHAT ? "is a completions request" : "does not end with an assistant message "
+                                                                           "after at least one other message");
+        return 1;
+    }
+    if (!r->tmpl) {
+        snprintf(msg, msglen, "The model %s has no chat template, so a conversation cannot be scored.",
+                 r->o.model_spec);
+        return 1;
+    }
+    json_t *head = json_array();
+    for (size_t i = 0; head && i + 1 < nm; i++)
+        if (json_array_append(head, json_array_get(q->messages, i)))
+            json_decref(head), head = NULL;
+    if (!head)
+        return snprintf(msg, msglen, "Out of memory."), -1;
+    int32_t *pids = NULL, *fids = NULL;
+    size_t np = 0, nf = 0;
+    int rc = prompt_chat(&ps, head, q->tools, true, 0, NULL, NULL, &pids, &np, err, sizeof err);
+    json_decref(head);
+    if (rc == 0)
+        rc = prompt_chat(&ps, q->messages, q->tools, false, 0, NULL, NULL, &fids, &nf, err, sizeof err);
+    if (rc) {
+        snprintf(msg, msglen, "The chat template rejected this conversation: %.400s", err);
+        free(pids), free(fids);
+        return 1;
+    }
+    bool prefix = nf > np && memcmp(fids, pids, np * sizeof *pids) == 0;
+    if (!prefix) {
+        snprintf(msg, msglen, "The chat template renders this conversation so that its prompt (%zu tokens) is not "
+                              "a prefix of the whole (%zu tokens), so its final answer cannot be scored alone.",
+                 np, nf);
+        free(pids), free(fids);
+        return 1;
+    }
+    size_t end = nf; /* through the first end-of-turn id after the prompt */
+    for (size_t i = np; i < nf && end == nf; i++)
+        for (size_t k = 0; k < r->m->n_stop; k++)
+            if (fids[i] == r->m->stop_ids[k])
+                end = i + 1;
+    free(pids);
+    if ((int64_t)end > r->m->ctx_len) {
+        snprintf(msg, msglen, "The conversation is %zu tokens, but this model's context is %d tokens; shorten it.",
+                 end, r->m->ctx_len);
+        free(fids);
+        return 1;
+    }
+    w->prompt = fids;
+    w->n_prompt = (int32_t)end;
+    w->score_from = (int32_t)np;
+    w->score_top = r->o.distill_k > 0 ? r->o.distill_k : 0;
+    w->max_new = 0;
+    return 0;
+}
+
 static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen, const char **code)
 {
     char err[SPILL_ERRLEN];
     size_t n = 0;
     prompt_src ps = {r->m, r->tok, r->tmpl};
     *code = "invalid_request";
+    if (r->o.score)
+        return build_scored(r, q, w, msg, msglen);
     if (q->endpoint == REQ_EP_CHAT) {
         if (!r->tmpl) {
             snprintf(msg, msglen, "The model %s has no chat template; send this row to /v1/completions instead.",
@@ -87,6 +156,20 @@ static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen,
     w->n_prompt = (int32_t)n;
     int64_t room = r->m->ctx_len - (int64_t)n;
     w->max_new = q->s.max_tokens < 0 || q->s.max_tokens > room ? room : q->s.max_tokens;
+    if (q->endpoint == REQ_EP_COMPLETIONS && q->s.echo) {
+        /* echo: the prompt's text goes before the answer; with logprobs, every prompt token after the first
+         * gets its log-prob from the prefill (the first has none) */
+        json_t *p = json_is_array(q->prompt) && json_array_size(q->prompt) == 1 ? json_array_get(q->prompt, 0)
+                                                                               : q->prompt;
+        if (json_is_string(p))
+            w->echo = strndup(json_string_value(p), json_string_length(p)), w->echo_len = json_string_length(p);
+        else if (tokenizer_decode(r->tok, w->prompt, n, false, &w->echo, &w->echo_len, err, sizeof err))
+            return snprintf(msg, msglen, "%s", err), 1;
+        if (!w->echo)
+            return snprintf(msg, msglen, "Out of memory."), -1;
+        if (w->sp.logprobs)
+            w->score_from = 1, w->score_top = w->sp.n_top_logprobs;
+    }
     return 0;
 }
 
@@ -121,6 +204,18 @@ static int take_request(runner *r, request *q, row *w, char *msg, size_t msglen)
         .logprobs = q->s.logprobs,
         .n_top_logprobs = q->s.logprobs ? q->s.top_logprobs : 0,
     };
+    if (r->o.cmd == 1) { /* distill: every answer token carries its log-prob and K alternatives (--logprobs K,
+                          * else the row's own top_logprobs) */
+        w->sp.logprobs = true;
+        if (r->o.distill_k >= 0)
+            w->sp.n_top_logprobs = r->o.distill_k;
+    }
+    w->full_logits = r->o.full_logits;
+    if (w->full_logits && w->n_choices > 1) {
+        snprintf(msg, msglen, "--full-logits writes one logits file per row, but this row asks for n = %d choices; "
+                              "set n to 1.", w->n_choices);
+        return 1;
+    }
     q->s.n_logit_bias = 0;
     char err[SPILL_ERRLEN];
     if (sample_params_check(&w->sp, r->m->vocab, err, sizeof err)) {
@@ -194,7 +289,7 @@ int run_load_rows(runner *r, char *err, size_t errlen)
         row *w = &r->rows[r->n_rows];
         memset(w, 0, sizeof *w);
         w->line = rd.lineno;
-        char msg[SPILL_ERRLEN], cid[64];
+        char msg[SPILL_ERRLEN], cid[64], pbuf[sizeof ((request *)0)->err_param];
         const char *code = "invalid_request", *param = NULL;
         request q = {0};
         int bad = 0;
@@ -204,7 +299,9 @@ int run_load_rows(runner *r, char *err, size_t errlen)
             bad = 1;
         } else if (request_parse_line(line, len, rd.lineno, r->o.input, &q, msg, sizeof msg)) {
             code = q.err_code ? q.err_code : "invalid_request";
-            param = q.err_param[0] ? q.err_param : NULL;
+            /* copied: request_free(&q) below zeroes the request before the error line is written */
+            snprintf(pbuf, sizeof pbuf, "%s", q.err_param);
+            param = pbuf[0] ? pbuf : NULL;
             bad = 1;
         }
         snprintf(cid, sizeof cid, "line-%zu", rd.lineno);

@@ -71,6 +71,9 @@ void sched_row_free(row *w)
         free(w->stop[i]);
     free(w->bias_id);
     free(w->bias);
+    free(w->plp);
+    free(w->palts);
+    free(w->echo);
 }
 
 int32_t sched_row_pages(const kv_cache *kv, const row *w)
@@ -150,6 +153,10 @@ void sched_retire_row(sched *s, size_t ai)
     w->state = ROW_DONE;
     free(w->prompt);
     w->prompt = NULL;
+    free(w->plp);
+    free(w->palts);
+    w->plp = NULL;
+    w->palts = NULL;
     drop_active(s, ai);
 }
 
@@ -297,7 +304,7 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
                 budget = s->cfg.max_seqs + s->cfg.prefill_chunk;
                 break;
             }
-            add_seq(s, (fwd_seq){&ch->kv, ch->fed, 1, &ch->next, true, false, 0, 0}, idx, c);
+            add_seq(s, (fwd_seq){&ch->kv, ch->fed, 1, &ch->next, true, false, 0, w->adapter}, idx, c);
             budget--;
         }
     }
@@ -310,6 +317,8 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
             s->seq_choice[keep++] = s->seq_choice[q];
         }
     s->n_seqs = keep;
+    /* logits rows scored chunks take beyond the one every sequence may return (max_seqs of those fit) */
+    int extra = 0, extra_cap = s->cfg.max_logit_rows - s->cfg.max_seqs;
     /* then prompt chunks, in admission order, up to the token cap */
     for (size_t ai = 0; ai < s->n_active && budget > 0; ai++) {
         size_t idx = s->active[ai];
@@ -323,13 +332,32 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
             int32_t n = w->n_prompt - ch->fed;
             if (n > budget)
                 n = budget;
+            /* a scored prompt (choice 0) returns the logits of every position from score_from - 1 on, within
+             * the pass's logits rows; the chunk stops where they run out */
+            int32_t skip = 0;
+            bool all = false;
+            if (c == 0 && w->score_from > 0 && ch->fed + n > w->score_from - 1) {
+                int32_t p0 = w->score_from - 1 > ch->fed ? w->score_from - 1 : ch->fed;
+                int room = extra_cap - extra + 1 > 1 ? extra_cap - extra + 1 : 1; /* its own row always fits */
+                skip = p0 - ch->fed;
+                if (n - skip > room)
+                    n = skip + (room > 0 ? room : 0);
+                all = n > skip;
+                if (n == 0)
+                    continue;
+                if (!all)
+                    skip = 0;
+            }
             int rr = kv_row_reserve(s->kv, &ch->kv, ch->fed + n);
             if (rr == -2)
                 return util_errf(err, errlen, "out of memory growing a KV page table.");
             if (rr == -1)
                 break; /* no pages now: this prompt waits for pages freed by finishing rows */
-            add_seq(s, (fwd_seq){&ch->kv, ch->fed, n, w->prompt + ch->fed, ch->fed + n == w->n_prompt, false, 0, 0}, idx,
+            bool last = ch->fed + n == w->n_prompt;
+            add_seq(s, (fwd_seq){&ch->kv, ch->fed, n, w->prompt + ch->fed, last || all, all, skip, w->adapter}, idx,
                     c);
+            if (all)
+                extra += n - skip - 1;
             budget -= n;
         }
     }

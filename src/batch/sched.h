@@ -78,6 +78,18 @@ typedef struct row {
     size_t stop_len[REQ_MAX_STOP];
     int32_t *bias_id;
     float *bias;
+    int adapter;         /* LoRA: fwd_seq.adapter of the row's sequences (0 = the bare base) */
+    /* Teacher forcing (echo, --score): the log-probs of prompt tokens [score_from, n_prompt) are recorded from
+     * the prefill's logits (choice 0's); 0 = none (position 0 has no log-prob).  plp/palts are allocated when
+     * the first one arrives. */
+    int32_t score_from;
+    int score_top;       /* alternatives per scored token (0..SAMPLE_MAX_TOP) */
+    out_token *plp;      /* (n_prompt - score_from) */
+    out_alt *palts;      /* (n_prompt - score_from) * score_top */
+    bool full_logits;    /* every answer token's logits go to the job's logits/<id>.npy (distill --full-logits) */
+    struct npy_rows *lf; /* full_logits: the row's open logits file (the runner's; npy.h), NULL until written */
+    char *echo;          /* completions echo: the prompt's text, put before the answer (owned), or NULL */
+    size_t echo_len;
     enum row_state state;
     choice *ch;          /* (n_choices) while active */
     uint64_t admitted;   /* admission serial, for picking preemption victims */
@@ -93,6 +105,8 @@ typedef struct sched_cfg {
     int max_seqs;            /* sequences one pass may carry: batch + the largest n */
     int prefill_chunk;       /* a pass carries at most max_seqs + prefill_chunk tokens (the engine's size) */
     uint64_t guard;          /* RSS in bytes above which admission pauses (the plan's live guard); 0 = none */
+    int max_logit_rows;      /* logits rows one pass may return: max_seqs (one per sequence) plus what scored
+                                prompt chunks return beyond their one; <= max_seqs = no room to score */
 } sched_cfg;
 
 typedef struct sched {

@@ -109,6 +109,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     cuda_engine_opts caps = {0};
     caps.max_pass_tokens = o->max_pass_tokens;
     caps.max_pass_seqs = o->max_pass_seqs;
+    caps.max_logit_rows = o->max_logit_rows;
     uint64_t margin = cuda_engine_pass_bytes(m, &caps) + (1ull << 30);
     hbm_need need;
     hbm_need_for(m, o, hbm, margin, resident_layers, &need);
@@ -140,6 +141,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     co.device = 0;
     co.max_pass_tokens = o->max_pass_tokens;
     co.max_pass_seqs = o->max_pass_seqs;
+    co.max_logit_rows = o->max_logit_rows;
     co.page_tokens = o->page_tokens;
     co.kv_pages = pages;
     co.kv_dtype = kvt;

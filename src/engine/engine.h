@@ -26,6 +26,8 @@ typedef struct engine_opts {
     int threads;          /* 0 = all online CPUs */
     int max_pass_tokens;  /* T cap per pass (activation buffers are sized for it) */
     int max_pass_seqs;    /* sequences per pass */
+    int max_logit_rows;   /* logits rows one pass may return (0 = max_pass_seqs); the CPU engine takes up to
+                             max_pass_tokens whatever this says, the GPU engine sizes its logits buffers by it */
     int page_tokens;      /* KV page size in positions */
     int32_t kv_pages;     /* pages in the KV arena */
     bool stream;          /* read every layer's matrices from storage each pass (else all in RAM) */
