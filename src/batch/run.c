@@ -181,6 +181,7 @@ static int record_score(runner *r, row *w, int32_t at, const sample_result *sr, 
         alts[k] = (out_alt){(const char *)ab, ab ? al : 0, sr->top_logprob[k]};
     }
     w->plp[i] = (out_token){(const char *)b, b ? bl : 0, sr->logprob, (size_t)sr->n_top, alts};
+    r->tokens_scored++;
     return w->full_logits ? keep_logits(r, w, i, lg, err, errlen) : 0;
 }
 
@@ -790,7 +791,7 @@ static int open_job(runner *r, const job_stored *stored, char *err, size_t errle
     json_t *oj = run_opts_json(&r->o);
     uint64_t total = 0;
     int rc = oj ? run_count_rows(r->o.input, &total, err, errlen) : util_errf(err, errlen, "out of memory.");
-    job_info ji = {"run", r->o.input, oj, r->o.model_spec, r->fingerprint, SPILL_VERSION, total};
+    job_info ji = {r->o.cmd == 1 ? "distill" : "run", r->o.input, oj, r->o.model_spec, r->fingerprint, SPILL_VERSION, total};
     if (rc == 0)
         rc = job_create(r->o.out_dir, &ji, NULL, &r->j, err, errlen);
     json_decref(oj);
@@ -832,10 +833,12 @@ static void print_done(runner *r, const char *dir, double el)
         r->be.io_line(r->be.impl, io, sizeof io);
         printf("weights: %s\n", io);
     }
-    printf("done: %llu rows answered, %llu failed, %llu tokens generated in %.1f s (%.1f tok/s), %llu preemptions · "
+    bool scored = r->tokens_generated == 0 && r->tokens_scored > 0; /* --score, echo with max_tokens 0 */
+    uint64_t toks = scored ? r->tokens_scored : r->tokens_generated;
+    printf("done: %llu rows answered, %llu failed, %llu tokens %s in %.1f s (%.1f tok/s), %llu preemptions · "
            "%s/results.jsonl%s\n",
-           (unsigned long long)r->rows_done, (unsigned long long)r->rows_failed,
-           (unsigned long long)r->tokens_generated, el, el > 0 ? (double)r->tokens_generated / el : 0,
+           (unsigned long long)r->rows_done, (unsigned long long)r->rows_failed, (unsigned long long)toks,
+           scored ? "scored" : "generated", el, el > 0 ? (double)toks / el : 0,
            (unsigned long long)r->s.preemptions, dir, r->rows_failed ? " (failures in errors.jsonl)" : "");
 }
 
@@ -899,13 +902,15 @@ static int run_job(runner *r, const job_stored *stored)
             max_n = r->rows[i].n_choices;
     r->max_seqs = r->o.batch + max_n;
     /* scored prompts (echo with log-probs, --score) return a logits row per token: up to a prompt chunk's
-     * worth more per pass, within 256 MiB of logits (at least one more row) */
+     * worth more per pass, within 256 MiB of logits on the CPU (whose pass is its FLOPs anyway) and 1 GiB on
+     * the GPU (HBM, and the pinned copy the host rows come back in), at least one more row */
     bool scoring = false;
     for (size_t i = 0; i < r->n_rows && !scoring; i++)
         scoring = r->rows[i].state == ROW_PENDING && r->rows[i].score_from > 0;
     int extra = 0;
     if (scoring) {
-        int64_t cap = (int64_t)(256u << 20) / ((int64_t)r->m->vocab * 4);
+        bool gpu = r->o.device != 1 && spill_gpu_open;
+        int64_t cap = (int64_t)(gpu ? 1u << 30 : 256u << 20) / ((int64_t)r->m->vocab * 4);
         extra = (int)(cap < r->o.prefill_chunk ? cap : r->o.prefill_chunk);
         extra = extra < 1 ? 1 : extra;
     }

@@ -97,7 +97,7 @@ typedef struct runner {
     mem_job mem;         /* the memory plan, its observations, the stored fit (plan.h) */
 
     /* progress */
-    uint64_t rows_total, rows_done, rows_failed, tokens_generated, prompt_tokens;
+    uint64_t rows_total, rows_done, rows_failed, tokens_generated, tokens_scored, prompt_tokens;
     double t_start;
     bool tty;
     double last_log;

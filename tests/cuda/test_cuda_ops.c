@@ -610,6 +610,34 @@ static void test_pick(void)
         compared++;
     }
     CHECK(compared == R - 2, "only %d rows compared", compared);
+    /* teacher forcing: a target per row (its log-prob, not the argmax's), alternatives as before; vs sample_score */
+    int32_t tgt[R];
+    for (int r = 0; r < R; r++)
+        tgt[r] = r % 3 == 0 ? -1 : (r * 37) % V;
+    int32_t want_t[R];
+    for (int r = 0; r < R; r++)
+        want_t[r] = want[r] < 0 && tgt[r] >= 0 ? 0 : want[r];
+    rc = cuda_op_pick(lg, R, V, want_t, tgt, pk, err, sizeof err);
+    CHECK(rc == 0, "pick with targets: %s", err);
+    int scored = 0;
+    for (int r = 0; rc == 0 && r < R; r++) {
+        if (want_t[r] < -1 || tgt[r] < 0)
+            continue;
+        sample_result sr;
+        if (sample_score(lg + (size_t)r * V, V, tgt[r], want_t[r], &sr, err, sizeof err)) {
+            CHECK(pk[r].token == -1, "row %d: CPU finds no log-prob, GPU reports token %d", r, pk[r].token);
+            continue;
+        }
+        CHECK(pk[r].token == tgt[r], "row %d: target %d reported as %d", r, tgt[r], pk[r].token);
+        CHECK(fabs((double)pk[r].logprob - sr.logprob) <= 2e-6 * fmax(1.0, fabs(sr.logprob)),
+              "row %d: target log-prob %.9g vs %.9g", r, pk[r].logprob, sr.logprob);
+        CHECK(pk[r].n_top == sr.n_top, "row %d: %d alternatives vs %d", r, pk[r].n_top, sr.n_top);
+        for (int j = 0; j < sr.n_top && j < pk[r].n_top; j++)
+            CHECK(pk[r].top_id[j] == sr.top_id[j], "row %d alternative %d: id %d vs %d", r, j, pk[r].top_id[j],
+                  sr.top_id[j]);
+        scored++;
+    }
+    CHECK(scored >= 6, "only %d target rows compared", scored);
     /* one row of a 128k vocabulary with 64 alternatives */
     float *big = malloc((size_t)VB * sizeof *big);
     for (int i = 0; i < VB; i++)
