@@ -70,10 +70,11 @@ void engine_close(spill_engine *e);
 int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen);
 
 /* What the CPU engine will hold besides the KV arena, before opening it:
- * weights in RAM (all of them, or only the global tensors when streaming),
- * the stream ring (0 when resident), and the pass buffers (activations for
- * max_pass_tokens, per-thread matmul/attention scratch, 8-bit activation
- * copies).  threads must be resolved (> 0). */
+ * weights in RAM (all of them, or only the global tensors when streaming,
+ * plus the factors of o->lora's adapters, always resident), the stream ring
+ * (0 when resident), and the pass buffers (activations for max_pass_tokens,
+ * per-thread matmul/attention/LoRA scratch, 8-bit activation copies).
+ * threads must be resolved (> 0). */
 void engine_mem_estimate(const model_desc *m, const engine_opts *o, int threads, uint64_t *weights, uint64_t *ring,
                          uint64_t *pass);
 

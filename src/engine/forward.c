@@ -14,7 +14,9 @@
  * engine resolves the model once into an arch_layout and reads its tensors,
  * flags and RoPE parameters from there, never the family name), the kernels
  * (cpu.c, quant.c), a sparse layer's routed FFN (moe.c: this file binds it
- * per layer and calls it in place of the dense FFN), page allocation
+ * per layer and calls it in place of the dense FFN), the LoRA deltas
+ * (lora_cpu.c: this file says where each lands — after its projection's
+ * matmul, before bias, q/k norm, RoPE and the activation), page allocation
  * (kv.c), scheduling or sampling.
  *
  * Key decision: one pass = every sequence's tokens concatenated into T rows of
@@ -36,6 +38,7 @@
 #include <unistd.h>
 
 #include "cpu.h"
+#include "lora_cpu.h"
 #include "moe.h"
 #include "../model/arch.h"
 #include "../model/gguf.h"
@@ -82,6 +85,7 @@ struct spill_engine {
     cpu_rope rope_long;        /* longrope: global layers of rows past the original length */
     moe_layer *moe_layers;     /* (L) sparse layers' FFN weights (zero for dense layers); NULL for dense models */
     moe_ctx *moe;              /* the routed FFN's pass buffers */
+    lora_cpu *lora;            /* the job's adapters (engine_opts.lora), or NULL */
 
     /* pass buffers, allocated once for max_T tokens */
     float *x, *h, *q, *k, *v, *att, *g, *u, *last;
@@ -394,7 +398,8 @@ int engine_open(model_desc *m, const engine_opts *o, spill_engine **out, char *e
          (cpu_pool_set_q8_act(e->pool, true), cpu_pool_reserve_q8(e->pool, T, maxK, err, errlen))) ||
         kv_create(&e->kv, m->n_layers, m->n_kv_heads, m->head_dim, o->page_tokens > 0 ? o->page_tokens : 16,
                   o->kv_pages > 0 ? o->kv_pages : 256, err, errlen) ||
-        (m->n_experts > 0 && moe_open(m, &e->a, e->pool, T, o->q8_activations, &e->moe, err, errlen)))
+        (m->n_experts > 0 && moe_open(m, &e->a, e->pool, T, o->q8_activations, &e->moe, err, errlen)) ||
+        lora_cpu_open(o->lora, m, &e->a, cpu_pool_threads(e->pool), &e->lora, err, errlen))
         goto fail;
     e->x = malloc((size_t)(T * D) * sizeof(float));
     e->h = malloc((size_t)(T * D) * sizeof(float));
@@ -469,7 +474,10 @@ void engine_mem_estimate(const model_desc *m, const engine_opts *o, int threads,
     /* moe.c reserves the 8-bit activations for T*k gathered rows */
     int64_t q8_T = m->n_experts > 0 ? T * m->n_experts_used : T;
     uint64_t moe_q8 = o->q8_activations ? (uint64_t)(q8_T - T) * (uint64_t)(maxK + maxK / 8 + 64) : 0;
-    *pass = act + scratch * (uint64_t)threads + q8 + moe_q8 + moe_buffer_bytes(m, T);
+    *pass = act + scratch * (uint64_t)threads + q8 + moe_q8 + moe_buffer_bytes(m, T) +
+            lora_cpu_scratch_bytes(o->lora, threads);
+    for (int i = 0; o->lora && i < o->lora->n; i++) /* adapters are always resident */
+        *weights += o->lora->ad[i] ? o->lora->ad[i]->bytes : 0;
 }
 
 void engine_close(spill_engine *e)
@@ -490,6 +498,7 @@ void engine_close(spill_engine *e)
         moe_unbind(&e->moe_layers[l]);
     free(e->moe_layers);
     moe_close(e->moe);
+    lora_cpu_close(e->lora);
     cpu_pool_free(e->pool);
     kv_destroy(&e->kv);
     free(e->x), free(e->h), free(e->q), free(e->k), free(e->v), free(e->att), free(e->g), free(e->u);
@@ -621,18 +630,25 @@ static void add_bias(float *y, const float *b, int64_t T, int64_t n)
             cpu_add(y + t * n, b, n);
 }
 
-/* e->h (T, D) = the dense FFN of the normed hidden states in e->h. */
-static int dense_ffn(spill_engine *e, const layer_w *w, int64_t T, char *err, size_t errlen)
+/* e->h (T, D) = the dense FFN of the normed hidden states in e->h (layer l's, with each row's adapter). */
+static int dense_ffn(spill_engine *e, const fwd_seq *seqs, const layer_w *w, int l, int64_t T, char *err,
+                     size_t errlen)
 {
     int64_t D = e->m->d_model, F = e->m->ffn_dim;
     cpu_mm_part gate_up[2] = {{w->gate.p, w->gate.type, F, e->g}, {w->up.p, w->up.type, F, e->u}};
     if (cpu_matmul_multi(e->pool, gate_up, 2, D, e->h, T, err, errlen))
         return -1;
+    lora_io gu[2] = {{LORA_GATE, e->h, e->g}, {LORA_UP, e->h, e->u}};
+    lora_cpu_apply(e->lora, e->pool, seqs, e->seq_of, l, gu, 2, T);
     if (e->a.act == ARCH_ACT_GELU_TANH)
         cpu_gelu_tanh_mul(e->g, e->u, T * F);
     else
         cpu_silu_mul(e->g, e->u, T * F);
-    return cpu_matmul(e->pool, w->down.p, w->down.type, D, F, e->g, T, e->h, err, errlen);
+    if (cpu_matmul(e->pool, w->down.p, w->down.type, D, F, e->g, T, e->h, err, errlen))
+        return -1;
+    lora_io down = {LORA_DOWN, e->g, e->h};
+    lora_cpu_apply(e->lora, e->pool, seqs, e->seq_of, l, &down, 1, T);
+    return 0;
 }
 
 /* One layer for all T tokens of the pass: attention (writing this pass's K/V into
@@ -648,6 +664,8 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
     cpu_mm_part qkv[3] = {{w->q.p, w->q.type, HS, e->q}, {w->k.p, w->k.type, KS, e->k}, {w->v.p, w->v.type, KS, e->v}};
     if (cpu_matmul_multi(e->pool, qkv, 3, D, e->h, T, err, errlen))
         return -1;
+    lora_io qkv_lora[3] = {{LORA_Q, e->h, e->q}, {LORA_K, e->h, e->k}, {LORA_V, e->h, e->v}};
+    lora_cpu_apply(e->lora, e->pool, seqs, e->seq_of, l, qkv_lora, 3, T);
     add_bias(e->q, w->bq, T, HS);
     add_bias(e->k, w->bk, T, KS);
     add_bias(e->v, w->bv, T, KS);
@@ -669,6 +687,8 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
     cpu_pool_run(e->pool, attend, &ac, T * H);
     if (cpu_matmul(e->pool, w->o.p, w->o.type, D, HS, e->att, T, e->h, err, errlen))
         return -1;
+    lora_io o_lora = {LORA_O, e->att, e->h};
+    lora_cpu_apply(e->lora, e->pool, seqs, e->seq_of, l, &o_lora, 1, T);
     if (w->post_attn_norm && w->post_ffw_norm) /* Gemma: norm the attention output before the residual */
         cpu_rmsnorm(e->h, e->h, w->post_attn_norm, T, D, m->norm_eps, a->norm_plus_one);
     cpu_add(e->x, e->h, T * D);
@@ -677,7 +697,7 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
     if (w->moe) {
         if (moe_ffn(e->moe, e->pool, w->moe, e->h, T, e->h, err, errlen))
             return -1;
-    } else if (dense_ffn(e, w, T, err, errlen))
+    } else if (dense_ffn(e, seqs, w, l, T, err, errlen))
         return -1;
     if (w->post_ffw_norm)
         cpu_rmsnorm(e->h, e->h, w->post_ffw_norm, T, D, m->norm_eps, a->norm_plus_one);
@@ -693,6 +713,8 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
     int R = 0;
     if (n_seqs > e->max_seqs)
         return util_errf(err, errlen, "a pass of %d sequences exceeds the engine's %d.", n_seqs, e->max_seqs);
+    if (lora_cpu_begin(e->lora, seqs, n_seqs, err, errlen))
+        return -1;
     for (int s = 0; s < n_seqs; s++) {
         fwd_seq *sq = &seqs[s];
         if (sq->n <= 0 || T + sq->n > e->max_T)

@@ -53,7 +53,8 @@ typedef struct lora_adapter {
     int32_t rank;       /* the largest rank of any adapted slot */
     float alpha;        /* lora_alpha (PEFT) or scale * rank (mlx) */
     bool rslora;
-    float scale;        /* what B·A is multiplied by */
+    float scale;        /* what B·A is multiplied by, in every slot: a PEFT rank_pattern / alpha_pattern entry's
+                           own scale is folded into that slot's B at load (B *= its scale / this one) */
     uint32_t targets;   /* bit (1 << lora_slot) for each slot adapted in at least one layer */
     int n_layers;       /* the base's */
     lora_mat *m;        /* (n_layers * LORA_N_SLOTS): m[l * LORA_N_SLOTS + s] */
