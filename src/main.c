@@ -17,6 +17,7 @@
 
 #include "batch/check.h"
 #include "model/arch.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/pack.h"
 #include "model/quant.h"
@@ -42,7 +43,7 @@ static const struct command {
     {"check", "spill check INPUT.jsonl [--all]", "validate a batch / chat / fine-tuning / eval file", true},
     {"runs", "spill runs [show ID]", "list and inspect the run store", false},
     {"models", "spill models [show MODEL]", "curated tags, local models, architecture support", true},
-    {"adapters", "spill adapters", "list known LoRA adapters", false},
+    {"adapters", "spill adapters", "list the LoRA adapters under $SPILL_HOME/adapters (run one: MODEL+ADAPTER)", true},
     {"probe", "spill probe [--dir PATH] [--bytes N]", "measure RAM, disk read rate (page cache bypassed), GEMM rate",
      true},
     {"serve", "spill serve [--port N]", "OpenAI Files + Batches HTTP API", false},
@@ -93,6 +94,20 @@ static model_desc *open_model(const char *spec)
         return NULL;
     }
     return m;
+}
+
+/* spill adapters: one line per adapter directory under $SPILL_HOME/adapters/ (model/lora.c). */
+static int cmd_adapters(int argc, char **argv)
+{
+    (void)argv;
+    if (argc != 0)
+        return usage_one("adapters", SPILL_EX_USAGE);
+    char err[SPILL_ERRLEN];
+    if (lora_list(stdout, err, sizeof err)) {
+        fprintf(stderr, "spill: %s\n", err);
+        return SPILL_EX_IOERR;
+    }
+    return SPILL_EX_OK;
 }
 
 static int cmd_models(int argc, char **argv)
@@ -386,6 +401,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(cmd, "models"))
         return cmd_models(argc - 2, argv + 2);
+    if (!strcmp(cmd, "adapters"))
+        return cmd_adapters(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize"))
         return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "template"))

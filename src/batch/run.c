@@ -206,13 +206,14 @@ static int keep_logits(runner *r, row *w, int32_t index, const float *lg, char *
 }
 
 /* --score: the row's score line (custom_id, prompt and answer ids, log-probs, sum, mean). */
-static int score_line(runner *r, const row *w, char **line, size_t *len, char *err, size_t errlen)
+static int score_line(runner *r, const row *w, const out_stamp *stamp, char **line, size_t *len, char *err,
+                      size_t errlen)
 {
     int32_t na = w->n_prompt - w->score_from;
     if (na > 0 && !w->plp)
         return util_errf(err, errlen, "row %s: its answer was never scored.", w->custom_id);
     out_score sc = {w->custom_id, w->model, w->prompt, (size_t)w->score_from, w->prompt + w->score_from,
-                    (size_t)na, w->plp, &r->stamp};
+                    (size_t)na, w->plp, stamp};
     return output_score_line(&sc, line, len, err, errlen);
 }
 
@@ -242,8 +243,10 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
                              (size_t)ch->n_gen, ch->lp, w->echo, w->echo_len, et ? (size_t)w->n_prompt : 0, et};
         completion += (uint64_t)ch->n_gen;
     }
+    out_stamp stamp = r->stamp; /* the row's adapter's full hash */
+    stamp.adapter = run_adapter_hash(r, w->adapter);
     out_result res = {w->custom_id, w->model, r->sys_fp, (int64_t)time(NULL), (size_t)w->n_choices, oc,
-                      (uint64_t)w->n_prompt, completion, &r->stamp};
+                      (uint64_t)w->n_prompt, completion, &stamp};
     char *line;
     size_t len;
     int rc = 0;
@@ -256,7 +259,7 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
             return -1; /* the disk failed: the job stops, resumable */
         }
     }
-    rc = r->o.score ? score_line(r, w, &line, &len, err, errlen)
+    rc = r->o.score ? score_line(r, w, &stamp, &line, &len, err, errlen)
          : w->endpoint == REQ_EP_CHAT ? output_chat_line(&res, NULL, &line, &len, err, errlen)
                                       : output_completion_line(&res, NULL, &line, &len, err, errlen);
     free(oc);
@@ -607,6 +610,7 @@ static void runner_free(runner *r)
         r->be.close(r->be.impl);
     tokenizer_free(r->tok);
     template_free(r->tmpl);
+    run_adapters_free(r); /* after the backend, which borrowed the set */
     model_close(r->m);
 }
 
@@ -856,9 +860,10 @@ static int run_job(runner *r, const job_stored *stored)
     double t_open = now_s();
     r->tty = isatty(STDOUT_FILENO);
 
-    /* open: the model, its tokenizer and template */
-    if (model_resolve(r->o.model_spec, path, sizeof path, err, sizeof err) ||
-        model_open(path, &r->m, err, sizeof err))
+    /* open: the model (MODEL, or the base of BASE+ADAPTER), its tokenizer and template */
+    char base[4096];
+    if (run_adapters_open(r, base, sizeof base, err, sizeof err) ||
+        model_resolve(base, path, sizeof path, err, sizeof err) || model_open(path, &r->m, err, sizeof err))
         goto fail;
     if (prompt_open_tokenizer(r->m, &r->tok, err, sizeof err) || prompt_open_template(r->m, &r->tmpl, err, sizeof err))
         goto fail;
@@ -880,19 +885,19 @@ static int run_job(runner *r, const job_stored *stored)
         code = SPILL_EX_USAGE;
         goto fail;
     }
-    { /* the engine that will run it: --gpu's, else the CPU's (the GPU engine falls back to it) */
-        arch_layout al;
-        if (model_arch_resolve(r->m, r->o.device == 2 ? ARCH_ENGINE_CUDA : ARCH_ENGINE_CPU, &al, err, sizeof err)) {
-            code = SPILL_EX_DATAERR;
-            goto fail;
-        }
+    /* the engine that will run it: --gpu's, else the CPU's (the GPU engine falls back to it); the command
+     * line's adapter is checked against it before a job exists */
+    if (model_arch_resolve(r->m, r->o.device == 2 ? ARCH_ENGINE_CUDA : ARCH_ENGINE_CPU, &r->al, err, sizeof err) ||
+        run_adapters_default(r, err, sizeof err)) {
+        code = SPILL_EX_DATAERR;
+        goto fail;
     }
 
     /* the job and its rows */
     if (open_job(r, stored, err, sizeof err))
         goto fail;
     r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->m->quant_summary, NULL};
-    if (run_load_rows(r, err, sizeof err))
+    if (run_load_rows(r, err, sizeof err) || run_adapters_write(r, err, sizeof err))
         goto fail_job;
 
     /* plan: one budget for everything picks resident or streamed and sizes the KV cache; then the engine */
@@ -921,6 +926,7 @@ static int run_job(runner *r, const job_stored *stored)
     }
     engine_opts eo = {.threads = r->o.threads,
                       .max_logit_rows = r->max_logit_rows,
+                      .lora = r->lora.n ? &r->lora : NULL,
                       .max_pass_tokens = r->max_seqs + r->o.prefill_chunk,
                       .max_pass_seqs = r->max_seqs,
                       .page_tokens = r->o.page_tokens,

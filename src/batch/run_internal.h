@@ -20,6 +20,8 @@
 #include "../engine/engine.h"
 #include "job.h"
 #include "../engine/kv.h"
+#include "../model/arch.h"
+#include "../model/lora.h"
 #include "../model/model.h"
 #include "output.h"
 #include "plan.h"
@@ -60,6 +62,12 @@ typedef struct runner {
     run_opts o;
     bool started;        /* the passes began: from here a failure leaves the job resumable (exit 75) */
     model_desc *m;
+    arch_layout al;      /* m resolved for the engine that runs it (adapters are checked against it) */
+    /* LoRA (run_adapters.c): the command line's MODEL split into its base and adapter, the adapters the job's
+     * rows run with (index 0 = the bare base), the index of the command line's */
+    char base_spec[4096], adapter_spec[4096];
+    lora_set lora;
+    int default_adapter;
     tokenizer *tok;
     tmpl_t *tmpl;        /* the chat template, compiled once */
     spill_backend be;    /* be.impl NULL until opened */
@@ -118,6 +126,19 @@ int run_count_rows(const char *path, uint64_t *n, char *err, size_t errlen);
 /* run_rows.c: reads the input file into r->rows (parse, template, tokenize; rows the job already answered are
  * skipped, bad lines become error lines); 0 or -1 with a sentence. */
 int run_load_rows(runner *r, char *err, size_t errlen);
+
+/* run_adapters.c (the rule is in its opening comment): the command line's MODEL into its base (base, cap) and
+ * adapter parts; 0, or -1 with a sentence (an adapter part that resolves to nothing). */
+int run_adapters_open(runner *r, char *base, size_t cap, char *err, size_t errlen);
+/* Loads the command line's adapter (needs r->m, r->al); 0, or -1 with the loader's sentence. */
+int run_adapters_default(runner *r, char *err, size_t errlen);
+/* The adapter index of a row whose body.model is model (NULL: none); 0, or 1 with a per-row message. */
+int run_adapter_for_row(runner *r, const char *model, int *index, char *msg, size_t msglen);
+/* DIR/adapters.json: the job's adapters; 0 (nothing when there are none), or -1 with a sentence. */
+int run_adapters_write(runner *r, char *err, size_t errlen);
+/* The full hash of adapter index (NULL for the bare base). */
+const char *run_adapter_hash(const runner *r, int index);
+void run_adapters_free(runner *r);
 
 /* run_opts.c: the command line of `spill run` (resume: `spill resume DIR`) into o; 0 or -1 (usage). */
 int run_parse_opts(int argc, char **argv, run_opts *o, bool resume);

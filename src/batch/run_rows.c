@@ -177,6 +177,9 @@ static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen,
 static int take_request(runner *r, request *q, row *w, char *msg, size_t msglen)
 {
     w->model = strdup(q->model ? q->model : r->o.model_spec);
+    int arc = run_adapter_for_row(r, q->model, &w->adapter, msg, msglen);
+    if (arc)
+        return arc;
     w->endpoint = q->endpoint;
     w->n_choices = q->s.n;
     w->has_seed = q->s.has_seed;
