@@ -112,11 +112,12 @@ typedef struct cuda_engine_stats {
     uint64_t lora_bytes;         /* HBM they take: stacked bf16 A and B, and their pass scratch */
 } cuda_engine_stats;
 
-/* Loads the model onto the GPU: globals and resident layers into HBM, the
- * rest into one pinned host arena (read once, by up to 4 threads), sizes the
- * pass buffers, the dequant scratch and the KV arena (layout of kv.h, on the
- * device).  The model must stay open while the engine lives.  Returns 0,
- * -1 with a sentence (bad model, out of GPU or pinned memory: the sentence
+/* Loads the model onto the GPU: globals, resident layers and the LoRA
+ * adapters of o->lora into HBM, the rest into one pinned host arena (read
+ * once, by up to 4 threads), sizes the pass buffers, the dequant scratch and
+ * the KV arena (layout of kv.h, on the device).  The model must stay open
+ * while the engine lives.  Returns 0, -1 with a sentence (bad model, an
+ * adapter that does not fit it, out of GPU or pinned memory: the sentence
  * says what to lower), or CUDA_ENGINE_EDEVICE. */
 int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out, char *err, size_t errlen);
 
