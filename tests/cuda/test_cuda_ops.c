@@ -806,8 +806,8 @@ static void test_lora_group(void)
     CHECK(kept_bad == 0, "lora groups: %d rows of tokens without an adapter there changed", kept_bad);
     CHECK(adapted > 100, "lora groups: only %d adapted rows compared", adapted);
     fprintf(stderr,
-            "lora groups, 3 layers x 4 groups, 3 adapters: %d adapted rows within the bound (worst %.2f of it), "
-            "the others bit-identical: %s\n",
+            "lora groups, 3 layers x 4 groups, 3 adapters: %d adapted rows, worst %.2f of the bound, the others "
+            "bit-identical: %s\n",
             adapted, worst, kept_bad ? "NO" : "yes");
     for (int a = 0; a < 3; a++)
         free_fake_adapter(ads[a]);
