@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "../src/cuda/cuda_glue.c"
+#include "model/lora.h"
 #include "test.h"
 
 /* ---- stand-ins for the CUDA engine (src/cuda/cuda_backend.h) */
@@ -26,7 +27,13 @@ int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total, u
     return 0;
 }
 
-uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o) { return g_pass; }
+static const struct lora_set *g_pass_lora; /* the adapters the plan's query saw */
+
+uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o)
+{
+    g_pass_lora = o->lora;
+    return g_pass;
+}
 
 int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out, char *err, size_t errlen)
 {
@@ -49,8 +56,8 @@ void cuda_engine_get_stats(const cuda_engine *e, cuda_engine_stats *st)
 void cuda_engine_close(cuda_engine *e) {}
 kv_cache *cuda_engine_kv(cuda_engine *e) { return &g_kvc; }
 int cuda_engine_forward(cuda_engine *e, fwd_seq *seqs, int n, float *logits, char *err, size_t errlen) { return 0; }
-int cuda_engine_forward_pick(cuda_engine *e, fwd_seq *seqs, int n, const int32_t *want, cuda_pick *picks,
-                             float *logits, char *err, size_t errlen)
+int cuda_engine_forward_pick(cuda_engine *e, fwd_seq *seqs, int n, const int32_t *want, const int32_t *target,
+                             cuda_pick *picks, float *logits, char *err, size_t errlen)
 {
     return 0;
 }
@@ -133,6 +140,14 @@ static void test_glue(void)
           "10 GB: \"%s\"", err);
     o.gpu_mem = 0;
     o.stream = false;
+    /* LoRA adapters: the plan's query of the pass bytes and the engine both get the set (the adapters' HBM is
+     * counted before the layers are placed) */
+    lora_set set = {0, NULL};
+    o.lora = &set;
+    CHECK(gpu_open(&m, &o, -1, &be, err, sizeof err) == 0 && g_pass_lora == &set && g_co.lora == &set,
+          "LoRA: the plan saw %p, the engine got %p, want %p", (const void *)g_pass_lora, (const void *)g_co.lora,
+          (const void *)&set);
+    o.lora = NULL;
     /* a batch whose KV fits beside the whole model on a bigger device: nothing streams */
     g_free = 400000000000ull;
     o.kv_pages = 1024;

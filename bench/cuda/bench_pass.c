@@ -15,11 +15,18 @@
  * One warm-up pass, then the median of `reps` passes.  Then one prefill pass:
  * `prefill_rows` rows × ctx prompt tokens in a single pass.
  *
+ * LoRA (--adapters N --rank R, N > 0): the engine holds N random adapters of
+ * rank R on all seven slots of every layer (src/cuda/lora.cu), and each case
+ * runs twice: every row on the bare base (a pass that skips LoRA: the base
+ * figure) and the rows spread round-robin over the N adapters (row i on
+ * adapter 1 + i % N); lora_ms and lora_x (lora / base) print beside it.
+ *
  * Usage: bench_pass [--label 8b] [--layers 32] [--d 4096] [--heads 32]
  *   [--kv-heads 8] [--ffn 14336] [--vocab 128256] [--ctx 128]
  *   [--batches 1,8,64,256,1024] [--reps 3] [--prefill-rows 64]
  *   [--resident-layers 0] [--ring-slots 3] [--resident-too]
  *   [--copy-logits (copy them to a caller buffer; default: read in place)] [--csv out.csv]
+ *   [--adapters 0] [--rank 16]
  * Prints a table; appends CSV rows (header when the file is new).
  */
 #include <math.h>
@@ -31,6 +38,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "model/gguf.h"
+#include "model/lora.h"
 #include "model/quant.h"
 #include "base/util.h"
 
@@ -41,6 +49,7 @@ typedef struct cfg {
     int L, D, H, KH, F, V, ctx, reps, prefill_rows, resident_layers;
     int batches[16], n_batches;
     int resident_too, ring_slots, copy_logits;
+    int adapters, rank;
 } cfg;
 
 static uint8_t *g_pattern;
@@ -153,9 +162,10 @@ typedef struct result {
     double pass_s, h2d_busy_s;
 } result;
 
-/* Runs `rows` rows of n tokens each (pos0 = ctx for decode, 0 for prefill), reps times; median pass. */
-static int run_case(cuda_engine *e, const cfg *c, int rows, int n, int32_t pos0, int reps, result *out, float *logits,
-                    int32_t *toks)
+/* Runs `rows` rows of n tokens each (pos0 = ctx for decode, 0 for prefill), reps times; median pass.  Row i runs
+ * on adapter 1 + i % n_adapters (0: every row on the bare base). */
+static int run_case(cuda_engine *e, const cfg *c, int rows, int n, int32_t pos0, int reps, int n_adapters, result *out,
+                    float *logits, int32_t *toks)
 {
     char err[SPILL_ERRLEN];
     kv_cache *kv = cuda_engine_kv(e);
@@ -168,7 +178,8 @@ static int run_case(cuda_engine *e, const cfg *c, int rows, int n, int32_t pos0,
             fprintf(stderr, "KV reserve failed for row %d\n", r);
             rc = -1;
         }
-        seqs[r] = (fwd_seq){&kr[r], pos0, n, toks + (size_t)r * n % 4096, true, false, 0, 0};
+        int32_t ad = n_adapters ? 1 + r % n_adapters : 0;
+        seqs[r] = (fwd_seq){&kr[r], pos0, n, toks + (size_t)r * n % 4096, true, false, 0, ad};
     }
     for (int i = 0; i <= reps && rc == 0; i++) {
         rc = cuda_engine_forward(e, seqs, rows, c->copy_logits ? logits : NULL, err, sizeof err);
@@ -200,7 +211,7 @@ static int run_case(cuda_engine *e, const cfg *c, int rows, int n, int32_t pos0,
 
 static void parse(cfg *c, int argc, char **argv)
 {
-    *c = (cfg){"8b", NULL, 32, 4096, 32, 8, 14336, 128256, 128, 3, 64, 0, {1, 8, 64, 256, 1024}, 5, 0, 3, 0};
+    *c = (cfg){"8b", NULL, 32, 4096, 32, 8, 14336, 128256, 128, 3, 64, 0, {1, 8, 64, 256, 1024}, 5, 0, 3, 0, 0, 16};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--resident-too") || !strcmp(a, "--copy-logits")) {
@@ -234,6 +245,10 @@ static void parse(cfg *c, int argc, char **argv)
             c->resident_layers = atoi(v);
         else if (!strcmp(a, "--ring-slots"))
             c->ring_slots = atoi(v);
+        else if (!strcmp(a, "--adapters"))
+            c->adapters = atoi(v) < 0 ? 0 : atoi(v);
+        else if (!strcmp(a, "--rank"))
+            c->rank = atoi(v) < 1 ? 1 : atoi(v);
         else if (!strcmp(a, "--batches")) {
             c->n_batches = 0;
             for (const char *p = v; *p && c->n_batches < 16;) {
@@ -248,6 +263,49 @@ static void parse(cfg *c, int argc, char **argv)
             exit(2);
         }
     }
+}
+
+/* N adapters of rank r on every slot of every layer of m.  Their matrices are slices of one pool of random
+ * values (the figures depend on the shapes, not the values): the set is built here, so no lora_free. */
+static lora_set *bench_adapters(const model_desc *m, int N, int r, float **pool_out)
+{
+    int64_t D = m->d_model, HS = (int64_t)m->n_heads * m->head_dim, KS = (int64_t)m->n_kv_heads * m->head_dim;
+    int64_t F = m->ffn_dim, wide = D > HS ? D : HS;
+    const int64_t in[LORA_N_SLOTS] = {D, D, D, HS, D, D, F}, out[LORA_N_SLOTS] = {HS, KS, KS, D, F, F, D};
+    wide = wide > F ? wide : F;
+    uint64_t pool_n = 2 * (uint64_t)r * (uint64_t)wide; /* every matrix a slice of it, at random offsets */
+    pool_n = pool_n > (1u << 22) ? pool_n : (1u << 22);
+    float *pool = malloc(pool_n * sizeof *pool);
+    lora_set *set = calloc(1, sizeof *set);
+    set->n = N;
+    set->ad = calloc((size_t)N, sizeof *set->ad);
+    uint64_t s = 0x2545f4914f6cdd1dull;
+    for (size_t i = 0; i < pool_n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        pool[i] = ((float)(s >> 40) / (float)(1u << 24) - 0.5f) * 0.02f;
+    }
+    for (int a = 0; a < N; a++) {
+        lora_adapter *ad = calloc(1, sizeof *ad);
+        snprintf(ad->name, sizeof ad->name, "bench%d", a + 1);
+        ad->rank = r;
+        ad->scale = 1.0f;
+        ad->alpha = (float)r;
+        ad->targets = (1u << LORA_N_SLOTS) - 1;
+        ad->n_layers = m->n_layers;
+        ad->m = calloc((size_t)m->n_layers * LORA_N_SLOTS, sizeof *ad->m);
+        for (int i = 0; i < m->n_layers * LORA_N_SLOTS; i++) {
+            lora_mat *mt = &ad->m[i];
+            int sl = i % LORA_N_SLOTS;
+            mt->r = r, mt->in = in[sl], mt->out = out[sl];
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            mt->A = pool + s % (pool_n - (uint64_t)r * (uint64_t)in[sl]);
+            mt->B = pool + (s >> 20) % (pool_n - (uint64_t)r * (uint64_t)out[sl]);
+            ad->bytes += (uint64_t)r * (uint64_t)(in[sl] + out[sl]) * 4;
+        }
+        set->ad[a] = ad;
+    }
+    *pool_out = pool;
+    return set;
 }
 
 int main(int argc, char **argv)
@@ -276,6 +334,8 @@ int main(int argc, char **argv)
         memcpy(g_pattern + 2 * i, &h, 2);
     }
     model_desc *m = synth_model(&c);
+    float *lora_pool = NULL;
+    lora_set *lora = c.adapters ? bench_adapters(m, c.adapters, c.rank, &lora_pool) : NULL;
     int max_b = 1;
     for (int i = 0; i < c.n_batches; i++)
         max_b = c.batches[i] > max_b ? c.batches[i] : max_b;
@@ -293,12 +353,12 @@ int main(int argc, char **argv)
         if (csv && !t)
             fprintf(csv, "label,mode,layers,d,ffn,kind,rows,tokens,pass_s,streamed_gb,limit55_s,ratio55,probe_gbps,"
                          "ratio_probe,h2d_busy_gbps,h2d_pass_gbps,tok_s,peak_hbm_gib,pinned_gib,ring_slots,"
-                         "logits,resident_layers\n");
+                         "logits,resident_layers,adapters,rank,lora_pass_s,lora_x\n");
         if (t)
             fclose(t);
     }
-    printf("%-4s %-9s %-7s %6s %7s %9s %9s %7s %9s %9s %10s %8s\n", "lab", "mode", "kind", "rows", "tokens", "pass_ms",
-           "limit_ms", "ratio", "busyGB/s", "passGB/s", "tok/s", "HBM_GiB");
+    printf("%-4s %-9s %-7s %6s %7s %9s %9s %7s %9s %9s %10s %8s %9s %7s\n", "lab", "mode", "kind", "rows", "tokens",
+           "pass_ms", "limit_ms", "ratio", "busyGB/s", "passGB/s", "tok/s", "HBM_GiB", "lora_ms", "lora_x");
     for (int mode = 0; mode < 1 + c.resident_too; mode++) {
         cuda_engine_opts o = {.max_pass_tokens = max_T,
                               .max_pass_seqs = max_rows,
@@ -307,7 +367,8 @@ int main(int argc, char **argv)
                               .streamed = mode == 0,
                               .resident_layers = c.resident_layers,
                               .ring_slots = c.ring_slots,
-                              .reader = synth_reader};
+                              .reader = synth_reader,
+                              .lora = lora};
         cuda_engine *e;
         double t0 = now();
         int rc = cuda_engine_open(m, &o, &e, err, sizeof err);
@@ -317,34 +378,47 @@ int main(int argc, char **argv)
         }
         cuda_engine_stats st;
         cuda_engine_get_stats(e, &st);
-        fprintf(stderr, "%s engine open in %.1f s: %.2f GiB pinned, %.2f GiB in HBM, %d layers streamed, %d slots\n",
+        fprintf(stderr,
+                "%s engine open in %.1f s: %.2f GiB pinned, %.2f GiB in HBM (%.2f GiB of it %d LoRA adapters of rank "
+                "%d), %d layers streamed, %d slots\n",
                 mode ? "resident" : "streamed", now() - t0, st.pinned_bytes / 1073741824.0,
-                st.device_bytes / 1073741824.0, st.n_streamed, st.ring_slots);
+                st.device_bytes / 1073741824.0, st.lora_bytes / 1073741824.0, st.lora_adapters, c.rank, st.n_streamed,
+                st.ring_slots);
         for (int bi = 0; bi <= c.n_batches; bi++) {
-            result r = {0};
+            result r = {0}, rl = {0};
             bool prefill = bi == c.n_batches;
             if (prefill && c.prefill_rows <= 0)
                 break;
             r.kind = prefill ? "prefill" : "decode";
-            rc = prefill ? run_case(e, &c, c.prefill_rows, c.ctx, 0, c.reps, &r, logits, toks)
-                         : run_case(e, &c, c.batches[bi], 1, c.ctx, c.reps, &r, logits, toks);
+            int rows = prefill ? c.prefill_rows : c.batches[bi], n = prefill ? c.ctx : 1;
+            int32_t pos0 = prefill ? 0 : c.ctx;
+            rc = run_case(e, &c, rows, n, pos0, c.reps, 0, &r, logits, toks);
+            if (rc == 0 && c.adapters)
+                rc = run_case(e, &c, rows, n, pos0, c.reps, c.adapters, &rl, logits, toks);
             if (rc)
                 break;
+            char lora_ms[16] = "-", lora_x[16] = "-";
+            if (c.adapters) {
+                snprintf(lora_ms, sizeof lora_ms, "%.1f", rl.pass_s * 1e3);
+                snprintf(lora_x, sizeof lora_x, "%.3f", rl.pass_s / r.pass_s);
+            }
             cuda_engine_get_stats(e, &st);
             double gb = st.streamed_bytes_per_pass / 1e9, lim = gb / 55.0, limp = gb / probe;
             double busy_gbps = r.h2d_busy_s > 0 ? gb / r.h2d_busy_s : 0, pass_gbps = gb / r.pass_s;
             double tok_s = r.tokens / r.pass_s, hbm = st.peak_device_used / 1073741824.0;
-            printf("%-4s %-9s %-7s %6d %7d %9.1f %9.1f %7.3f %9.1f %9.1f %10.0f %8.1f\n", c.label,
+            printf("%-4s %-9s %-7s %6d %7d %9.1f %9.1f %7.3f %9.1f %9.1f %10.0f %8.1f %9s %7s\n", c.label,
                    mode ? "resident" : "streamed", r.kind, r.rows, r.tokens, r.pass_s * 1e3, lim * 1e3,
-                   lim > 0 ? r.pass_s / lim : 0, busy_gbps, pass_gbps, tok_s, hbm);
+                   lim > 0 ? r.pass_s / lim : 0, busy_gbps, pass_gbps, tok_s, hbm, lora_ms, lora_x);
             fflush(stdout);
             if (csv)
                 fprintf(csv,
-                        "%s,%s,%d,%d,%d,%s,%d,%d,%.6f,%.3f,%.6f,%.4f,%.2f,%.4f,%.2f,%.2f,%.1f,%.2f,%.2f,%d,%s,%d\n",
+                        "%s,%s,%d,%d,%d,%s,%d,%d,%.6f,%.3f,%.6f,%.4f,%.2f,%.4f,%.2f,%.2f,%.1f,%.2f,%.2f,%d,%s,%d,%d,%d,"
+                        "%.6f,%.4f\n",
                         c.label, mode ? "resident" : "streamed", c.L, c.D, c.F, r.kind, r.rows, r.tokens, r.pass_s, gb,
                         lim, lim > 0 ? r.pass_s / lim : 0, probe, limp > 0 ? r.pass_s / limp : 0, busy_gbps, pass_gbps,
                         tok_s, hbm, st.pinned_bytes / 1073741824.0, st.ring_slots,
-                        c.copy_logits ? "copied" : "in_place", mode ? c.L : c.resident_layers);
+                        c.copy_logits ? "copied" : "in_place", mode ? c.L : c.resident_layers, c.adapters, c.rank,
+                        c.adapters ? rl.pass_s : 0.0, c.adapters ? rl.pass_s / r.pass_s : 0.0);
         }
         cuda_engine_close(e);
         if (rc)
@@ -355,6 +429,14 @@ int main(int argc, char **argv)
     free(logits);
     free(toks);
     free(g_pattern);
+    for (int a = 0; lora && a < lora->n; a++) {
+        free(lora->ad[a]->m);
+        free(lora->ad[a]);
+    }
+    if (lora)
+        free(lora->ad);
+    free(lora);
+    free(lora_pool);
     free(m->tensors);
     free(m->files);
     free(m);

@@ -13,7 +13,10 @@
  * from its file dtype into a bf16 scratch (BF16 weights are used in place),
  * the GEMM input rows are rounded to bf16, and cuBLAS multiplies with fp32
  * accumulation: Y(T,N) = X(T,K) · W(N,K)^T.  Norms, RoPE, attention (fp32
- * KV pages), SiLU and the residual adds stay in fp32.
+ * KV pages), SiLU and the residual adds stay in fp32.  A LoRA adapter adds
+ * scale · (X·Aᵀ)·Bᵀ to a projection's fp32 output with the same roundings:
+ * A and scale·B held in bf16, X·Aᵀ accumulated in fp32 and rounded to bf16
+ * before the second product (lora.cu).
  *
  * Tiers: resident (every layer's matrices in HBM) or streamed (matrices of
  * layers >= resident_layers in one pinned host arena of exact size, copied
@@ -73,6 +76,9 @@ typedef struct cuda_engine_opts {
     bool attention_fp32; /* prompt attention tiles on CUDA cores instead of TF32 tensor cores (SPILL_CUDA_ATT=fp32);
                             process-wide once an engine asks for it */
     bool pin_alloc;      /* cudaHostAlloc the streamed arena instead of read-then-register (SPILL_CUDA_PIN=alloc) */
+    /* LoRA adapters (model/lora.h; NULL or n 0 = none) that passes apply per sequence (fwd_seq.adapter), unmerged:
+     * every one is uploaded to HBM at open as bf16, whatever the layers' tier (read only during open) */
+    const struct lora_set *lora;
 } cuda_engine_opts;
 
 /* What the engine holds and what the last pass moved. */
@@ -102,18 +108,22 @@ typedef struct cuda_engine_stats {
     uint64_t lazy_layers;        /* MoE, streamed: layer copies that left the experts out (small passes) */
     uint64_t lazy_expert_bytes;  /* ... the hit experts' bytes fetched after routing */
     uint64_t lazy_skipped_bytes; /* ... the bytes of experts no row chose: never copied */
+    int lora_adapters;           /* LoRA adapters held (fwd_seq.adapter 1..lora_adapters) */
+    uint64_t lora_bytes;         /* HBM they take: stacked bf16 A and B, and their pass scratch */
 } cuda_engine_stats;
 
-/* Loads the model onto the GPU: globals and resident layers into HBM, the
- * rest into one pinned host arena (read once, by up to 4 threads), sizes the
- * pass buffers, the dequant scratch and the KV arena (layout of kv.h, on the
- * device).  The model must stay open while the engine lives.  Returns 0,
- * -1 with a sentence (bad model, out of GPU or pinned memory: the sentence
+/* Loads the model onto the GPU: globals, resident layers and the LoRA
+ * adapters of o->lora into HBM, the rest into one pinned host arena (read
+ * once, by up to 4 threads), sizes the pass buffers, the dequant scratch and
+ * the KV arena (layout of kv.h, on the device).  The model must stay open
+ * while the engine lives.  Returns 0, -1 with a sentence (bad model, an
+ * adapter that does not fit it, out of GPU or pinned memory: the sentence
  * says what to lower), or CUDA_ENGINE_EDEVICE. */
 int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out, char *err, size_t errlen);
 
 /* HBM the pass buffers of an engine opened with o take (activations for max_pass_tokens, logits, the dequant
- * scratch, cuBLAS workspace): what an HBM plan must leave beside the weights and the KV arena. */
+ * scratch, cuBLAS workspace) and its LoRA adapters (o->lora): what an HBM plan must leave beside the layers,
+ * the globals and the KV arena. */
 uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o);
 
 /* Frees everything; safe on NULL and on a poisoned context. */

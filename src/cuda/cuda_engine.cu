@@ -14,7 +14,8 @@
  *           fp32) · resident arena: Lr layer packs · ring: slots × largest
  *           streamed pack · KV arena (L, n_pages, 2, Kh, P, S) bf16 or int8 + scales (kv.h) ·
  *           pass buffers for max_T tokens · bf16 dequant scratch (largest
- *           non-bf16 matrix) · cuBLAS workspace.
+ *           non-bf16 matrix) · cuBLAS workspace · LoRA adapters (lora.cu:
+ *           every adapter stacked in bf16, and their rank-space scratch).
  *   pinned: one arena holding the Ls packs at exact size (anonymous memory read
  *           into by several threads, then cudaHostRegister'd; or cudaHostAlloc), or
  *           with from_disk the disk ring: disk_slots × the largest layer's
@@ -205,7 +206,8 @@ static pass_sizes pass_sizes_for(const model_desc *m, size_t T, size_t B, size_t
     p.xb = T * wide * 2;
     p.lastb = R * D * 2;
     p.scratch = scratch_elems * 2;
-    p.meta = (3 * T + R + B + 3 * T + B) * 4; /* tok pos seq, rows, pt_off, tiles (2T) singles, longrope (B) */
+    /* tok pos seq, rows, pt_off, tiles (2T) singles, longrope (B), adapter (T) */
+    p.meta = (3 * T + R + B + 3 * T + B + T) * 4;
     p.part = k_attention_part_floats(m->head_dim) * 4;
     p.blas_ws = BLAS_WS_BYTES;
     p.want = R * 8; /* want, then target */
@@ -234,7 +236,7 @@ uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o)
             scratch = (size_t)(t->ne[0] * t->ne[1]);
     }
     pass_sizes p = pass_sizes_for(m, T, B, R, scratch);
-    return pass_sizes_total(&p) + cuda_moe_pass_bytes(m, T);
+    return pass_sizes_total(&p) + cuda_moe_pass_bytes(m, T) + cuda_lora_bytes(m, o->lora, T);
 }
 
 static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
@@ -353,7 +355,7 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
     }
     if ((rc = bind_globals(e, &fr, err, errlen)) || (rc = bind_layers(e, &fr, err, errlen)) ||
         (rc = rope_setup(e, err, errlen)) || (rc = place_layers(e, &fr, err, errlen)) ||
-        (rc = alloc_pass(e, err, errlen)))
+        (rc = alloc_pass(e, err, errlen)) || (rc = cuda_lora_upload(e, err, errlen)))
         goto out;
     {
         cublasStatus_t s = cublasSetStream(e->blas, e->cs);
@@ -478,6 +480,7 @@ void cuda_engine_close(cuda_engine *e)
     if (e->mo.h_perm)
         cudaFreeHost(e->mo.h_perm);
     free(e->mo.h_count);
+    free(e->lo.g);
     free(e->layers);
     free(e->kv.free_list);
     free(e);
@@ -595,7 +598,7 @@ static int pump(cuda_engine *e, char *err, size_t errlen)
 }
 
 typedef struct pass_meta {
-    int32_t *tok, *pos, *seq, *rows, *pt_off, *tiles, *singles, *lng, *pages; /* device views of d_meta */
+    int32_t *tok, *pos, *seq, *rows, *pt_off, *tiles, *singles, *lng, *ad, *pages; /* device views of d_meta */
     int n_tiles;                                                        /* attention plan of the pass */
     int64_t n_singles;
 } pass_meta;
@@ -621,7 +624,8 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     MARK(1);
     if ((rc = cuda_gemm(e, &w->m[M_Q], base, e->xb, T, e->q, err, errlen)) ||
         (rc = cuda_gemm(e, &w->m[M_K], base, e->xb, T, e->k, err, errlen)) ||
-        (rc = cuda_gemm(e, &w->m[M_V], base, e->xb, T, e->v, err, errlen)))
+        (rc = cuda_gemm(e, &w->m[M_V], base, e->xb, T, e->v, err, errlen)) ||
+        (rc = cuda_lora_apply(e, l, LG_QKV, pm->ad, T, err, errlen)))
         return rc;
     MARK(2);
     if (w->bq)
@@ -653,7 +657,8 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
                    e->att_max_len, e->o.attention_unsplit ? NULL : e->att_part, e->att, s));
     CU(k_to_bf16(e->att, e->xb, T * HS, s));
     MARK(4);
-    if ((rc = cuda_gemm(e, &w->m[M_O], base, e->xb, T, e->h, err, errlen)))
+    if ((rc = cuda_gemm(e, &w->m[M_O], base, e->xb, T, e->h, err, errlen)) ||
+        (rc = cuda_lora_apply(e, l, LG_O, pm->ad, T, err, errlen)))
         return rc;
     if (w->post_attn_norm && w->post_ffw_norm)
         CU(k_rmsnorm(e->h, w->post_attn_norm, T, D, m->norm_eps, a->norm_plus_one, e->h, NULL, s));
@@ -669,12 +674,14 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
         MARK(8);
     } else {
         if ((rc = cuda_gemm(e, &w->m[M_GATE], base, e->xb, T, e->g, err, errlen)) ||
-            (rc = cuda_gemm(e, &w->m[M_UP], base, e->xb, T, e->u, err, errlen)))
+            (rc = cuda_gemm(e, &w->m[M_UP], base, e->xb, T, e->u, err, errlen)) ||
+            (rc = cuda_lora_apply(e, l, LG_GU, pm->ad, T, err, errlen)))
             return rc;
         MARK(7);
         CU(k_act_mul(e->g, e->u, T * F, a->act == ARCH_ACT_GELU_TANH, e->xb, NULL, s));
         MARK(8);
-        if ((rc = cuda_gemm(e, &w->m[M_DOWN], base, e->xb, T, e->h, err, errlen)))
+        if ((rc = cuda_gemm(e, &w->m[M_DOWN], base, e->xb, T, e->h, err, errlen)) ||
+            (rc = cuda_lora_apply(e, l, LG_DOWN, pm->ad, T, err, errlen)))
             return rc;
     }
     if (w->post_ffw_norm)
@@ -694,8 +701,14 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
     int32_t npt = 0;
     if (n_seqs <= 0 || n_seqs > e->max_seqs)
         return util_errf(err, errlen, "a pass of %d sequences is outside the engine's 1..%d.", n_seqs, e->max_seqs);
+    e->lo.pass = false;
     for (int s = 0; s < n_seqs; s++) {
         const fwd_seq *sq = &seqs[s];
+        if (sq->adapter < 0 || sq->adapter > e->lo.n)
+            return util_errf(err, errlen,
+                             "sequence %d names LoRA adapter %d, but the engine holds %d (0 = the bare base).", s,
+                             sq->adapter, e->lo.n);
+        e->lo.pass |= sq->adapter != 0;
         if (sq->n <= 0 || T + sq->n > Tmax)
             return util_errf(err, errlen, "a pass of more than %lld tokens (or an empty sequence) was requested.",
                              (long long)Tmax);
@@ -718,7 +731,7 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
     }
     int32_t *tok = e->h_meta, *pos = tok + Tmax, *seq = pos + Tmax, *rows = seq + Tmax;
     int32_t *pt_off = rows + e->max_rows, *tiles = pt_off + e->max_seqs, *singles = tiles + 2 * Tmax;
-    int32_t *lng = singles + Tmax, *pages = lng + e->max_seqs;
+    int32_t *lng = singles + Tmax, *ad = lng + e->max_seqs, *pages = ad + Tmax;
     int64_t t = 0;
     npt = 0;
     R = 0;
@@ -739,6 +752,7 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
             tok[t] = sq->tokens[i];
             pos[t] = sq->pos0 + i;
             seq[t] = s;
+            ad[t] = sq->adapter;
             if (sq->all_logits && i >= sq->logits_skip)
                 rows[R++] = (int32_t)t;
         }
@@ -851,6 +865,7 @@ static int forward_inner(cuda_engine *e, fwd_seq *seqs, int n_seqs, float *logit
                     dm + 3 * Tm + Rm + B + 2 * Tm,
                     dm + 3 * Tm + Rm + B + 3 * Tm,
                     dm + 3 * Tm + Rm + B + 3 * Tm + B,
+                    dm + 3 * Tm + Rm + B + 3 * Tm + B + Tm,
                     e->att_tiles,
                     e->att_singles};
     e->cur_T = T; /* before the first pump of the pass: its lazy-copy choice */

@@ -105,11 +105,12 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     uint64_t hbm = o->gpu_mem && o->gpu_mem < freeb ? o->gpu_mem : freeb;
     int kvt = o->kv_dtype == KV_I8 ? KV_I8 : KV_BF16;
     /* beside weights and KV: the pass buffers at these caps, exactly as the engine will allocate them, and
-     * 1 GiB for the CUDA context, cuBLAS and allocation granularity */
+     * 1 GiB for the CUDA context, cuBLAS and allocation granularity; with LoRA adapters, their HBM too */
     cuda_engine_opts caps = {0};
     caps.max_pass_tokens = o->max_pass_tokens;
     caps.max_pass_seqs = o->max_pass_seqs;
     caps.max_logit_rows = o->max_logit_rows;
+    caps.lora = o->lora; /* the adapters stay resident: the plan sees their bytes before choosing layers */
     uint64_t margin = cuda_engine_pass_bytes(m, &caps) + (1ull << 30);
     hbm_need need;
     hbm_need_for(m, o, hbm, margin, resident_layers, &need);
@@ -153,6 +154,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     co.profile = o->gpu_profile;
     co.attention_fp32 = o->gpu_attention_fp32;
     co.pin_alloc = o->gpu_pin_alloc;
+    co.lora = o->lora;
     cuda_engine *e;
     rc = cuda_engine_open(m, &co, &e, err, errlen);
     if (rc)

@@ -1,8 +1,8 @@
 /*
- * cuda_internal.h — what the CUDA engine's two files share: the engine's
- * state (struct cuda_engine and its layers' device matrices), the error and
- * allocation helpers (cuda_engine.cu), and the loader's entry points
- * (cuda_load.cu).  Not part of the backend's interface: C callers see only
+ * cuda_internal.h — what the CUDA engine's files share: the engine's state
+ * (struct cuda_engine, its layers' device matrices and LoRA groups), the error
+ * and allocation helpers (cuda_engine.cu), and the entry points of the loader
+ * (cuda_load.cu), the MoE FFN (moe.cu) and LoRA (lora.cu).  Not part of the backend's interface: C callers see only
  * cuda_backend.h.
  */
 #ifndef SPILL_CUDA_INTERNAL_H
@@ -28,6 +28,7 @@ extern "C" {
 #include "../engine/stream.h"
 #include "../model/arch.h"
 #include "../model/gguf.h"
+#include "../model/lora.h"
 #include "../model/quant.h"
 #include "../base/util.h"
 }
@@ -73,6 +74,28 @@ typedef struct dlayer {
     float *q_norm, *k_norm;                                       /* (S) */
     float *bq, *bk, *bv;                                          /* (H*S), (Kh*S), (Kh*S) */
 } dlayer;
+
+/* LoRA (lora.cu): the adapters of one layer for a group of slots that read the same GEMM input (q, k, v: the
+ * normed x; o: the attention output; gate, up: the normed x; down: the activation).  Every adapter's A rows for
+ * the group's slots are stacked into one (C, in) matrix, slot by slot, so one GEMM takes every token into the
+ * rank space of every adapter; a mask keeps each token's own adapter's columns; one GEMM per slot adds the
+ * slot's stacked B (scale folded in) back onto the projection's output. */
+enum { LG_QKV, LG_O, LG_GU, LG_DOWN, LG_COUNT };
+#define LORA_GROUP_MAX 3 /* slots a group holds */
+
+typedef struct dlora_group {
+    int first, n_slots;            /* the group's slots: lora_slot (= M_*) first .. first + n_slots - 1 */
+    int64_t in;                    /* input width */
+    int32_t C;                     /* columns of the rank space; 0 = no adapter adapts the group in this layer */
+    int32_t c0[LORA_GROUP_MAX];    /* slot i's columns [c0, c0 + R): its adapters' ranks stacked in set order, */
+    int32_t R[LORA_GROUP_MAX];     /* padded with zero rows to a multiple of 8 (16-byte aligned GEMM operands) */
+    int64_t out[LORA_GROUP_MAX];   /* slot i's output width */
+    size_t a_off, own_off;         /* byte offsets in the LoRA arena of A and own, */
+    size_t b_off[LORA_GROUP_MAX];  /* and of each slot's B */
+    const bf16 *A;                 /* (C, in) device */
+    const int32_t *own;            /* (C) device: the adapter (1..n) each column belongs to; -1 = padding */
+    const bf16 *B[LORA_GROUP_MAX]; /* (out_i, R_i) device: scale * B, the adapters' columns as in A's rows */
+} dlora_group;
 
 struct cuda_engine {
     model_desc *m;
@@ -121,7 +144,7 @@ struct cuda_engine {
     /* R = max_rows logit rows, B = max_seqs */
     float *x, *h, *q, *k, *v, *att, *g, *u, *last, *logits; /* (T,D) (T,D) (T,HS) (T,KS)x2 (T,HS) (T,F)x2 (R,D) (R,V) */
     bf16 *xb, *lastb, *wscratch;                            /* (T, max(D,HS,F)), (R, D), largest non-bf16 matrix */
-    int32_t *d_meta, *h_meta;                               /* tok(T) pos(T) seq(T) rows(R) pt_off(B) pages(n_pages) */
+    int32_t *d_meta, *h_meta; /* tok pos seq (T) rows (R) pt_off (B) tiles (2T) singles (T) lng (B) ad (T) pages */
     float *h_logits;                                        /* pinned (R, V) */
     int32_t *d_want, *h_want;                               /* (R) pick requests, device and pinned */
     pick_out *d_picks, *h_picks;                            /* (R) */
@@ -137,6 +160,16 @@ struct cuda_engine {
         uint64_t lazy_layers, lazy_bytes, lazy_skipped;    /* layers copied head-first; expert bytes fetched
                                                             * after routing; expert bytes never copied */
     } mo;
+
+    /* LoRA adapters (lora.cu; n 0 without any) */
+    struct {
+        int n;          /* adapters: fwd_seq.adapter 1..n */
+        dlora_group *g; /* (L, LG_COUNT) */
+        uint8_t *arena; /* device: every group's A, owners and B */
+        float *tmp;     /* (T, max C) x · A^T */
+        bf16 *tmpb;     /* (T, max C) masked to each token's adapter, bf16 */
+        bool pass;      /* some sequence of the pass being run names an adapter */
+    } lo;
 
     void **allocs; /* every cudaMalloc, freed at close */
     size_t n_allocs, cap_allocs;
@@ -205,6 +238,15 @@ void cuda_moe_place(dlayer *w);
 int cuda_gemm(cuda_engine *e, const dmat *w, const uint8_t *base, const bf16 *x, int64_t T, float *y, char *err,
               size_t errlen);
 int rope_setup(cuda_engine *e, char *err, size_t errlen);
+
+/* lora.cu: HBM the adapters of ls take (stacked bf16, and their scratch for passes of T tokens; 0 for none, or
+ * for a set open will refuse); their upload at open (e->o.lora, checked against the bound layers: a sentence
+ * for an adapter that does not fit the base); and their application after the GEMMs of group g of layer l,
+ * reading e->xb (the group's input) and adding onto the group's outputs, for tokens whose adapter is ad[t]
+ * (device, T).  Apply returns at once when no sequence of the pass names an adapter. */
+size_t cuda_lora_bytes(const model_desc *m, const lora_set *ls, size_t T);
+int cuda_lora_upload(cuda_engine *e, char *err, size_t errlen);
+int cuda_lora_apply(cuda_engine *e, int l, int g, const int32_t *ad, int64_t T, char *err, size_t errlen);
 int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen);
 
 #endif

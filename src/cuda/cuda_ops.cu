@@ -279,6 +279,21 @@ int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, const i
     return op_done(c, 0);
 }
 
+int cuda_op_lora_mask(const float *tmp, const int32_t *own, const int32_t *ad, int64_t T, int C, uint16_t *out,
+                      char *err, size_t errlen)
+{
+    OP_BEGIN;
+    void *dt, *dw, *da, *dout;
+    size_t n = (size_t)T * (size_t)C;
+    TRY(op_up(c, &dt, tmp, n * 4));
+    TRY(op_up(c, &dw, own, (size_t)C * 4));
+    TRY(op_up(c, &da, ad, (size_t)T * 4));
+    TRY(op_up(c, &dout, NULL, n * 2));
+    TRY(op_down(c, k_lora_mask((const float *)dt, (const int32_t *)dw, (const int32_t *)da, T, C, (bf16 *)dout, 0), out,
+                dout, n * 2));
+    return op_done(c, 0);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;

@@ -63,6 +63,18 @@ int cuda_attention_last_split(void);
 /* Test hook: the kernel prompt tiles use (2 TF32 tensor cores, the default; 1 fp32 CUDA cores). */
 void cuda_attention_kind(int kind);
 
+/* LoRA's mask (k_lora_mask): out (T, C), bf16 bit patterns, = bf16(tmp) where own[j] == ad[t], else 0. */
+int cuda_op_lora_mask(const float *tmp, const int32_t *own, const int32_t *ad, int64_t T, int C, uint16_t *out,
+                      char *err, size_t errlen);
+
+/* One LoRA slot group of layer `layer` of set ls as the engine applies it after the base GEMMs (lora.cu):
+ * group 0 = q, k, v; 1 = o; 2 = gate, up; 3 = down.  x (T, in) fp32 is rounded to bf16 as the engine's GEMM
+ * input is; y[i] (T, out_i), the group's i-th slot's output, gets each token's adapter (ad[t], 0 = none)
+ * added in place; slots no adapter of the set adapts in this layer are left untouched. */
+struct lora_set;
+int cuda_op_lora(const struct lora_set *ls, int layer, int group, const float *x, int64_t T, const int32_t *ad,
+                 float *const *y, char *err, size_t errlen);
+
 /* picks for R rows of host logits (R, V) with want as in cuda_engine_forward_pick. */
 int cuda_op_pick(const float *logits, int R, int V, const int32_t *want, const int32_t *target, cuda_pick *out,
                  char *err, size_t errlen);

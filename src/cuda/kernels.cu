@@ -1,6 +1,6 @@
 /*
- * kernels.cu — the CUDA backend's elementwise, norm, RoPE, dequant, KV-page
- * and greedy-pick kernels (attention is attention.cu; the GEMMs are cuBLAS,
+ * kernels.cu — the CUDA backend's elementwise, norm, RoPE, dequant, KV-page,
+ * LoRA-mask and greedy-pick kernels (attention is attention.cu; the GEMMs are cuBLAS,
  * in cuda_engine.cu).
  *
  * Owns: GPU arithmetic that mirrors the CPU ops in cpu.c / quant.c.  Does not
@@ -302,6 +302,21 @@ __global__ void to_bf16_kernel(const float *x, bf16 *out, int64_t n)
 cudaError_t k_to_bf16(const float *x, bf16 *out, int64_t n, cudaStream_t s)
 {
     to_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, out, n);
+    return cudaGetLastError();
+}
+
+__global__ void lora_mask_kernel(const float *tmp, const int32_t *own, const int32_t *ad, int64_t T, int C, bf16 *out)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * C; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / C;
+        out[i] = own[i - t * C] == ad[t] ? __float2bfloat16_rn(tmp[i]) : __float2bfloat16_rn(0.0f);
+    }
+}
+
+cudaError_t k_lora_mask(const float *tmp, const int32_t *own, const int32_t *ad, int64_t T, int C, bf16 *out,
+                        cudaStream_t s)
+{
+    lora_mask_kernel<<<grid_for(T * C, 256), 256, 0, s>>>(tmp, own, ad, T, C, out);
     return cudaGetLastError();
 }
 

@@ -1,6 +1,6 @@
 /*
  * kernels.cuh — the CUDA backend's kernel launchers (private to src/cuda/):
- * kernels.cu (elementwise, norms, RoPE, dequant, KV pages, greedy picks) and
+ * kernels.cu (elementwise, norms, RoPE, dequant, KV pages, LoRA mask, greedy picks) and
  * attention.cu (paged attention), plus the KV-page device helpers both use.
  *
  * Every launcher enqueues on the given stream and returns the launch status
@@ -53,6 +53,11 @@ cudaError_t k_rope(float *x, int64_t T, int H, int S, const int32_t *pos, const 
 
 /* out(n) = act(g) * u; out_b bf16 (GEMM input) or out_f fp32 (tests). */
 cudaError_t k_act_mul(const float *g, const float *u, int64_t n, bool gelu, bf16 *out_b, float *out_f, cudaStream_t s);
+
+/* LoRA's mask: out(T, C) = bf16(tmp) (round to nearest even) where own[j] == ad[t], else 0, so each token keeps
+ * the rank-space columns of its own adapter only (ad 0, the bare base, keeps none; own -1 marks padding). */
+cudaError_t k_lora_mask(const float *tmp, const int32_t *own, const int32_t *ad, int64_t T, int C, bf16 *out,
+                        cudaStream_t s);
 
 /* y(n) = cap * tanh(y / cap) */
 cudaError_t k_softcap(float *y, int64_t n, float cap, cudaStream_t s);

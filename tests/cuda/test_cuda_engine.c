@@ -24,6 +24,20 @@
  *    nothing; a bad token is refused without harming the engine; an injected
  *    GPU fault makes the next pass return CUDA_ENGINE_EDEVICE (last, since it
  *    poisons the process's context).
+ * 5. LoRA (run_lora): three adapters built here (rank 4 on q, v; rank 8 on all
+ *    seven slots; rank 3 on o, gate, down of the last layer only, an rsLoRA
+ *    scale; attention slots only on MoE models) and the bare base, mixed in
+ *    every pass (each fixture row twice, under two adapter indices), on the
+ *    CPU engine and on resident and streamed CUDA engines opened with the
+ *    same set, and on a CUDA engine without adapters.  Against the CPU: the
+ *    bound below.  Bit for bit: streamed = resident, and every bare-base row
+ *    of a LoRA engine = the same row of the engine without adapters in the
+ *    same pass (the masked columns add exactly 0; the same pass keeps the
+ *    GEMM shapes, whose algorithm can depend on T).  Each adapter must move
+ *    the logits by at least 4x the bf16 bound (so a lost or swapped adapter
+ *    cannot pass); an adapter index beyond the set, an adapter of another
+ *    shape and an adapter on an MoE layer's experts are refused with a
+ *    sentence.
  *
  * Tolerance, fixed before the first GPU run: max |Δ log-softmax| ≤ 5e-2 and
  * greedy agreement wherever the reference's top-2 margin exceeds 0.1.  Every
@@ -48,6 +62,13 @@
  * instead of seven), so the bound stays 5e-2 (decided before the first run
  * with bf16 KV).
  *
+ * LoRA rows keep the bound (decided before the first run): each adapted
+ * projection adds about half its base output's rms (the test's adapters are
+ * scaled so), computed with four bf16 roundings (x, A, x·Aᵀ, scale·B): an
+ * error of ~1.2·2^-8 of the delta, ~0.6·2^-8 of the output, against a base
+ * GEMM's ~2^-8; in quadrature the logit error grows by at most
+ * sqrt(1 + 0.6²) ≈ 1.17x, inside the bound's 3-5x margin.
+ *
  * SPILL_TEST_KV=int8 runs every GPU engine with int8 KV pages.  Bound for that
  * run, decided before its first: 1.5e-1, greedy agreement above a 0.3 margin.
  * A vector's step is amax/127, so its rms rounding error is amax/(127·√12);
@@ -68,6 +89,7 @@
 #include "cuda/cuda_test.h"
 #include "engine/engine.h"
 #include "model/gguf.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/quant.h"
 #include "batch/sample.h"
@@ -888,6 +910,254 @@ static void run_gguf(void)
     unlink(path);
 }
 
+/* ---------------------------------------------------------------- LoRA */
+
+/* An adapter built by hand for model m (as lora_load returns one): rank r on the slots in `slots` (bit
+ * 1 << lora_slot) of the layers in `layers` (bit 1 << l).  A is uniform with rms 1/sqrt(in), so x·Aᵀ has about
+ * x's rms; B has rms 0.05·sqrt(in) / (scale·sqrt(r)), so scale·(x·Aᵀ)·Bᵀ has about half the rms of the base's
+ * x·Wᵀ (the fixtures' weights have std 0.1: tools/gen_ref_models.py).  shape_off is added to q's output width
+ * (an adapter of another model). */
+static lora_adapter *fake_adapter(const model_desc *m, const char *name, int r, float scale, uint32_t slots,
+                                  uint32_t layers, int shape_off)
+{
+    int64_t D = m->d_model, HS = (int64_t)m->n_heads * m->head_dim, KS = (int64_t)m->n_kv_heads * m->head_dim;
+    int64_t F = m->ffn_dim > 0 ? m->ffn_dim : m->expert_ffn_dim;
+    const int64_t in[LORA_N_SLOTS] = {D, D, D, HS, D, D, F}, out[LORA_N_SLOTS] = {HS + shape_off, KS, KS, D, F, F, D};
+    lora_adapter *ad = calloc(1, sizeof *ad);
+    snprintf(ad->name, sizeof ad->name, "%s", name);
+    snprintf(ad->layout, sizeof ad->layout, "peft");
+    ad->rank = r;
+    ad->scale = scale;
+    ad->alpha = scale * (float)r;
+    ad->targets = slots;
+    ad->n_layers = m->n_layers;
+    ad->m = calloc((size_t)m->n_layers * LORA_N_SLOTS, sizeof *ad->m);
+    for (int l = 0; l < m->n_layers; l++)
+        for (int s = 0; s < LORA_N_SLOTS; s++) {
+            lora_mat *mt = &ad->m[l * LORA_N_SLOTS + s];
+            if (!(slots >> s & 1) || !(layers >> l & 1))
+                continue;
+            float a = sqrtf(3.0f / (float)in[s]);
+            float b = sqrtf(3.0f) * 0.05f * sqrtf((float)in[s]) / (scale * sqrtf((float)r));
+            mt->r = r, mt->in = in[s], mt->out = out[s];
+            mt->A = malloc((size_t)r * (size_t)in[s] * sizeof(float));
+            mt->B = malloc((size_t)out[s] * (size_t)r * sizeof(float));
+            for (int64_t i = 0; i < r * in[s]; i++)
+                mt->A[i] = frand(-a, a);
+            for (int64_t i = 0; i < out[s] * r; i++)
+                mt->B[i] = frand(-b, b);
+            ad->bytes += (uint64_t)(r * in[s] + out[s] * r) * 4;
+        }
+    return ad;
+}
+
+static void free_fake_adapter(lora_adapter *ad)
+{
+    for (int i = 0; ad && i < ad->n_layers * LORA_N_SLOTS; i++)
+        free(ad->m[i].A), free(ad->m[i].B);
+    if (ad)
+        free(ad->m);
+    free(ad);
+}
+
+/* A CUDA engine opened with set must be refused with a sentence naming `what`. */
+static void lora_refused(model_desc *m, lora_adapter *bad, const char *what, const char *name)
+{
+    char err[SPILL_ERRLEN] = "";
+    lora_set one = {1, &bad};
+    cuda_engine_opts o = {.max_pass_tokens = 16, .max_pass_seqs = 2, .page_tokens = 16, .kv_pages = 8, .lora = &one};
+    cuda_engine *e = NULL;
+    int rc = cuda_engine_open(m, &o, &e, err, sizeof err);
+    CHECK(rc == -1 && e == NULL && strstr(err, what), "%s: adapter %s: open returned %d: %s", name, bad->name, rc, err);
+    cuda_engine_close(e);
+    free_fake_adapter(bad);
+}
+
+/* Section 5 of the header: fixture `name`'s rows, each twice under two adapter indices, fed as run_fixture feeds
+ * them (token by token, in chunks of 4, whole; then decoded), on the CPU and three CUDA engines. */
+static void run_lora(const char *name, int resident_layers)
+{
+    enum { NQ = 2 * MAXROWS };
+    char dir[512], path[600], err[SPILL_ERRLEN];
+    snprintf(dir, sizeof dir, "tests/data/ref/%s", name);
+    snprintf(path, sizeof path, "%s/ref.bin", dir);
+    ref_row rows[MAXROWS];
+    uint32_t n_rows, V;
+    model_desc *m;
+    if (load_ref(path, rows, &n_rows, &V) != 0 || model_open(dir, &m, err, sizeof err) != 0) {
+        CHECK(0, "%s: lora: cannot load the fixture", name);
+        return;
+    }
+    bool moe = m->n_experts > 0;
+    int L = m->n_layers;
+    uint32_t Q = 1u << LORA_Q, K = 1u << LORA_K, Vs = 1u << LORA_V, O = 1u << LORA_O, G = 1u << LORA_GATE,
+             DN = 1u << LORA_DOWN, every = (1u << L) - 1;
+    uint32_t attn = Q | K | Vs | O, all = (1u << LORA_N_SLOTS) - 1;
+    lora_adapter *ads[3] = {fake_adapter(m, "qv4", 4, 2.0f, Q | Vs, every, 0), /* PEFT's default targets */
+                            fake_adapter(m, "all8", 8, 0.5f, moe ? attn : all, every, 0),
+                            fake_adapter(m, "late3", 3, 6.0f / sqrtf(3.0f), moe ? K | O : O | G | DN, 1u << (L - 1),
+                                         0)}; /* rsLoRA: alpha / sqrt(r) */
+    lora_set set = {3, ads};
+    engine_opts co = {
+        .threads = 4, .max_pass_tokens = 64, .max_pass_seqs = 8, .page_tokens = 16, .kv_pages = 64, .lora = &set};
+    cuda_engine_opts go = {.max_pass_tokens = 64,
+                           .max_pass_seqs = 8,
+                           .page_tokens = 16,
+                           .kv_pages = 64,
+                           .kv_dtype = g_kv_dtype,
+                           .lora = &set};
+    cuda_engine_opts gs = {.max_pass_tokens = 64,
+                           .max_pass_seqs = 8,
+                           .page_tokens = 1,
+                           .kv_pages = 1024,
+                           .kv_dtype = g_kv_dtype,
+                           .streamed = true,
+                           .resident_layers = resident_layers,
+                           .ring_slots = 3,
+                           .lora = &set};
+    cuda_engine_opts gb = go;
+    gb.lora = NULL;
+    spill_engine *ce = NULL;
+    cuda_engine *ge = NULL, *se = NULL, *be = NULL;
+    int rc = engine_open(m, &co, &ce, err, sizeof err);
+    CHECK(rc == 0, "%s: lora: engine_open: %s", name, err);
+    if (rc == 0 && (rc = cuda_engine_open(m, &go, &ge, err, sizeof err)))
+        CHECK(0, "%s: lora: cuda_engine_open: %s", name, err);
+    if (rc == 0 && (rc = cuda_engine_open(m, &gs, &se, err, sizeof err)))
+        CHECK(0, "%s: lora: streamed cuda_engine_open: %s", name, err);
+    if (rc == 0 && (rc = cuda_engine_open(m, &gb, &be, err, sizeof err)))
+        CHECK(0, "%s: lora: cuda_engine_open without adapters: %s", name, err);
+    int nq = 2 * (int)n_rows, adapter[NQ], row[NQ];
+    for (int q = 0; q < nq; q++) {
+        row[q] = q % (int)n_rows;
+        adapter[q] = q < (int)n_rows ? q % 4 : 3 - (q - (int)n_rows) % 4; /* 0 1 2, then 3 2 1 */
+    }
+    kv_row kc[NQ] = {0}, kg[NQ] = {0}, ks[NQ] = {0}, kb[NQ] = {0};
+    int32_t done[NQ] = {0};
+    size_t rowb = (size_t)V * sizeof(float);
+    float *lc = malloc(NQ * rowb), *lg = malloc(NQ * rowb), *ls = malloc(NQ * rowb), *lb = malloc(NQ * rowb);
+    double worst = 0, shift[4] = {0};
+    int compared = 0, mismatch = 0, stream_diff = 0, base_diff = 0, base_rows = 0;
+    for (int pass = 0; rc == 0 && pass < 200; pass++) {
+        fwd_seq sc[NQ], sg[NQ], ss[NQ], sb[NQ];
+        int ns = 0, idx[NQ];
+        for (int q = 0; q < nq; q++) {
+            const ref_row *rr = &rows[row[q]];
+            int32_t left = (int32_t)rr->n_total - 1 - done[q];
+            if (left <= 0)
+                continue;
+            int32_t n = 1;
+            if (done[q] < (int32_t)rr->n_prompt) {
+                int32_t rest = (int32_t)rr->n_prompt - done[q];
+                n = q % 3 == 0 ? 1 : q % 3 == 1 ? (rest < 4 ? rest : 4) : rest;
+            }
+            CHECK(kv_row_reserve(engine_kv(ce), &kc[q], done[q] + n) == 0 &&
+                      kv_row_reserve(cuda_engine_kv(ge), &kg[q], done[q] + n) == 0 &&
+                      kv_row_reserve(cuda_engine_kv(se), &ks[q], done[q] + n) == 0 &&
+                      kv_row_reserve(cuda_engine_kv(be), &kb[q], done[q] + n) == 0,
+                  "%s: lora: KV reserve", name);
+            const int32_t *tk = rr->ids + done[q];
+            sc[ns] = (fwd_seq){&kc[q], done[q], n, tk, true, false, 0, adapter[q]};
+            sg[ns] = (fwd_seq){&kg[q], done[q], n, tk, true, false, 0, adapter[q]};
+            ss[ns] = (fwd_seq){&ks[q], done[q], n, tk, true, false, 0, adapter[q]};
+            sb[ns] = (fwd_seq){&kb[q], done[q], n, tk, true, false, 0, 0};
+            idx[ns++] = q;
+        }
+        if (!ns)
+            break;
+        if ((rc = engine_forward(ce, sc, ns, lc, err, sizeof err)))
+            CHECK(0, "%s: lora: cpu forward: %s", name, err);
+        else if ((rc = cuda_engine_forward(ge, sg, ns, lg, err, sizeof err)))
+            CHECK(0, "%s: lora: cuda forward: %s", name, err);
+        else if ((rc = cuda_engine_forward(se, ss, ns, ls, err, sizeof err)))
+            CHECK(0, "%s: lora: streamed cuda forward: %s", name, err);
+        else if ((rc = cuda_engine_forward(be, sb, ns, lb, err, sizeof err)))
+            CHECK(0, "%s: lora: cuda forward without adapters: %s", name, err);
+        if (rc)
+            break;
+        stream_diff += memcmp(lg, ls, (size_t)ns * rowb) != 0;
+        for (int i = 0; i < ns; i++) {
+            int q = idx[i], a = adapter[q];
+            const float *g = lg + (size_t)i * V, *c = lc + (size_t)i * V, *b = lb + (size_t)i * V;
+            double d = compare(g, c, (int)V);
+            worst = !(d <= worst) ? d : worst;
+            float mg, mc;
+            int ga = argmax(g, (int)V, &mg), cb = argmax(c, (int)V, &mc);
+            mismatch += ga != cb && mc > MARGIN;
+            compared++;
+            if (a == 0) {
+                base_diff += memcmp(g, b, rowb) != 0;
+                base_rows++;
+            } else {
+                double sh = compare(g, b, (int)V);
+                shift[a] = !(sh <= shift[a]) ? sh : shift[a];
+            }
+            done[q] += sg[i].n;
+        }
+    }
+    CHECK(worst <= TOL_LOGSOFTMAX, "%s: lora: max |dlogsoftmax| CUDA vs CPU %.3g over %d rows", name, worst, compared);
+    CHECK(mismatch == 0, "%s: lora: %d greedy tokens differ where the CPU's margin > %.2f", name, mismatch, MARGIN);
+    CHECK(stream_diff == 0, "%s: lora: streamed logits differ from resident in %d passes", name, stream_diff);
+    CHECK(base_diff == 0 && base_rows >= 30,
+          "%s: lora: %d of %d bare-base rows differ from the engine without adapters", name, base_diff, base_rows);
+    for (int a = 1; a <= 3; a++)
+        CHECK(shift[a] >= 4 * 5e-2, "%s: lora: adapter %d moves the logits by only %.3g", name, a, shift[a]);
+    if (rc == 0) {
+        /* refused before any GPU work: an index beyond the set; any adapter on an engine without them */
+        fwd_seq bad = {&kg[0], done[0], 1, rows[row[0]].ids + done[0], true, false, 0, 4};
+        CHECK(kv_row_reserve(cuda_engine_kv(ge), &kg[0], done[0] + 1) == 0 &&
+                  kv_row_reserve(cuda_engine_kv(be), &kb[0], done[0] + 1) == 0,
+              "%s: lora: KV reserve", name);
+        CHECK(cuda_engine_forward(ge, &bad, 1, lg, err, sizeof err) == -1 && strstr(err, "LoRA adapter 4"),
+              "%s: lora: adapter 4 of 3: %s", name, err);
+        bad.kv = &kb[0], bad.adapter = 1;
+        CHECK(cuda_engine_forward(be, &bad, 1, lb, err, sizeof err) == -1 && strstr(err, "LoRA adapter 1"),
+              "%s: lora: adapter 1 without adapters: %s", name, err);
+        /* a pass of bare-base rows only skips LoRA: the base engine's bits */
+        fwd_seq a0 = {&kg[0], done[0], 1, rows[row[0]].ids + done[0], true, false, 0, 0}, b0 = a0;
+        b0.kv = &kb[0];
+        rc = cuda_engine_forward(ge, &a0, 1, lg, err, sizeof err) ||
+             cuda_engine_forward(be, &b0, 1, lb, err, sizeof err);
+        CHECK(rc == 0 && memcmp(lg, lb, rowb) == 0, "%s: lora: a bare-base pass differs from the base engine (%s)",
+              name, rc ? err : "bits");
+    }
+    if (ge) {
+        cuda_engine_stats st;
+        cuda_engine_get_stats(ge, &st);
+        CHECK(st.lora_adapters == 3 && st.lora_bytes > 0, "%s: lora: stats say %d adapters, %llu bytes", name,
+              st.lora_adapters, (unsigned long long)st.lora_bytes);
+        fprintf(stderr,
+                "%-28s LoRA: %d rows, max |dlogsoftmax| vs CPU %.2e; adapters move logits by %.2f %.2f %.2f; "
+                "streamed identical: %s; bare-base rows = no-adapter engine: %s (%d rows); %.1f KB of adapters\n",
+                name, compared, worst, shift[1], shift[2], shift[3], stream_diff ? "NO" : "yes",
+                base_diff ? "NO" : "yes", base_rows, st.lora_bytes / 1e3);
+    }
+    for (int q = 0; q < nq; q++) {
+        if (ce)
+            kv_row_free(engine_kv(ce), &kc[q]);
+        if (ge)
+            kv_row_free(cuda_engine_kv(ge), &kg[q]);
+        if (se)
+            kv_row_free(cuda_engine_kv(se), &ks[q]);
+        if (be)
+            kv_row_free(cuda_engine_kv(be), &kb[q]);
+    }
+    engine_close(ce);
+    cuda_engine_close(ge);
+    cuda_engine_close(se);
+    cuda_engine_close(be);
+    free(lc), free(lg), free(ls), free(lb);
+    /* refused at open, one sentence each: an adapter for another shape; LoRA on an MoE layer's experts */
+    lora_refused(m, fake_adapter(m, "wide", 2, 1.0f, Q, every, 8), "another model", name);
+    if (moe)
+        lora_refused(m, fake_adapter(m, "experts", 2, 1.0f, G, every, 0), "MoE", name);
+    for (int a = 0; a < 3; a++)
+        free_fake_adapter(ads[a]);
+    for (uint32_t r = 0; r < n_rows; r++)
+        free(rows[r].ids), free(rows[r].logits);
+    model_close(m);
+}
+
 /* Last: poisons the context. */
 static void run_fault(void)
 {
@@ -1015,6 +1285,9 @@ int main(void)
     run_lazy_experts("qwen2_moe_shared");
     run_lazy_experts("qwen3_moe_top8");
     run_gguf();
+    run_lora("llama_gqa_s64", 0);
+    run_lora("phi3_plain_tied", 1); /* fused QKV and gate/up: each split slot adds onto its own part */
+    run_lora("mixtral_top2", 1);    /* attention slots only */
     run_fault();
     return test_finish("test_cuda_engine");
 }

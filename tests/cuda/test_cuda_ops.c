@@ -33,6 +33,18 @@
  *    widened as code * scale, bit-identical to kv_round's host arithmetic (IEEE
  *    division and rounding on both sides); at the right page and slot, every
  *    other slot 0.
+ *  - LoRA mask: bf16(x) where the column's adapter is the token's, else 0;
+ *    bit-identical to quant_fp32_to_bf16 (both round to nearest even) on
+ *    random finite bit patterns, ties included.
+ *  - LoRA group (x·Aᵀ, mask, ·Bᵀ added onto y, lora.cu) against the same
+ *    roundings on the host (bf16 x, A and scale·B; x·Aᵀ summed in double and
+ *    rounded to bf16; the second product in double): the GPU's fp32 sum of
+ *    x·Aᵀ can round to the neighbouring bf16 where the host's sits next to a
+ *    tie, moving that term by 2^-8 of itself, so |dy| <= 2^-8 Σ_k |t_k b_k| +
+ *    1e-6 (|y| + Σ_k |t_k b_k|) (fp32 accumulation and the final add).  A wrong
+ *    column, slot, scale or transpose moves outputs by the whole term.  Tokens
+ *    of the bare base, and slots the token's adapter does not adapt, must keep
+ *    y bit for bit (the masked columns add exactly 0).
  * Every output buffer is poisoned with NaN before the GPU writes it, and a NaN
  * never passes a comparison.
  */
@@ -42,6 +54,7 @@
 #include "engine/cpu.h"
 #include "cuda/cuda_test.h"
 #include "model/gguf.h"
+#include "model/lora.h"
 #include "model/quant.h"
 #include "batch/sample.h"
 #include "test.h"
@@ -667,6 +680,167 @@ static void test_pick(void)
     free(lg);
 }
 
+static float bf(float x)
+{
+    return quant_bf16_to_fp32(quant_fp32_to_bf16(x));
+}
+
+static void test_lora_mask(void)
+{
+    enum { T = 37, C = 48 };
+    int32_t own[C], ad[T];
+    float *tmp = malloc(T * C * sizeof *tmp);
+    uint16_t *got = malloc(T * C * sizeof *got);
+    for (int j = 0; j < C; j++)
+        own[j] = j % 11 == 10 ? -1 : (int32_t)(rnd() % 3) + 1; /* -1: padding */
+    for (int t = 0; t < T; t++)
+        ad[t] = (int32_t)(rnd() % 4); /* 0: the bare base */
+    for (int i = 0; i < T * C; i++) {
+        uint32_t b;
+        do
+            b = rnd() << 16 ^ rnd();
+        while ((b & 0x7f800000u) == 0x7f800000u); /* finite: NaN payloads are not the mask's concern */
+        if (i % 5 == 0)
+            b = (b & 0xffff0000u) | 0x8000u; /* an exact tie */
+        memcpy(&tmp[i], &b, 4);
+        got[i] = 0xffff;
+    }
+    char err[SPILL_ERRLEN];
+    int rc = cuda_op_lora_mask(tmp, own, ad, T, C, got, err, sizeof err);
+    CHECK(rc == 0, "lora mask: %s", err);
+    int bad = 0, kept = 0;
+    for (int t = 0; rc == 0 && t < T; t++)
+        for (int j = 0; j < C; j++) {
+            bool keep = own[j] == ad[t];
+            uint16_t want = keep ? quant_fp32_to_bf16(tmp[t * C + j]) : 0;
+            bad += got[t * C + j] != want;
+            kept += keep;
+        }
+    CHECK(bad == 0 && kept > 0, "lora mask: %d of %d values differ (%d kept)", bad, T * C, kept);
+    fprintf(stderr, "lora mask %dx%d: %d kept, %s\n", T, C, kept, bad ? "DIFFER" : "bit-identical");
+    free(tmp), free(got);
+}
+
+/* An adapter built by hand, as lora_load returns one: rank r on the slots in `slots` (bit 1 << lora_slot) of the
+ * layers in `layers` (bit 1 << l), A and B uniform in [-1, 1] / sqrt(width). */
+static lora_adapter *fake_adapter(const char *name, int L, const int64_t *in, const int64_t *out, int r, float scale,
+                                  uint32_t slots, uint32_t layers)
+{
+    lora_adapter *ad = calloc(1, sizeof *ad);
+    snprintf(ad->name, sizeof ad->name, "%s", name);
+    snprintf(ad->layout, sizeof ad->layout, "peft");
+    ad->rank = r;
+    ad->alpha = scale * (float)r;
+    ad->scale = scale;
+    ad->targets = slots;
+    ad->n_layers = L;
+    ad->m = calloc((size_t)L * LORA_N_SLOTS, sizeof *ad->m);
+    for (int l = 0; l < L; l++)
+        for (int s = 0; s < LORA_N_SLOTS; s++) {
+            lora_mat *mt = &ad->m[l * LORA_N_SLOTS + s];
+            if (!(slots >> s & 1) || !(layers >> l & 1))
+                continue;
+            mt->r = r, mt->in = in[s], mt->out = out[s];
+            mt->A = malloc((size_t)r * (size_t)in[s] * sizeof(float));
+            mt->B = malloc((size_t)out[s] * (size_t)r * sizeof(float));
+            for (int64_t i = 0; i < r * in[s]; i++)
+                mt->A[i] = frand(-1, 1) / sqrtf((float)in[s]);
+            for (int64_t i = 0; i < out[s] * r; i++)
+                mt->B[i] = frand(-1, 1) / sqrtf((float)r);
+            ad->bytes += (uint64_t)(r * in[s] + out[s] * r) * 4;
+        }
+    return ad;
+}
+
+static void free_fake_adapter(lora_adapter *ad)
+{
+    for (int i = 0; i < ad->n_layers * LORA_N_SLOTS; i++)
+        free(ad->m[i].A), free(ad->m[i].B);
+    free(ad->m);
+    free(ad);
+}
+
+/* Every slot group of three layers: adapter 1 (rank 5) on q, v, down everywhere; adapter 2 (rank 8) on all seven
+ * slots of layers 0 and 1; adapter 3 (rank 3) on k, o, up of layer 1 only.  So layer 2 has q and v adapted but
+ * not k (a slot of a group without columns), and no o, gate or up at all. */
+static void test_lora_group(void)
+{
+    enum { L = 3, D = 96, HS = 128, KS = 32, F = 160, T = 29 };
+    static const int64_t in[LORA_N_SLOTS] = {D, D, D, HS, D, D, F}, out[LORA_N_SLOTS] = {HS, KS, KS, D, F, F, D};
+    static const int first[4] = {LORA_Q, LORA_O, LORA_GATE, LORA_DOWN}, n_slots[4] = {3, 1, 2, 1};
+    lora_adapter *ads[3] = {
+        fake_adapter("one", L, in, out, 5, 2.0f, 1u << LORA_Q | 1u << LORA_V | 1u << LORA_DOWN, 7),
+        fake_adapter("two", L, in, out, 8, 0.5f, (1u << LORA_N_SLOTS) - 1, 3),
+        fake_adapter("three", L, in, out, 3, 1.25f, 1u << LORA_K | 1u << LORA_O | 1u << LORA_UP, 2)};
+    lora_set set = {3, ads};
+    int32_t ad[T];
+    for (int t = 0; t < T; t++)
+        ad[t] = t < 4 ? 2 : (int32_t)(rnd() % 4); /* a run of one adapter, then a mix with bare-base tokens */
+    char err[SPILL_ERRLEN];
+    int bad = 0, kept_bad = 0, adapted = 0;
+    double worst = 0;
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < 4; g++) {
+            int64_t K = in[first[g]];
+            float *x = malloc((size_t)T * K * sizeof *x), *y[3] = {NULL, NULL, NULL}, *y0[3] = {NULL, NULL, NULL};
+            for (int64_t i = 0; i < T * K; i++)
+                x[i] = frand(-2, 2);
+            for (int i = 0; i < n_slots[g]; i++) {
+                int64_t n = T * out[first[g] + i];
+                y[i] = malloc((size_t)n * sizeof(float));
+                y0[i] = malloc((size_t)n * sizeof(float));
+                for (int64_t j = 0; j < n; j++)
+                    y[i][j] = y0[i][j] = frand(-1, 1);
+            }
+            int rc = cuda_op_lora(&set, l, g, x, T, ad, y, err, sizeof err);
+            CHECK(rc == 0, "lora group %d of layer %d: %s", g, l, err);
+            for (int i = 0; rc == 0 && i < n_slots[g]; i++) {
+                int s = first[g] + i;
+                int64_t N = out[s];
+                for (int t = 0; t < T; t++) {
+                    const lora_mat *mt = ad[t] ? &ads[ad[t] - 1]->m[l * LORA_N_SLOTS + s] : NULL;
+                    if (!mt || mt->r == 0) { /* nothing of this token's adapter here: y keeps its bits */
+                        kept_bad += memcmp(y[i] + t * N, y0[i] + t * N, (size_t)N * sizeof(float)) != 0;
+                        continue;
+                    }
+                    float tb[8];
+                    for (int k = 0; k < mt->r; k++) {
+                        double a = 0;
+                        for (int64_t c = 0; c < K; c++)
+                            a += (double)bf(x[t * K + c]) * bf(mt->A[k * K + c]);
+                        tb[k] = bf((float)a);
+                    }
+                    float sc = ads[ad[t] - 1]->scale;
+                    for (int64_t o = 0; o < N; o++) {
+                        double d = 0, s1 = 0;
+                        for (int k = 0; k < mt->r; k++) {
+                            double p = (double)tb[k] * bf(sc * mt->B[o * mt->r + k]);
+                            d += p;
+                            s1 += fabs(p);
+                        }
+                        double want = (double)y0[i][t * N + o] + d, got = y[i][t * N + o];
+                        double tol = s1 / 256 + 1e-6 * (fabs(want) + s1), e = fabs(got - want);
+                        bad += !(e <= tol);
+                        worst = e / tol > worst || isnan(e) ? (isnan(e) ? INFINITY : e / tol) : worst;
+                    }
+                    adapted++;
+                }
+            }
+            free(x);
+            for (int i = 0; i < 3; i++)
+                free(y[i]), free(y0[i]);
+        }
+    CHECK(bad == 0, "lora groups: %d outputs beyond the bound (worst %.2f of it)", bad, worst);
+    CHECK(kept_bad == 0, "lora groups: %d rows of tokens without an adapter there changed", kept_bad);
+    CHECK(adapted > 100, "lora groups: only %d adapted rows compared", adapted);
+    fprintf(stderr,
+            "lora groups, 3 layers x 4 groups, 3 adapters: %d adapted rows, worst %.2f of the bound, the others "
+            "bit-identical: %s\n",
+            adapted, worst, kept_bad ? "NO" : "yes");
+    for (int a = 0; a < 3; a++)
+        free_fake_adapter(ads[a]);
+}
+
 int main(void)
 {
     char err[SPILL_ERRLEN], name[256];
@@ -693,6 +867,8 @@ int main(void)
         test_attention_split(dt);
     }
     test_pick();
+    test_lora_mask();
+    test_lora_group();
     cpu_pool_free(pool);
     return test_finish("test_cuda_ops");
 }
