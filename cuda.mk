@@ -10,13 +10,13 @@
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCCFLAGS  ?= -O2 -g -arch=sm_90 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 CUDA_CFLAGS ?=
-CUDA_LIBS  ?= -ljansson -lcrypto
+CUDA_LIBS  ?= -ljansson -lpcre2-8 -lcrypto
 CUDA_LINK  := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lm -lstdc++
 
 CUDA_OBJ   := $(patsubst src/cuda/%.cu,build/cuda/%.o,$(wildcard src/cuda/*.cu))
 # model/lora (the adapter loader) lands with the CPU engine's LoRA branch: listed once its file exists (the GPU
 # code itself needs only model/lora.h's structs), so the line is ready before and after that merge.
-CUDA_CSRC  := engine/cpu base/pool base/settings model/quant engine/kv model/arch model/model model/gguf model/safetensors base/util engine/stream engine/forward engine/moe model/templates batch/sample model/lora
+CUDA_CSRC  := engine/cpu base/pool base/settings model/quant engine/kv model/arch model/model model/gguf model/safetensors base/util engine/stream engine/forward engine/moe model/templates batch/sample model/lora engine/lora_cpu
 CUDA_COBJ  := $(patsubst %,build/cuda/c/%.o,$(CUDA_CSRC))
 CUDA_TESTS := $(patsubst tests/cuda/%.c,build/cuda/%,$(wildcard tests/cuda/test_*.c))
 

@@ -31,7 +31,7 @@ BIN=.carry/bin
 if [ ! -x "$BIN/test_cuda_ops" ] || ldd "$BIN/test_cuda_ops" | grep -q "not found"; then
     log "carried binaries unusable here ($(ldd "$BIN/test_cuda_ops" 2>&1 | grep 'not found' | tr '\n' ' ')); building"
     if make cuda CUDA_CFLAGS="-I.carry/include" \
-        CUDA_LIBS=".carry/lib/libjansson.a .carry/lib/libcrypto.a -ldl -lpthread" >> "$OUT/run.log" 2>&1; then
+        CUDA_LIBS=".carry/lib/libjansson.a .carry/lib/libpcre2-8.a .carry/lib/libcrypto.a -ldl -lpthread" >> "$OUT/run.log" 2>&1; then
         BIN=build/cuda
     else
         log "build failed"; exit 1
