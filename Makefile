@@ -5,7 +5,9 @@
 
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
-WARN    := -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE
+# the build's identity in every run's manifest (stale until the file that uses it is rebuilt: fine for provenance)
+GIT_DESC := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+WARN    := -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -DSPILL_GIT=\"$(GIT_DESC)\"
 LIBS    := -ljansson -lpcre2-8 -lutf8proc -lcrypto -lpthread -lm
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 

@@ -25,6 +25,7 @@
 #include "engine/probe.h"
 #include "model/synth.h"
 #include "batch/run.h"
+#include "batch/runs.h"
 #include "text/prompt.h"
 #include "base/exit.h"
 #include "base/settings.h"
@@ -41,7 +42,8 @@ static const struct command {
     {"eval", "spill eval INPUT MODEL [MODEL...] --metric M", "run each model, score each row, one comparison table",
      false},
     {"check", "spill check INPUT.jsonl [--all]", "validate a batch / chat / fine-tuning / eval file", true},
-    {"runs", "spill runs [show ID]", "list and inspect the run store", false},
+    {"runs", "spill runs [show ID | rm ID... | clean --older-than DAYS [--dry-run]]",
+     "list, inspect and clean the run store (every run, distill and eval job)", true},
     {"models", "spill models [show MODEL]", "curated tags, local models, architecture support", true},
     {"adapters", "spill adapters", "list the LoRA adapters under $SPILL_HOME/adapters (run one: MODEL+ADAPTER)", true},
     {"probe", "spill probe [--dir PATH] [--bytes N]", "measure RAM, disk read rate (page cache bypassed), GEMM rate",
@@ -403,6 +405,8 @@ int main(int argc, char **argv)
         return cmd_models(argc - 2, argv + 2);
     if (!strcmp(cmd, "adapters"))
         return cmd_adapters(argc - 2, argv + 2);
+    if (!strcmp(cmd, "runs"))
+        return runs_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize"))
         return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "template"))

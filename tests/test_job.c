@@ -387,7 +387,13 @@ static void test_basic(void)
         return;
     char id[JOB_ID_MAX];
     snprintf(id, sizeof id, "%s", job_id(j));
-    CHECK(strlen(id) == 26 && strspn(id, "abcdefghijklmnopqrstuvwxyz0123456789_-") == strlen(id), "job id %s", id);
+    /* one id: the job directory's name */
+    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    CHECK(!strcmp(id, base), "job id %s is not the directory's name %s", id, base);
+    char fresh[JOB_ID_MAX];
+    CHECK(job_new_id(fresh, sizeof fresh, err, sizeof err) == 0 && strlen(fresh) == 26 &&
+              strspn(fresh, "abcdefghijklmnopqrstuvwxyz0123456789_-") == strlen(fresh),
+          "a new job id %s", fresh);
 
     for (int i = 0; i < 6; i++)
         CHECK(append_row(j, i, err, sizeof err) == 0, "append %d: %s", i, err);

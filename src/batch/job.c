@@ -782,6 +782,20 @@ int job_commit(job *j, char *err, size_t errlen)
     return commit_state(j, JOB_RUNNING, false, err, errlen);
 }
 
+int job_set_info(job *j, const char *key, json_t *value, char *err, size_t errlen)
+{
+    static const char *const own[] = {"spill_job", "id", "command", "state", "input", "rows", "committed",
+                                      "updated_at", "ended_at", "resumes", "started_at"};
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++)
+        if (!strcmp(key, own[i])) {
+            json_decref(value);
+            return util_errf(err, errlen, "job_set_info: \"%s\" is the job store's own key.", key);
+        }
+    if (!value || json_object_set_new(j->manifest, key, value))
+        return util_errf(err, errlen, "out of memory recording %s in the manifest of job %s.", key, j->id);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ create */
 
 int job_new_id(char *out, size_t cap, char *err, size_t errlen)
@@ -835,6 +849,16 @@ int job_create(const char *dir, const job_info *info, const job_io *io, job **ou
     char id[JOB_ID_MAX], dirbuf[PATH_MAX], path[PATH_MAX];
     if (job_new_id(id, sizeof id, err, errlen) != 0)
         return -1;
+    if (dir) { /* one id: the job directory's name is the run id everywhere */
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s", dir);
+        size_t n = strlen(tmp);
+        while (n > 1 && tmp[n - 1] == '/')
+            tmp[--n] = 0;
+        const char *base = strrchr(tmp, '/') ? strrchr(tmp, '/') + 1 : tmp;
+        if (*base && strlen(base) < JOB_ID_MAX && strcmp(base, ".") && strcmp(base, ".."))
+            memcpy(id, base, strlen(base) + 1); /* fits: checked above */
+    }
     if (!dir) {
         if (util_pathf(dirbuf, sizeof dirbuf, "%s/jobs/%s", util_spill_home(), id) != 0)
             return util_errf(err, errlen, "SPILL_HOME path is too long for a job directory; set a shorter one.");
@@ -1277,6 +1301,11 @@ int job_read_stored(const char *dir, job_stored *st, char *err, size_t errlen)
     const char *fp = json_string_value(json_object_get(model, "fingerprint"));
     const char *in = json_string_value(json_object_get(json_object_get(man, "input"), "path"));
     int rc = 0;
+    const char *state = json_string_value(json_object_get(man, "state"));
+    st->done = state && !strcmp(state, "done");
+    json_t *rows = json_object_get(man, "rows");
+    st->rows_completed = (uint64_t)json_integer_value(json_object_get(rows, "completed"));
+    st->rows_failed = (uint64_t)json_integer_value(json_object_get(rows, "failed"));
     if (!id || !in)
         rc = -2, util_errf(err, errlen, "%s: the manifest lacks model.id or input.path; it was not written by spill run.",
                            path);

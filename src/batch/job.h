@@ -71,7 +71,14 @@ typedef struct job_info {
 int job_new_id(char *out, size_t cap, char *err, size_t errlen);
 
 /*
- * Creates a job.  dir NULL means $SPILL_HOME/jobs/<new id>.  The directory
+ * Records key (not one of the store's own: id, state, rows, ...) in the manifest, stealing value; it is
+ * written with the next commit.  0, or -1 with a sentence.
+ */
+int job_set_info(job *j, const char *key, json_t *value, char *err, size_t errlen);
+
+/*
+ * Creates a job.  dir NULL means $SPILL_HOME/jobs/<new id>; the job's id is the directory's name (its last
+ * component), the run id every row's stamp and the manifest carry.  The directory
  * (and its parents) is created; an existing directory must be empty, else
  * the call fails with a sentence pointing at `spill resume`.  Creates empty
  * results.jsonl and errors.jsonl and the first manifest (state running) —
@@ -162,6 +169,8 @@ typedef struct job_stored {
     char *model_id;          /* model.id: what the user named (tag, path or repo id) */
     char *model_fingerprint; /* model.fingerprint; NULL when the job recorded none */
     json_t *options;         /* options: the object job_create was given ({} when none) */
+    bool done;               /* state "done": every row has its line */
+    uint64_t rows_completed, rows_failed;
 } job_stored;
 
 /* 0; -1 with a sentence when dir holds no readable manifest (not a job directory); -2 with a sentence when

@@ -282,7 +282,9 @@ static json_t *stamp_json(const out_stamp *s)
     if (o && (json_object_set_new(o, "run_id", str_or_null(s->run_id)) ||
               json_object_set_new(o, "model_fingerprint", str_or_null(s->model_fingerprint)) ||
               json_object_set_new(o, "quant", str_or_null(s->quant)) ||
-              json_object_set_new(o, "adapter", str_or_null(s->adapter)))) {
+              json_object_set_new(o, "adapter", str_or_null(s->adapter)) ||
+              (s->passes > 0 && json_object_set_new(o, "latency_s", json_real(round(s->latency_s * 1e4) / 1e4))) ||
+              (s->passes > 0 && json_object_set_new(o, "passes", json_integer(s->passes))))) {
         json_decref(o);
         return NULL;
     }

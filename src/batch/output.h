@@ -71,6 +71,8 @@ typedef struct out_stamp {
     const char *model_fingerprint;
     const char *quant;
     const char *adapter; /* full hash of the LoRA adapter, NULL without one */
+    double latency_s;    /* the row's admission to its finish (its first admission when preempted) */
+    int passes;          /* weight passes the row took part in; 0 = neither key is written */
 } out_stamp;
 
 /* One successful row. */

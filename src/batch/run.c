@@ -44,6 +44,8 @@
 
 #include "npy.h"
 #include "run_internal.h"
+#include "runs.h"
+#include "../engine/probe.h"
 #include "../base/util.h"
 #include "../model/arch.h"
 #include "../text/prompt.h"
@@ -243,8 +245,10 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
                              (size_t)ch->n_gen, ch->lp, w->echo, w->echo_len, et ? (size_t)w->n_prompt : 0, et};
         completion += (uint64_t)ch->n_gen;
     }
-    out_stamp stamp = r->stamp; /* the row's adapter's full hash */
+    out_stamp stamp = r->stamp; /* the row's adapter's full hash, its latency and passes */
     stamp.adapter = run_adapter_hash(r, w->adapter);
+    stamp.latency_s = w->t_admit > 0 ? now_s() - w->t_admit : 0;
+    stamp.passes = w->passes;
     out_result res = {w->custom_id, w->model, r->sys_fp, (int64_t)time(NULL), (size_t)w->n_choices, oc,
                       (uint64_t)w->n_prompt, completion, &stamp};
     char *line;
@@ -488,6 +492,13 @@ static int run_passes(runner *r, char *err, size_t errlen)
             continue; /* a stalled prefill gave up its newest row: admit again */
         double pass_tokens, pass_att;
         sched_pass_work(s, &pass_tokens, &pass_att);
+        for (int q = 0; q < ns; q++) { /* each row's passes and first admission (its stamp's latency_s) */
+            row *w = &r->rows[s->seq_row[q]];
+            if (w->last_pass != pass + 1)
+                w->passes++, w->last_pass = pass + 1;
+            if (w->t_admit == 0)
+                w->t_admit = t0;
+        }
         int nl = 0;
         for (int q = 0; q < ns; q++) {
             const fwd_seq *sq = &s->seqs[q];
@@ -650,6 +661,84 @@ static int check_logits_room(runner *r, char *err, size_t errlen)
         fprintf(stderr, "spill: --full-logits: %s%s for %llu rows in %s (%s free)\n", how, tb,
                 (unsigned long long)rows, r->logits_dir, ab);
     return 0;
+}
+
+#ifndef SPILL_GIT
+#define SPILL_GIT "unknown"
+#endif
+
+/* The first "model name" of /proc/cpuinfo, or "". */
+static void cpu_model(char *out, size_t cap)
+{
+    out[0] = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            const char *v = strchr(line, ':') + 1;
+            while (*v == ' ' || *v == '\t')
+                v++;
+            snprintf(out, cap, "%s", v);
+            out[strcspn(out, "\n")] = 0;
+            break;
+        }
+    if (f)
+        fclose(f);
+}
+
+/* What the run store keeps about this run besides what job.c writes: the command line, quant, adapters, the
+ * build and the hardware (the machine's probe from the calibration store, when one was taken). */
+static int record_run_info(runner *r, char *err, size_t errlen)
+{
+    bool resumed = json_object_get(job_manifest(r->j), "argv") != NULL;
+    json_t *argv = json_array();
+    json_array_append_new(argv, json_string("spill"));
+    json_array_append_new(argv, json_string(resumed ? "resume" : r->o.cmd == 1 ? "distill" : "run"));
+    for (int i = 0; argv && i < r->argc; i++)
+        json_array_append_new(argv, json_string(r->argv[i]));
+    char cpu[256];
+    cpu_model(cpu, sizeof cpu);
+    json_t *hw = json_pack("{s:s,s:i,s:I,s:s}", "cpu", cpu, "cores", (int)sysconf(_SC_NPROCESSORS_ONLN), "ram_bytes",
+                           (json_int_t)((uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE)),
+                           "backend", r->be.name);
+    char pp[4200];
+    probe_result pr;
+    char e2[SPILL_ERRLEN];
+    if (hw && !util_pathf(pp, sizeof pp, "%s/calibration/probe.json", util_spill_home()) && util_is_file(pp) &&
+        probe_load(pp, &pr, e2, sizeof e2) == 0)
+        json_object_set_new(hw, "probe", json_pack("{s:s,s:f,s:f,s:f,s:b}", "time", pr.time, "disk_read_gbs",
+                                                   pr.read_gbs, "disk_write_gbs", pr.write_gbs, "matmul_gflops",
+                                                   pr.matmul_gflops, "direct_io", pr.direct));
+    json_t *ad = r->default_adapter
+                     ? json_pack("{s:s,s:s}", "id", r->adapter_spec, "hash", run_adapter_hash(r, r->default_adapter))
+                     : json_null();
+    json_t *ads = json_array();
+    for (int i = 0; ads && i < r->lora.n; i++)
+        json_array_append_new(ads, json_pack("{s:s,s:s,s:s}", "name", r->lora.ad[i]->name, "path", r->lora.ad[i]->path,
+                                             "hash", r->lora.ad[i]->hash));
+    json_t *build = json_pack("{s:s,s:s,s:s}", "version", SPILL_VERSION, "git", SPILL_GIT, "backend",
+                              spill_gpu_open ? "cuda" : "cpu");
+    if (!argv || !hw || !ad || !ads || !build) {
+        json_decref(argv), json_decref(hw), json_decref(ad), json_decref(ads), json_decref(build);
+        return util_errf(err, errlen, "out of memory recording the run's manifest.");
+    }
+    return job_set_info(r->j, resumed ? "resume_argv" : "argv", argv, err, errlen) ||
+           job_set_info(r->j, "quant", json_string(r->m->quant_summary), err, errlen) ||
+           job_set_info(r->j, "adapter", ad, err, errlen) || job_set_info(r->j, "adapters", ads, err, errlen) ||
+           job_set_info(r->j, "build", build, err, errlen) || job_set_info(r->j, "hardware", hw, err, errlen);
+}
+
+/* The run's throughput, into the manifest before its last commit. */
+static void record_throughput(runner *r, double el)
+{
+    char e2[SPILL_ERRLEN];
+    uint64_t toks = r->tokens_generated ? r->tokens_generated : r->tokens_scored;
+    if (r->j)
+        job_set_info(r->j, "throughput",
+                     json_pack("{s:f,s:I,s:I,s:I,s:f}", "seconds", el, "tokens_generated",
+                               (json_int_t)r->tokens_generated, "tokens_scored", (json_int_t)r->tokens_scored,
+                               "prompt_tokens", (json_int_t)r->prompt_tokens, "tok_s", el > 0 ? (double)toks / el : 0),
+                     e2, sizeof e2);
 }
 
 /* The memory plan for this job (plan.h) from the pending rows' KV needs and the engine about to open. */
@@ -896,7 +985,7 @@ static int run_job(runner *r, const job_stored *stored)
     /* the job and its rows */
     if (open_job(r, stored, err, sizeof err))
         goto fail;
-    r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->m->quant_summary, NULL};
+    r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->m->quant_summary, NULL, 0, 0};
     if (run_load_rows(r, err, sizeof err) || run_adapters_write(r, err, sizeof err))
         goto fail_job;
 
@@ -955,8 +1044,16 @@ static int run_job(runner *r, const job_stored *stored)
                                              bkv->dtype);
     }
     code = SPILL_EX_SOFTWARE; /* what is left to fail before the passes is memory or the disk */
-    if (setup_passes(r, err, sizeof err) || job_commit(r->j, err, sizeof err))
+    if (setup_passes(r, err, sizeof err) || record_run_info(r, err, sizeof err) || job_commit(r->j, err, sizeof err))
         goto fail_job;
+    if (!stored) { /* found by its id from anywhere: $SPILL_HOME/runs/<id> when it lives elsewhere */
+        int rg = runs_register(job_dir(r->j), job_id(r->j), e2, sizeof e2);
+        if (rg < 0)
+            fprintf(stderr, "spill: the run is not in the run index (%s); resume it by its directory.\n", e2);
+        else if (rg > 0)
+            fprintf(stderr, "spill: another run already has the id %s; resume this one by its directory, %s.\n",
+                    job_id(r->j), job_dir(r->j));
+    }
     r->rows_done = job_rows_completed(r->j);
     r->rows_failed = job_rows_failed(r->j);
     if (r->o.pass_log && (r->pass_log = fopen(r->o.pass_log, "w")))
@@ -975,6 +1072,7 @@ static int run_job(runner *r, const job_stored *stored)
     if (plan_save_fit(&r->mem, e2, sizeof e2))
         fprintf(stderr, "spill: memory calibration not saved: %s\n", e2);
     calib merged = current_fit(r);
+    record_throughput(r, now_s() - r->t_start);
     if (g_stop) {
         calib_save(r->cal_path, &merged, e2, sizeof e2);
         int rc = job_close(r->j, JOB_INTERRUPTED, err, sizeof err);
@@ -1028,6 +1126,7 @@ static int start_main(int argc, char **argv, int cmd)
     runner r = {0};
     r.o.cmd = cmd;
     r.o.distill_k = -1;
+    r.argc = argc, r.argv = argv; /* after the command name: the manifest prepends it */
     if (run_parse_opts(argc, argv, &r.o, false)) {
         fprintf(stderr, cmd == 1 ? "usage: spill distill MODEL INPUT.jsonl [OPTIONS]   (spill distill --help lists every "
                                    "option)\n"
@@ -1074,6 +1173,14 @@ int resume_main(int argc, char **argv)
         fprintf(stderr, "spill: %s\n", err);
         return rc == -2 ? SPILL_EX_DATAERR : SPILL_EX_NOINPUT;
     }
+    if (st.done) { /* nothing to do: say so, successfully */
+        printf("job %s is already complete: %llu rows answered, %llu failed; the output is in %s/results.jsonl%s.\n",
+               dir, (unsigned long long)st.rows_completed, (unsigned long long)st.rows_failed, dir,
+               st.rows_failed ? " (failures in errors.jsonl)" : "");
+        job_stored_free(&st);
+        return SPILL_EX_OK;
+    }
+    r.argc = argc, r.argv = argv;
     int code = run_job(&r, &st);
     job_stored_free(&st);
     return code;

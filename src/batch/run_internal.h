@@ -60,6 +60,8 @@ typedef struct run_opts {
 
 typedef struct runner {
     run_opts o;
+    int argc;            /* the command line after `spill` (the manifest keeps it whole) */
+    char **argv;
     bool started;        /* the passes began: from here a failure leaves the job resumable (exit 75) */
     model_desc *m;
     arch_layout al;      /* m resolved for the engine that runs it (adapters are checked against it) */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "run_internal.h"
+#include "runs.h"
 #include "../base/util.h"
 
 static int parse_bytes(const char *s, uint64_t *out)
@@ -231,11 +232,9 @@ json_t *run_opts_json(const run_opts *o)
 
 int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char *err, size_t errlen)
 {
-    /* A bare id names $SPILL_HOME/jobs/<id>. */
-    if (!strchr(o->out_dir, '/') && !util_is_dir(o->out_dir))
-        snprintf(dir, dircap, "%s/jobs/%s", util_spill_home(), o->out_dir);
-    else
-        snprintf(dir, dircap, "%s", o->out_dir);
+    /* the directory, or a run id: $SPILL_HOME/jobs/<id>, or the run linked from $SPILL_HOME/runs/<id> */
+    if (runs_resolve(o->out_dir, dir, dircap, err, errlen))
+        return -1;
     o->out_dir = dir;
     int rc = job_read_stored(dir, st, err, errlen);
     if (rc)

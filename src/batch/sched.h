@@ -79,6 +79,8 @@ typedef struct row {
     int32_t *bias_id;
     float *bias;
     int adapter;         /* LoRA: fwd_seq.adapter of the row's sequences (0 = the bare base) */
+    double t_admit;      /* the runner's: job clock when the row first ran (latency_s), 0 before */
+    int passes, last_pass; /* the runner's: passes the row took part in, and the last one's number */
     /* Teacher forcing (echo, --score): the log-probs of prompt tokens [score_from, n_prompt) are recorded from
      * the prefill's logits (choice 0's); 0 = none (position 0 has no log-prob).  plp/palts are allocated when
      * the first one arrives. */
