@@ -329,6 +329,7 @@ static int read_peft_config(reader *rd, char *err, size_t errlen)
         {"layer_replication", "layers replicated in the base"},
         {"target_parameters", "mixture-of-experts parameters"},
         {"alora_invocation_tokens", "an activated LoRA, switched on by invocation tokens"},
+        {"monteclora_config", "Monte Carlo sampling over the LoRA factors"},
     };
     for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
         if ((v = cfg_get(rd, unsupported[i][0])) && !(json_is_array(v) && json_array_size(v) == 0) &&
