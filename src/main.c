@@ -24,6 +24,7 @@
 #include "engine/cpu.h"
 #include "engine/probe.h"
 #include "model/synth.h"
+#include "batch/eval.h"
 #include "batch/run.h"
 #include "batch/runs.h"
 #include "text/prompt.h"
@@ -39,8 +40,8 @@ static const struct command {
     {"run", "spill run MODEL INPUT.jsonl [-o DIR] [OPTIONS]", "answer every row; OpenAI-format output + error files (--help: every option)", true},
     {"resume", "spill resume JOB [OPTIONS]", "continue an interrupted job exactly where it stopped", true},
     {"distill", "spill distill MODEL INPUT [OPTIONS]", "top-K log-probs (--logprobs K, --full-logits), or --score: teacher-forced log-probs of given answers", true},
-    {"eval", "spill eval INPUT MODEL [MODEL...] --metric M", "run each model, score each row, one comparison table",
-     false},
+    {"eval", "spill eval INPUT MODEL [MODEL...] --metric M [--metric M2...] [--judge MODEL] [--rerun] [-o DIR]",
+     "run (or reuse) each model on an eval file, score every row, one comparison table", true},
     {"check", "spill check INPUT.jsonl [--all]", "validate a batch / chat / fine-tuning / eval file", true},
     {"runs", "spill runs [show ID | rm ID... | clean --older-than DAYS [--dry-run]]",
      "list, inspect and clean the run store (every run, distill and eval job)", true},
@@ -407,6 +408,8 @@ int main(int argc, char **argv)
         return cmd_adapters(argc - 2, argv + 2);
     if (!strcmp(cmd, "runs"))
         return runs_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "eval"))
+        return eval_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize"))
         return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "template"))

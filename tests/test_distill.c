@@ -429,6 +429,41 @@ static void test_logprobs_k(const char *tmp)
     }
     CHECK(rc == 2 && strstr(msg, "--max-logits-bytes") && strstr(msg, " MB"), "the cap: exit %d, %s", rc, msg);
     CHECK(access(job, F_OK) != 0, "a refused distill job left %s behind", job);
+    /* bad distill options: one sentence, exit 2, no job */
+    static const char *const bad[][2] = {{"--logprobs 65", "0 to 64"},
+                                         {"--logprobs x", "whole number"},
+                                         {"--max-logits-bytes 12Q", "size in bytes"}};
+    for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+        rc = sh("%s distill %s %s %s -o %s --quiet >/dev/null 2>%s", bin(), TINY, in, bad[b][0], job, path);
+        f = fopen(path, "r");
+        msg[0] = 0;
+        if (f) {
+            size_t n = fread(msg, 1, sizeof msg - 1, f);
+            msg[n] = 0;
+            fclose(f);
+        }
+        CHECK(rc == 2 && strstr(msg, bad[b][1]) && access(job, F_OK) != 0, "distill %s: exit %d, %s", bad[b][0], rc,
+              msg);
+    }
+    /* rows --score and --full-logits cannot take fail alone, with a sentence */
+    snprintf(in, sizeof in, "%s/badrows.jsonl", tmp);
+    f = fopen(in, "w");
+    fprintf(f, "{\"custom_id\":\"c1\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"model\":\"x\","
+               "\"prompt\":\"hi\",\"max_tokens\":2}}\n"
+               "{\"custom_id\":\"n2\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":\"x\","
+               "\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}],"
+               "\"n\":2}}\n");
+    fclose(f);
+    snprintf(job, sizeof job, "%s/badrows", tmp);
+    rc = sh("%s distill %s %s --score --full-logits -o %s --quiet >/dev/null 2>&1", bin(), TINY, in, job);
+    snprintf(path, sizeof path, "%s/errors.jsonl", job);
+    json_t *errs = read_lines(path);
+    char *all = json_dumps(errs, 0);
+    CHECK(rc == 0 && json_array_size(errs) == 2 && all && strstr(all, "completions request") &&
+              strstr(all, "n = 2 choices"),
+          "--score --full-logits: a completions row and an n = 2 row: exit %d, %.400s", rc, all ? all : "");
+    free(all);
+    json_decref(errs);
     fprintf(stderr, "--logprobs 30: %d tokens with 20 + 10 alternatives; --max-logits-bytes refuses with: %.200s", tokens,
             msg);
 }

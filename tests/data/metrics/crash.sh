@@ -1,0 +1,3 @@
+#!/bin/sh
+# dies of a signal
+kill -SEGV $$

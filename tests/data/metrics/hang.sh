@@ -1,0 +1,3 @@
+#!/bin/sh
+# never answers
+sleep 30
