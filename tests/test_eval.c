@@ -9,6 +9,8 @@
  *   - the same eval again reuses the run ("cached", no pass: the run's manifest is untouched), also for the same
  *     weights under another path (the key is the fingerprint, not the name); --rerun runs again;
  *   - an eval killed in the middle of its run resumes it (no row answered twice);
+ *   - the bare base and BASE+ADAPTER answer in one shared job (one pass over the base for both), each model's
+ *     answers equal to its own run alone;
  *   - a row without `expected` and a bad metric are refused with one sentence before any model runs.
  */
 #include <jansson.h>
@@ -21,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "peft_fixture.h"
 #include "test.h"
 
 #define TINY "tests/data/tiny/tiny-smollm2.gguf"
@@ -190,7 +193,7 @@ int main(void)
                                                                   "(want %.4f): %s",
           em, want_em, ct, want_ct, row);
     CHECK(lo <= em && em <= hi && lo >= 0 && hi <= 1, "interval [%.3f, %.3f] around %.3f", lo, hi, em);
-    CHECK(csv_num(row, 1) == ROWS && csv_num(row, 2) == 0 && csv_num(row, 14) == 0, "rows / failed / cached: %s", row);
+    CHECK(csv_num(row, 1) == ROWS && csv_num(row, 2) == 0 && csv_num(row, 15) == 0, "rows / failed / cached: %s", row);
     snprintf(path, sizeof path, "%s/table.md", out);
     read_file(path, buf, sizeof buf);
     CHECK(strstr(buf, "| model |") && strstr(buf, "exact_match") && strstr(buf, "p95"), "table.md: %.300s", buf);
@@ -212,7 +215,7 @@ int main(void)
     csv_row(csv, TINY, r1, sizeof r1);
     csv_row(csv, alias, r2, sizeof r2);
     read_file(run_manifest, after, sizeof after);
-    CHECK(rc == 0 && csv_num(r1, 11) == 1 && csv_num(r2, 11) == 1, "second eval: exit %d, cached %s | %s", rc, r1, r2);
+    CHECK(rc == 0 && csv_num(r1, 12) == 1 && csv_num(r2, 12) == 1, "second eval: exit %d, cached %s | %s", rc, r1, r2);
     CHECK(before[0] && !strcmp(before, after), "the cached run's manifest changed: it ran again");
     snprintf(path, sizeof path, "%s/diff.jsonl", out);
     read_file(path, buf, sizeof buf);
@@ -222,7 +225,51 @@ int main(void)
     rc = sh("%s eval %s %s --metric exact_match --rerun -o %s --quiet >/dev/null 2>&1", bin(), ev, TINY, out);
     snprintf(csv, sizeof csv, "%s/table.csv", out);
     csv_row(csv, TINY, r1, sizeof r1);
-    CHECK(rc == 0 && csv_num(r1, 11) == 0 && fabs(csv_num(r1, 3) - want_em) < 1e-6, "--rerun: exit %d, %s", rc, r1);
+    CHECK(rc == 0 && csv_num(r1, 12) == 0 && fabs(csv_num(r1, 3) - want_em) < 1e-6, "--rerun: exit %d, %s", rc, r1);
+
+    /* the base and an adapter of it: one shared job, each model's answers as its own run gives them */
+    char adir[1300], spec[2600];
+    snprintf(adir, sizeof adir, "%s/ad1", tmp);
+    static const char *const tg[] = {"q_proj", "v_proj", "down_proj"};
+    write_peft(adir, 4, tg, 3);
+    snprintf(spec, sizeof spec, "%s+%s", TINY, adir);
+    snprintf(out, sizeof out, "%s/ev8", tmp);
+    rc = sh("%s eval %s %s '%s' --metric exact_match -o %s --quiet >/dev/null 2>&1", bin(), ev, TINY, spec, out);
+    snprintf(csv, sizeof csv, "%s/table.csv", out);
+    csv_row(csv, TINY, r1, sizeof r1);
+    csv_row(csv, spec, r2, sizeof r2);
+    CHECK(rc == 0 && csv_num(r1, 11) == 2 && csv_num(r2, 11) == 2 && csv_num(r1, 1) == ROWS && csv_num(r2, 1) == ROWS,
+          "shared job: exit %d, %s | %s", rc, r1, r2);
+    CHECK(fabs(csv_num(r1, 3) - want_em) < 1e-6, "the base in a shared job: exact_match %.3f, alone %.3f",
+          csv_num(r1, 3), want_em);
+    snprintf(dir, sizeof dir, "%s/alone-ad", tmp);
+    CHECK(sh("%s run '%s' %s -o %s --quiet >/dev/null 2>&1", bin(), spec, in, dir) == 0, "adapter run alone");
+    snprintf(path, sizeof path, "%s/results.jsonl", dir);
+    json_t *alone = read_lines(path);
+    const char *srd = strrchr(r2, ',');
+    char shared_res[1500];
+    snprintf(shared_res, sizeof shared_res, "%.*s/results.jsonl", srd ? (int)strcspn(srd + 2, "\"") : 0,
+             srd ? srd + 2 : "");
+    json_t *sh_lines = read_lines(shared_res);
+    int same = 0, differ = 0;
+    json_array_foreach(alone, i, o)
+    {
+        char want_id[64];
+        snprintf(want_id, sizeof want_id, "%s#1", json_string_value(json_object_get(o, "custom_id")));
+        size_t k;
+        json_t *p;
+        json_array_foreach(sh_lines, k, p) if (!strcmp(json_string_value(json_object_get(p, "custom_id")), want_id))
+        {
+            same += answer_of(o) && answer_of(p) && !strcmp(answer_of(o), answer_of(p));
+            int q = atoi(json_string_value(json_object_get(o, "custom_id")) + 1);
+            differ += q >= 0 && q < ROWS && ans[q] && answer_of(o) && strcmp(ans[q], answer_of(o));
+        }
+    }
+    CHECK(same == ROWS && differ > 0, "shared job: %d of %d adapter answers equal to the adapter alone; %d differ from "
+                                      "the base",
+          same, ROWS, differ);
+    json_decref(alone);
+    json_decref(sh_lines);
 
     /* a killed eval resumes its run */
     char big[1300];

@@ -56,6 +56,8 @@ typedef struct eval_row {
 
 typedef struct model_run {
     const char *spec;
+    char suffix[16];  /* a shared run (models of one base in one job): this model's custom_id suffix, "#k" */
+    int shared;       /* models in the run this one's answers come from (1 = its own) */
     char slug[160];
     char dir[PATH_MAX];
     bool cached;
@@ -387,6 +389,7 @@ static int answer_with(eval_ctx *c, const char *spec, const char *input, const c
 /* Reads a run's answers, latencies, tokens and throughput. */
 static int read_run(eval_ctx *c, model_run *mr, char *err, size_t errlen)
 {
+    size_t sl = strlen(mr->suffix);
     char p[PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/results.jsonl", mr->dir);
     json_t *lines = read_lines(p);
@@ -407,7 +410,10 @@ static int read_run(eval_ctx *c, model_run *mr, char *err, size_t errlen)
     json_array_foreach(lines, k, l)
     {
         const char *id = json_string_value(json_object_get(l, "custom_id"));
-        json_t *ix = id ? json_object_get(index, id) : NULL;
+        size_t il = id ? strlen(id) : 0;
+        if (sl && (il <= sl || strcmp(id + il - sl, mr->suffix)))
+            continue; /* another model's row of a shared run */
+        json_t *ix = id ? json_object_getn(index, id, il - sl) : NULL;
         size_t alen = 0;
         const char *a = answer_of(l, &alen);
         if (!ix || !a)
@@ -430,6 +436,56 @@ static int read_run(eval_ctx *c, model_run *mr, char *err, size_t errlen)
     mr->tok_s = json_number_value(json_object_get(json_object_get(m, "throughput"), "tok_s"));
     json_decref(m);
     return 0;
+}
+
+/* ---------------------------------------------------------------- shared runs */
+
+/* Models of one base (BASE, BASE+A, BASE+B, ...) answer in one job, so one pass over the base's weights
+ * serves every adapter (the runner applies each row's adapter): the input again, each line once per member
+ * with custom_id "<id>#<k>" and body.model the member's spec (a fine-tuning line becomes the batch line it
+ * stands for).  0 with path and sha filled, or -1 with a sentence. */
+static int shared_input(eval_ctx *c, const int *members, int n, int group, char *path, size_t cap, char sha[65],
+                        char *err, size_t errlen)
+{
+    if (util_pathf(path, cap, "%s/shared-%d.jsonl", c->dir, group))
+        return util_errf(err, errlen, "%s: the eval directory's path is too long.", c->dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return util_errf(err, errlen, "%s: cannot create: %s.", path, strerror(errno));
+    int bad = 0;
+    for (size_t i = 0; i < c->n_rows && !bad; i++)
+        for (int k = 0; k < n && !bad; k++) {
+            model_run *mr = &c->runs[members[k]];
+            json_t *o = json_deep_copy(c->rows[i].root), *body = json_object_get(o, "body");
+            char id[600];
+            snprintf(id, sizeof id, "%s%s", c->rows[i].id, mr->suffix);
+            if (!o)
+                bad = 1;
+            else if (body)
+                bad |= json_object_set_new(body, "model", json_string(mr->spec));
+            else { /* a fine-tuning line: the chat request it stands for */
+                json_t *b = json_pack("{s:s,s:O}", "model", mr->spec, "messages", json_object_get(o, "messages"));
+                if (b && json_object_get(o, "tools"))
+                    json_object_set(b, "tools", json_object_get(o, "tools"));
+                json_t *line = b ? json_pack("{s:s,s:s,s:o,s:O}", "method", "POST", "url", "/v1/chat/completions",
+                                             "body", b, "expected", json_object_get(o, "expected"))
+                                 : NULL;
+                json_decref(o);
+                o = line;
+                bad |= !o;
+            }
+            bad |= !o || json_object_set_new(o, "custom_id", json_string(id));
+            char *d = bad ? NULL : json_dumps(o, JSON_COMPACT);
+            json_decref(o);
+            if (!d)
+                bad = 1;
+            else
+                fprintf(f, "%s\n", d);
+            free(d);
+        }
+    if (fclose(f) || bad)
+        return util_errf(err, errlen, "%s: cannot write the shared input.", path);
+    return sha256_file_hex(path, sha, err, errlen);
 }
 
 /* ---------------------------------------------------------------- the judge */
@@ -547,7 +603,7 @@ static int write_table(eval_ctx *c, char *err, size_t errlen)
     for (int k = 0; k < c->n_metrics; k++)
         fprintf(fc, ",%s,%s_lo,%s_hi", metric_name(c->metrics[k]), metric_name(c->metrics[k]),
                 metric_name(c->metrics[k]));
-    fprintf(fc, ",p50_s,p95_s,prompt_tokens,completion_tokens,tok_s,cached,run_dir\n");
+    fprintf(fc, ",p50_s,p95_s,prompt_tokens,completion_tokens,tok_s,shared,cached,run_dir\n");
     for (int m = 0; m < c->n_models; m++) {
         model_run *mr = &c->runs[m];
         double p50 = quantile(mr->latency, c->n_rows, 0.5), p95 = quantile(mr->latency, c->n_rows, 0.95);
@@ -558,9 +614,11 @@ static int write_table(eval_ctx *c, char *err, size_t errlen)
                 metric_interval(mr->score[k], c->n_rows, &mean, &lo, &hi);
                 fprintf(outs[o], " %.3f [%.3f, %.3f] |", mean, lo, hi);
             }
+            char how[64];
+            snprintf(how, sizeof how, "%s%s", mr->cached ? "cached" : "ran",
+                     mr->shared > 1 ? (snprintf(how + 32, 32, " (one job, %d models)", mr->shared), how + 32) : "");
             fprintf(outs[o], " %.2f | %.2f | %llu | %llu | %.1f | %s |\n", p50, p95,
-                    (unsigned long long)mr->prompt_tokens, (unsigned long long)mr->completion_tokens, mr->tok_s,
-                    mr->cached ? "cached" : "ran");
+                    (unsigned long long)mr->prompt_tokens, (unsigned long long)mr->completion_tokens, mr->tok_s, how);
         }
         fprintf(fc, "\"%s\",%zu,%zu", mr->spec, c->n_rows, mr->failed);
         for (int k = 0; k < c->n_metrics; k++) {
@@ -568,8 +626,8 @@ static int write_table(eval_ctx *c, char *err, size_t errlen)
             metric_interval(mr->score[k], c->n_rows, &mean, &lo, &hi);
             fprintf(fc, ",%.6f,%.6f,%.6f", mean, lo, hi);
         }
-        fprintf(fc, ",%.4f,%.4f,%llu,%llu,%.3f,%d,\"%s\"\n", p50, p95, (unsigned long long)mr->prompt_tokens,
-                (unsigned long long)mr->completion_tokens, mr->tok_s, mr->cached, mr->dir);
+        fprintf(fc, ",%.4f,%.4f,%llu,%llu,%.3f,%d,%d,\"%s\"\n", p50, p95, (unsigned long long)mr->prompt_tokens,
+                (unsigned long long)mr->completion_tokens, mr->tok_s, mr->shared, mr->cached, mr->dir);
     }
     int bad = ferror(fm) | ferror(fc);
     bad |= fclose(fm) | fclose(fc);
@@ -753,11 +811,63 @@ int eval_main(int argc, char **argv)
     }
     code = SPILL_EX_SOFTWARE;
     for (int m = 0; m < c.n_models; m++) {
+        c.runs[m].spec = c.models[m];
+        c.runs[m].shared = 1;
+        slugify(c.runs[m].spec, m, c.runs[m].slug, sizeof c.runs[m].slug);
+    }
+    /* models of one base share one job (one pass over the base serves every adapter) */
+    char bases[MAX_MODELS][4096];
+    for (int m = 0; m < c.n_models; m++) {
+        char ad[4096];
+        if (lora_split_spec(c.models[m], bases[m], sizeof bases[m], ad, sizeof ad, err, sizeof err) < 0) {
+            fprintf(stderr, "spill: %s\n", err);
+            code = SPILL_EX_DATAERR;
+            goto out;
+        }
+    }
+    for (int m = 0, group = 0; m < c.n_models; m++) {
+        int members[MAX_MODELS], n = 0;
+        for (int k = m; k < c.n_models; k++)
+            if (c.runs[k].shared == 1 && !strcmp(bases[k], bases[m]) && c.runs[k].suffix[0] == 0) {
+                bool dup = false;
+                for (int j = 0; j < n; j++)
+                    dup |= !strcmp(c.models[members[j]], c.models[k]);
+                if (!dup)
+                    members[n++] = k;
+            }
+        if (n < 2)
+            continue;
+        char path[PATH_MAX], sha[65], key[65], dir[PATH_MAX], slug[64];
+        for (int j = 0; j < n; j++)
+            snprintf(c.runs[members[j]].suffix, sizeof c.runs[members[j]].suffix, "#%d", j);
+        /* the shared input's hash, with every member's key (its adapter's hash among them) */
+        int rc = shared_input(&c, members, n, group, path, sizeof path, sha, err, sizeof err);
+        for (int j = 0; rc == 0 && j < n; j++) {
+            char both[200];
+            rc = run_key(&c, c.models[members[j]], c.input_sha, key, err, sizeof err);
+            snprintf(both, sizeof both, "%s%s", sha, key);
+            util_sha256_hex(both, strlen(both), sha);
+        }
+        bool cached = false;
+        snprintf(slug, sizeof slug, "shared-%d", group++);
+        if (rc || answer_with(&c, bases[m], path, sha, slug, dir, sizeof dir, &cached, err, sizeof err)) {
+            fprintf(stderr, "spill: %s\n", err);
+            code = SPILL_EX_TEMPFAIL;
+            goto out;
+        }
+        for (int j = 0; j < n; j++) {
+            model_run *mr = &c.runs[members[j]];
+            snprintf(mr->dir, sizeof mr->dir, "%s", dir);
+            mr->cached = cached;
+            mr->shared = n;
+        }
+        if (!c.quiet)
+            fprintf(stderr, "spill eval: %d models of %s answered in one job (%s)\n", n, bases[m], dir);
+    }
+    for (int m = 0; m < c.n_models; m++) {
         model_run *mr = &c.runs[m];
-        mr->spec = c.models[m];
-        slugify(mr->spec, m, mr->slug, sizeof mr->slug);
-        if (answer_with(&c, mr->spec, c.input, c.input_sha, mr->slug, mr->dir, sizeof mr->dir, &mr->cached, err,
-                        sizeof err) ||
+        if ((mr->shared == 1 && answer_with(&c, mr->spec, c.input, c.input_sha, mr->slug, mr->dir, sizeof mr->dir,
+                                            &mr->cached, err, sizeof err)) ||
             read_run(&c, mr, err, sizeof err)) {
             fprintf(stderr, "spill: %s\n", err);
             code = SPILL_EX_TEMPFAIL;
