@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "batch/bench.h"
 #include "batch/check.h"
 #include "model/arch.h"
 #include "model/lora.h"
@@ -50,7 +51,7 @@ static const struct command {
     {"probe", "spill probe [--dir PATH] [--bytes N]", "measure RAM, disk read rate (page cache bypassed), GEMM rate",
      true},
     {"serve", "spill serve [--port N]", "OpenAI Files + Batches HTTP API", false},
-    {"bench", "spill bench MODEL", "throughput vs batch and tier; CSV + plot", false},
+    {"bench", "spill bench MODEL [OPTIONS]", "decode tok/s vs batch and tier beside each tier's limit; CSV, table, SVG", true},
     {"pack", "spill pack MODEL --quant q8|q4|none -o OUT.gguf|DIR", "repack into the streaming layout", true},
     {"synth", "spill synth --like NAME [--layers N] [--quant f16|bf16|q8|q4] [--seed N] [--sparse] -o PATH|DIR",
      "write a random-weight model of a real shape", true},
@@ -396,6 +397,10 @@ int main(int argc, char **argv)
             run_opts_help(stdout, !strcmp(cmd, "resume"), !strcmp(cmd, "distill"));
             return 0;
         }
+        if (!strcmp(cmd, "bench")) {
+            bench_help(stdout);
+            return 0;
+        }
         return usage_one(cmd, 0);
     }
     if (!c->built) {
@@ -428,5 +433,7 @@ int main(int argc, char **argv)
         return synth_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "check"))
         return check_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench"))
+        return bench_main(argc - 2, argv + 2);
     return usage_one(cmd, SPILL_EX_USAGE);
 }
