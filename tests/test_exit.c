@@ -110,7 +110,7 @@ static void test_bad_arguments(void)
         CHECK(rc == 2, "spill%s: exit %d, want 2 (bad arguments)", shown, rc);
         CHECK(stderr_has("usage") || stderr_has("spill"), "spill%s: nothing on stderr says why", shown);
     }
-    CHECK(RUN("eval") == 69, "spill eval: want 69 (not built yet)");
+    CHECK(RUN("serve") == 69, "spill serve: want 69 (not built yet)");
     CHECK(RUN("distill") == 2, "spill distill without MODEL INPUT: want 2 (usage)");
 }
 
