@@ -271,6 +271,24 @@ int main(void)
     json_decref(alone);
     json_decref(sh_lines);
 
+    /* a judge: its own run over the answers, a column in the table */
+    snprintf(out, sizeof out, "%s/ev9", tmp);
+    rc = sh("%s eval %s %s --metric judge --judge %s -o %s --quiet >/dev/null 2>&1", bin(), ev, TINY, TINY, out);
+    snprintf(path, sizeof path, "%s/table.md", out);
+    read_file(path, buf, sizeof buf);
+    snprintf(csv, sizeof csv, "%s/runs/judge-1-%s/results.jsonl", out, "tests_data_tiny_tiny-smollm2.gguf");
+    json_t *jl = read_lines(csv);
+    CHECK(rc == 0 && strstr(buf, "judge") && json_array_size(jl) == ROWS, "judge: exit %d, %zu judged rows, %.200s",
+          rc, json_array_size(jl), buf);
+    json_decref(jl);
+    /* spill resume with the run id a row carries: the job is found and, being finished, says so */
+    json_t *first = json_array_get(plain, 0);
+    const char *run_id = json_string_value(json_object_get(json_object_get(first, "spill"), "run_id"));
+    rc = sh("%s resume %s > %s/resume.txt 2>&1", bin(), run_id ? run_id : "none", tmp);
+    snprintf(path, sizeof path, "%s/resume.txt", tmp);
+    read_file(path, buf, sizeof buf);
+    CHECK(rc == 0 && strstr(buf, "already complete"), "spill resume %s: exit %d, %s", run_id ? run_id : "?", rc, buf);
+
     /* a killed eval resumes its run */
     char big[1300];
     snprintf(big, sizeof big, "%s/big.jsonl", tmp);

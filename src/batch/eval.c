@@ -383,6 +383,12 @@ static int answer_with(eval_ctx *c, const char *spec, const char *input, const c
     char abs[PATH_MAX];
     if (realpath(dir, abs))
         snprintf(dir, cap, "%s", abs);
+    if (*cached) { /* the reused run is reachable from this eval's directory too */
+        char here[PATH_MAX + 200];
+        if (!util_pathf(here, sizeof here, "%s/runs/%s", c->dir, slug) && !util_is_dir(here))
+            if (symlink(dir, here) != 0) { /* best effort: the table names the run's directory anyway */
+            }
+    }
     return 0;
 }
 
