@@ -65,7 +65,7 @@ static void usage_all(FILE *f)
     fprintf(f, "usage: spill COMMAND [ARGS]   (spill COMMAND --help for one command)\n\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-52s %s%s\n", commands[i].usage, commands[i].what, commands[i].built ? "" : " [not built yet]");
-    fprintf(f, "\nMODEL: a curated tag (spill models), a .gguf file, a Hugging Face directory, or org/name.\n"
+    fprintf(f, "\nMODEL: a curated tag (spill models), a .gguf file, a Hugging Face directory, or org/name; BASE+ADAPTER adds a LoRA adapter.\n"
                "Data lives in $SPILL_HOME (default ~/.streamweights): models, jobs, runs, calibration.\n");
 }
 

@@ -51,7 +51,8 @@ typedef struct eval_row {
     char *id;
     json_t *root;           /* the input line (owned) */
     const json_t *expected; /* borrowed from root */
-    char *question;         /* the last user message, or the prompt: what the judge sees */
+    metric_row mrow;        /* what the metrics read (borrowed from root) */
+    char *question;         /* what the judge sees (metric_judge_question) */
 } eval_row;
 
 typedef struct model_run {
@@ -218,18 +219,8 @@ static int load_rows(eval_ctx *c, char *err, size_t errlen)
         w->id = strdup(q.custom_id);
         w->root = json_incref(q.root);
         w->expected = q.expected;
-        /* what the judge is shown as the question: the last user message's text, or the prompt */
-        const char *qs = NULL;
-        for (size_t i = q.messages ? json_array_size(q.messages) : 0; i-- > 0 && !qs;) {
-            json_t *m = json_array_get(q.messages, i);
-            if (!strcmp(json_string_value(json_object_get(m, "role")) ? json_string_value(json_object_get(m, "role"))
-                                                                         : "",
-                        "user"))
-                qs = json_string_value(json_object_get(m, "content"));
-        }
-        if (!qs && json_is_string(q.prompt))
-            qs = json_string_value(q.prompt);
-        w->question = strdup(qs ? qs : "");
+        w->mrow = (metric_row){w->id, q.messages, q.prompt, q.expected};
+        w->question = metric_judge_question(&w->mrow);
         request_free(&q);
         if (!w->id || !w->question) {
             rc = util_errf(err, errlen, "out of memory reading %s.", c->input);
@@ -507,10 +498,11 @@ static int judge_run(eval_ctx *c, model_run *mr, double *scores, char *err, size
     for (size_t i = 0; i < c->n_rows; i++) {
         if (!mr->answer[i])
             continue;
-        json_t *msgs = metric_judge_messages(c->rows[i].question, c->rows[i].expected, mr->answer[i]);
+        json_t *msgs =
+            metric_judge_messages(c->rows[i].question, c->rows[i].expected, mr->answer[i], strlen(mr->answer[i]));
         json_t *row = msgs ? json_pack("{s:s,s:s,s:s,s:{s:s,s:o,s:i,s:i}}", "custom_id", c->rows[i].id, "method",
                                        "POST", "url", "/v1/chat/completions", "body", "model", "judge", "messages",
-                                       msgs, "temperature", 0, "max_tokens", 16)
+                                       msgs, "temperature", 0, "max_tokens", 256)
                            : NULL;
         char *d = row ? json_dumps(row, JSON_COMPACT) : NULL;
         json_decref(row);
@@ -545,10 +537,11 @@ static int judge_run(eval_ctx *c, model_run *mr, double *scores, char *err, size
         for (size_t i = 0; id && a && i < c->n_rows; i++)
             if (!strcmp(c->rows[i].id, id)) {
                 double s;
-                char *t = strndup(a, alen);
-                if (t && metric_judge_parse(t, &s) == 0)
+                char e2[SPILL_ERRLEN];
+                if (metric_judge_parse(a, alen, &s, e2, sizeof e2) == 0)
                     scores[i] = s;
-                free(t);
+                else if (!c->quiet)
+                    fprintf(stderr, "spill eval: the judge of row %s: %s (scored 0)\n", id, e2);
                 break;
             }
     }
@@ -776,7 +769,7 @@ int eval_main(int argc, char **argv)
     }
     bool judged = false;
     for (int k = 0; k < c.n_metrics; k++)
-        judged |= !strcmp(metric_name(c.metrics[k]), "judge");
+        judged |= metric_get_kind(c.metrics[k]) == METRIC_JUDGE;
     if (judged != (c.judge != NULL)) {
         fprintf(stderr, judged ? "spill: --metric judge needs --judge MODEL, the model that grades the answers.\n"
                                : "spill: --judge MODEL grades answers for --metric judge; add that metric.\n");
@@ -889,7 +882,7 @@ int eval_main(int argc, char **argv)
             double *s = mr->score[k] = calloc(c.n_rows, sizeof *s);
             if (!s)
                 goto out;
-            if (!strcmp(metric_name(c.metrics[k]), "judge")) {
+            if (metric_get_kind(c.metrics[k]) == METRIC_JUDGE) {
                 if (judge_run(&c, mr, s, err, sizeof err)) {
                     fprintf(stderr, "spill: %s\n", err);
                     code = SPILL_EX_TEMPFAIL;
@@ -904,8 +897,8 @@ int eval_main(int argc, char **argv)
                     continue;
                 }
                 char e2[SPILL_ERRLEN];
-                if (metric_score(c.metrics[k], c.rows[i].root, c.rows[i].expected, mr->answer[i],
-                                 strlen(mr->answer[i]), &s[i], e2, sizeof e2)) {
+                if (metric_score(c.metrics[k], &c.rows[i].mrow, mr->answer[i], strlen(mr->answer[i]), &s[i], e2,
+                                 sizeof e2)) {
                     if (unscored++ < 3)
                         fprintf(stderr, "spill eval: %s, row %s: %s\n", mr->spec, c.rows[i].id, e2);
                     s[i] = 0;

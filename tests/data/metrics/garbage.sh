@@ -1,4 +1,4 @@
 #!/bin/sh
-# reads its row, prints something that is not a score
-while read -r line; do :; done
-echo "seven point five"
+# Prints text that is not a score.
+cat >/dev/null
+echo "score: high"

@@ -1,3 +1,4 @@
 #!/bin/sh
-# never answers
-sleep 30
+# Never finishes (a child sleeps): the timeout must kill the whole process group.
+sleep 300
+echo 1
