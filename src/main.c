@@ -401,6 +401,10 @@ int main(int argc, char **argv)
             bench_help(stdout);
             return 0;
         }
+        if (!strcmp(cmd, "eval")) { /* its usage lists the metrics and the options passed to each run */
+            char *h[] = {(char *)"--help", NULL};
+            return eval_main(1, h);
+        }
         return usage_one(cmd, 0);
     }
     if (!c->built) {
