@@ -468,6 +468,44 @@ static void test_logprobs_k(const char *tmp)
             msg);
 }
 
+/* vLLM's top_k: 1 at temperature 1 keeps only the argmax, so it answers as greedy does; -2 is refused alone. */
+static void test_top_k(const char *tmp)
+{
+    char in[1200], job[1200], path[1500];
+    snprintf(in, sizeof in, "%s/topk.jsonl", tmp);
+    FILE *f = fopen(in, "w");
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "{\"custom_id\":\"k%d\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
+                   "\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about rivers\"}],\"max_tokens\":12,"
+                   "%s}}\n",
+                i, i ? "\"temperature\":1.0,\"top_k\":1" : "\"temperature\":0");
+    fprintf(f, "{\"custom_id\":\"bad\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"model\":\"x\","
+               "\"prompt\":\"a\",\"top_k\":-2}}\n");
+    fclose(f);
+    snprintf(job, sizeof job, "%s/topk", tmp);
+    CHECK(sh("%s run %s %s -o %s --quiet >/dev/null 2>&1", bin(), TINY, in, job) == 0, "top_k run");
+    snprintf(path, sizeof path, "%s/results.jsonl", job);
+    json_t *lines = read_lines(path);
+    const char *a[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "k%d", i);
+        json_t *l = by_id(lines, id);
+        json_t *ch = json_array_get(json_object_get(json_object_get(json_object_get(l, "response"), "body"), "choices"),
+                                    0);
+        a[i] = json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
+    }
+    CHECK(a[0] && a[1] && !strcmp(a[0], a[1]), "top_k 1 at temperature 1 answered \"%s\", greedy \"%s\"",
+          a[1] ? a[1] : "", a[0] ? a[0] : "");
+    snprintf(path, sizeof path, "%s/errors.jsonl", job);
+    json_t *errs = read_lines(path);
+    char *all = json_dumps(errs, 0);
+    CHECK(json_array_size(errs) == 1 && all && strstr(all, "body.top_k"), "top_k -2: %s", all ? all : "");
+    free(all);
+    json_decref(errs);
+    json_decref(lines);
+}
+
 int main(void)
 {
     char tmp[] = "/tmp/spill-test-distill-XXXXXX";
@@ -475,6 +513,7 @@ int main(void)
     test_echo_reference(tmp);
     test_score(tmp);
     test_logprobs_k(tmp);
+    test_top_k(tmp);
     if (!test_failures)
         sh("rm -rf %s", tmp);
     return test_finish("test_distill");

@@ -648,6 +648,10 @@ static int parse_common_sampling(pctx *c, const json_t *body, req_sampling *s)
         opt_num(c, body, pre, "presence_penalty", -2, 2, &s->presence_penalty) || parse_stop(c, body, s) ||
         parse_logit_bias(c, body, s))
         return -1;
+    int64_t tk = -1; /* vLLM's extension: -1 (or 0) keeps every token */
+    if (opt_int(c, body, pre, "top_k", -1, 1 << 24, "-1 (off) or a number of tokens", &tk, NULL))
+        return -1;
+    s->top_k = tk > 0 ? (int)tk : 0;
     s->n = (int)n;
     return 0;
 }
@@ -689,6 +693,7 @@ static int check_ignored(pctx *c, const json_t *body)
 
 static const char *const CHAT_FIELDS[] = {"model",
                                           "messages",
+                                          "top_k",
                                           "max_tokens",
                                           "max_completion_tokens",
                                           "temperature",
@@ -814,6 +819,7 @@ static int parse_chat_body(pctx *c, const json_t *body, request *out)
 
 static const char *const COMPLETION_FIELDS[] = {"model",
                                                 "prompt",
+                                                "top_k",
                                                 "max_tokens",
                                                 "temperature",
                                                 "top_p",

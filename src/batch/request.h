@@ -66,6 +66,7 @@ typedef struct req_sampling {
     int32_t *logit_bias_id;   /* (n_logit_bias) token ids, owned, in the order the line writes them */
     float *logit_bias;        /* (n_logit_bias) whole-number bias in [-100, 100], owned */
     bool echo;                /* false; completions only */
+    int top_k;                /* 0 = off; vLLM's top_k (-1 or 0 = off, else keep the k most likely) */
 } req_sampling;
 
 /*

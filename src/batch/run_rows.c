@@ -198,7 +198,7 @@ static int take_request(runner *r, request *q, row *w, char *msg, size_t msglen)
     w->sp = (sample_params){
         .temperature = (float)q->s.temperature,
         .top_p = (float)q->s.top_p,
-        .top_k = 0,
+        .top_k = q->s.top_k,
         .frequency_penalty = (float)q->s.frequency_penalty,
         .presence_penalty = (float)q->s.presence_penalty,
         .n_logit_bias = q->s.n_logit_bias,
