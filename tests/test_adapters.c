@@ -15,6 +15,7 @@
  *     job exists (exit 65 or 66 with a sentence); a row naming an adapter of another base fails alone.
  */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -188,6 +189,23 @@ int main(void)
               id, hm ? hm : "null", hash[a] ? hash[a] : "null");
         if (a && as && ab && strcmp(as, ab))
             differ++;
+        /* body.model names the model that ran; the request's name stays in the stamp when it differs */
+        const char *bm = m ? json_string_value(json_object_get(json_object_get(json_object_get(m, "response"), "body"),
+                                                                "model"))
+                           : NULL;
+        const char *rq = m ? json_string_value(json_object_get(json_object_get(m, "spill"), "requested_model")) : NULL;
+        char want_model[2400];
+        const char *asked = mixed_model(i);
+        if (a == 1 && strcmp(asked, g_spec_a1))
+            snprintf(want_model, sizeof want_model, "%s", g_spec_a1); /* a label: the command line's model */
+        else if (a == 2)
+            snprintf(want_model, sizeof want_model, "%s+a2", TINY); /* an installed name: BASE+name */
+        else
+            snprintf(want_model, sizeof want_model, "%s", asked);
+        bool want_rq = strcmp(asked, want_model) != 0;
+        CHECK(bm && !strcmp(bm, want_model) && (want_rq ? rq && !strcmp(rq, asked) : rq == NULL),
+              "row %s: body.model %s (want %s), requested_model %s", id, bm ? bm : "(none)", want_model,
+              rq ? rq : "(none)");
     }
     CHECK(differ >= 3, "only %d adapter rows answer differently from the bare base", differ);
     fprintf(stderr, "mixed job (3 adapters + bare base in one pass): %d of %d rows equal to their adapter alone; "

@@ -133,7 +133,7 @@ static void test_every_byte(void)
     CHECK(rc == 0, "create: %s", err);
     if (rc)
         return;
-    out_stamp st = {"run1", "sha256:00", "q4_1", NULL, 0, 0};
+    out_stamp st = {"run1", "sha256:00", "q4_1", NULL, 0, 0, NULL};
     int accepted = 0;
     for (int e = 0; e < 2; e++)
         for (int t = 0; t < N_TOK; t++) {

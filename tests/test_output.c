@@ -52,7 +52,7 @@ static void test_chat_plain(void)
     unsigned k = 0;
     out_ids ids = {fixed_fill, &k};
     out_choice ch = {.text = "Hello!", .len = 6, .finish = OUT_FINISH_STOP};
-    out_stamp st = {"run1", "sha256:aa", "q4_1", NULL, 0, 0};
+    out_stamp st = {"run1", "sha256:aa", "q4_1", NULL, 0, 0, NULL};
     out_result r = {.custom_id = "request-1",
                     .model = "smollm2:135m",
                     .system_fingerprint = "fp_abc",
@@ -156,7 +156,7 @@ static void test_error_lines(void)
     out_ids ids = {fixed_fill, &k};
     char *line, err[SPILL_ERRLEN];
     size_t len;
-    out_stamp st = {"run9", NULL, NULL, "sha256:bb", 0, 0};
+    out_stamp st = {"run9", NULL, NULL, "sha256:bb", 0, 0, NULL};
     out_http_error he = {.custom_id = "r2",
                          .status_code = 400,
                          .message = "The prompt is 9000 tokens; the model's context is 8192.",
@@ -376,7 +376,7 @@ static void test_oom(void)
     out_token toks[2] = {{"He", 2, -0.01f, 2, top}, {"\xe2\x80", 2, -1.0f, 2, top}};
     out_choice ch = {
         .text = "He\xe2\x80", .len = 4, .finish = OUT_FINISH_LENGTH, .logprobs = true, .n_tokens = 2, .tokens = toks};
-    out_stamp st = {"run", "fp", "q4", NULL, 0, 0};
+    out_stamp st = {"run", "fp", "q4", NULL, 0, 0, NULL};
     out_result r = {.custom_id = "oom", .model = "m", .n_choices = 1, .choices = &ch, .stamp = &st};
     out_http_error he = {.custom_id = "oom", .status_code = 400, .message = "bad", .param = "x", .stamp = &st};
     json_set_alloc_funcs(counting_malloc, free);

@@ -284,7 +284,8 @@ static json_t *stamp_json(const out_stamp *s)
               json_object_set_new(o, "quant", str_or_null(s->quant)) ||
               json_object_set_new(o, "adapter", str_or_null(s->adapter)) ||
               (s->passes > 0 && json_object_set_new(o, "latency_s", json_real(round(s->latency_s * 1e4) / 1e4))) ||
-              (s->passes > 0 && json_object_set_new(o, "passes", json_integer(s->passes))))) {
+              (s->passes > 0 && json_object_set_new(o, "passes", json_integer(s->passes))) ||
+              (s->requested_model && json_object_set_new(o, "requested_model", json_string(s->requested_model))))) {
         json_decref(o);
         return NULL;
     }

@@ -73,6 +73,7 @@ typedef struct out_stamp {
     const char *adapter; /* full hash of the LoRA adapter, NULL without one */
     double latency_s;    /* the row's admission to its finish (its first admission when preempted) */
     int passes;          /* weight passes the row took part in; 0 = neither key is written */
+    const char *requested_model; /* the request's body.model when it is not the model that ran; NULL = omitted */
 } out_stamp;
 
 /* One successful row. */

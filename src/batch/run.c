@@ -249,6 +249,7 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
     stamp.adapter = run_adapter_hash(r, w->adapter);
     stamp.latency_s = w->t_admit > 0 ? now_s() - w->t_admit : 0;
     stamp.passes = w->passes;
+    stamp.requested_model = w->requested;
     out_result res = {w->custom_id, w->model, r->sys_fp, (int64_t)time(NULL), (size_t)w->n_choices, oc,
                       (uint64_t)w->n_prompt, completion, &stamp};
     char *line;
@@ -985,9 +986,15 @@ static int run_job(runner *r, const job_stored *stored)
     /* the job and its rows */
     if (open_job(r, stored, err, sizeof err))
         goto fail;
-    r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->m->quant_summary, NULL, 0, 0};
+    r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->m->quant_summary, NULL, 0, 0, NULL};
     if (run_load_rows(r, err, sizeof err) || run_adapters_write(r, err, sizeof err))
         goto fail_job;
+    if (r->n_renamed && !r->o.quiet)
+        fprintf(stderr,
+                "spill: %llu rows name body.model \"%s\"%s; their answers name the model that ran, %s (the requested "
+                "name is kept in each row's spill.requested_model).\n",
+                (unsigned long long)r->n_renamed, r->renamed_example, r->renamed_many ? " (or another)" : "",
+                r->o.model_spec);
 
     /* plan: one budget for everything picks resident or streamed and sizes the KV cache; then the engine */
     int max_n = 1; /* sequences per pass: every active choice (admission keeps them under batch + the largest n) */

@@ -70,6 +70,9 @@ typedef struct runner {
     char base_spec[4096], adapter_spec[4096];
     lora_set lora;
     int default_adapter;
+    uint64_t n_renamed;        /* rows whose body.model is not the model that ran (one warning per job) */
+    char renamed_example[128];
+    bool renamed_many;         /* more than one such name */
     tokenizer *tok;
     tmpl_t *tmpl;        /* the chat template, compiled once */
     spill_backend be;    /* be.impl NULL until opened */

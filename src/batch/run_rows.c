@@ -176,10 +176,32 @@ static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen,
 /* Copies what the runner needs out of a parsed request (which is then freed). */
 static int take_request(runner *r, request *q, row *w, char *msg, size_t msglen)
 {
-    w->model = strdup(q->model ? q->model : r->o.model_spec);
     int arc = run_adapter_for_row(r, q->model, &w->adapter, msg, msglen);
     if (arc)
         return arc;
+    /* body.model in the answer names the model that ran, as the command line gave it (or the BASE+ADAPTER the
+     * row picked); the request's own name is kept in the stamp */
+    if (w->adapter == r->default_adapter)
+        w->model = strdup(r->o.model_spec);
+    else if (w->adapter == 0)
+        w->model = strdup(r->base_spec);
+    else if (strchr(q->model, '+'))
+        w->model = strdup(q->model);
+    else {
+        size_t n = strlen(r->base_spec) + strlen(q->model) + 2;
+        if ((w->model = malloc(n)))
+            snprintf(w->model, n, "%s+%s", r->base_spec, q->model);
+    }
+    if (!w->model)
+        return snprintf(msg, msglen, "Out of memory."), -1;
+    if (q->model && strcmp(q->model, w->model)) {
+        if (!(w->requested = strdup(q->model)))
+            return snprintf(msg, msglen, "Out of memory."), -1;
+        if (r->n_renamed++ == 0)
+            snprintf(r->renamed_example, sizeof r->renamed_example, "%s", q->model);
+        else if (strcmp(r->renamed_example, q->model))
+            r->renamed_many = true;
+    }
     w->endpoint = q->endpoint;
     w->n_choices = q->s.n;
     w->has_seed = q->s.has_seed;

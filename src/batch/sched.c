@@ -66,6 +66,7 @@ void sched_row_free(row *w)
 {
     free(w->custom_id);
     free(w->model);
+    free(w->requested);
     free(w->prompt);
     for (int i = 0; i < w->n_stop; i++)
         free(w->stop[i]);

@@ -63,7 +63,8 @@ typedef struct choice {
 
 /* One request line of the job. */
 typedef struct row {
-    char *custom_id, *model;
+    char *custom_id, *model; /* model: the model that ran (the command line's, or the BASE+ADAPTER the row picked) */
+    char *requested;     /* the request's body.model when it differs from model (stamped as requested_model), or NULL */
     req_endpoint endpoint;
     size_t line;
     int32_t *prompt;     /* (n_prompt) token ids; freed when the row is retired */
