@@ -468,17 +468,20 @@ static void test_logprobs_k(const char *tmp)
             msg);
 }
 
-/* vLLM's top_k: 1 at temperature 1 keeps only the argmax, so it answers as greedy does; -2 is refused alone. */
+/* vLLM's top_k 1 and min_p 1 at temperature 1 keep only the argmax, so they answer as greedy does; top_k -2 is
+ * refused alone. */
 static void test_top_k(const char *tmp)
 {
     char in[1200], job[1200], path[1500];
     snprintf(in, sizeof in, "%s/topk.jsonl", tmp);
     FILE *f = fopen(in, "w");
-    for (int i = 0; i < 2; i++)
+    static const char *const how[3] = {"\"temperature\":0", "\"temperature\":1.0,\"top_k\":1",
+                                       "\"temperature\":1.0,\"min_p\":1.0"};
+    for (int i = 0; i < 3; i++)
         fprintf(f, "{\"custom_id\":\"k%d\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
                    "\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about rivers\"}],\"max_tokens\":12,"
                    "%s}}\n",
-                i, i ? "\"temperature\":1.0,\"top_k\":1" : "\"temperature\":0");
+                i, how[i]);
     fprintf(f, "{\"custom_id\":\"bad\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"model\":\"x\","
                "\"prompt\":\"a\",\"top_k\":-2}}\n");
     fclose(f);
@@ -486,8 +489,8 @@ static void test_top_k(const char *tmp)
     CHECK(sh("%s run %s %s -o %s --quiet >/dev/null 2>&1", bin(), TINY, in, job) == 0, "top_k run");
     snprintf(path, sizeof path, "%s/results.jsonl", job);
     json_t *lines = read_lines(path);
-    const char *a[2] = {NULL, NULL};
-    for (int i = 0; i < 2; i++) {
+    const char *a[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
         char id[16];
         snprintf(id, sizeof id, "k%d", i);
         json_t *l = by_id(lines, id);
@@ -497,6 +500,8 @@ static void test_top_k(const char *tmp)
     }
     CHECK(a[0] && a[1] && !strcmp(a[0], a[1]), "top_k 1 at temperature 1 answered \"%s\", greedy \"%s\"",
           a[1] ? a[1] : "", a[0] ? a[0] : "");
+    CHECK(a[0] && a[2] && !strcmp(a[0], a[2]), "min_p 1 at temperature 1 answered \"%s\", greedy \"%s\"",
+          a[2] ? a[2] : "", a[0] ? a[0] : "");
     snprintf(path, sizeof path, "%s/errors.jsonl", job);
     json_t *errs = read_lines(path);
     char *all = json_dumps(errs, 0);

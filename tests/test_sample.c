@@ -719,9 +719,69 @@ static void test_params(void)
     sample_scratch_free(&sc);
 }
 
+/* ---- vLLM's min_p and repetition_penalty ---------------------------------------------------------------- */
+
+/* min_p keeps the tokens at least min_p as likely as the best: with logits 0, -ln 2, -ln 4, -ln 8 (probabilities
+ * 1 : 1/2 : 1/4 : 1/8 of the best) and min_p 0.3 only ids 0 and 1 may be drawn, in the ratio 2 : 1 (sample_dist
+ * gives 2/3 and 1/3 exactly up to float rounding).  repetition_penalty (once per distinct token of the prompt and
+ * the generated ones): a positive logit is divided, a negative one multiplied: logits {4, 3, -1, -2} with token 0
+ * in the prompt and penalty 2 → {2, 3, -1, -2}: greedy picks 1; token 1 generated too → {2, 1.5, ...}: picks 0;
+ * a repeated prompt id counts once ({0, 0} in the prompt gives 2, not 1). */
+static void test_vllm_params(void)
+{
+    enum { V = 4 };
+    float l[V] = {0, -logf(2), -logf(4), -logf(8)}, probs[V];
+    sample_params p = params_default();
+    p.min_p = 0.3f;
+    sample_state st;
+    sample_scratch sc;
+    CHECK(sample_state_init(&st, &p, 1, 0, V, 10, err, sizeof err) == 0, "state: %s", err);
+    CHECK(sample_scratch_init(&sc, V, err, sizeof err) == 0, "scratch: %s", err);
+    CHECK(sample_dist(l, V, &p, &st, &sc, probs, err, sizeof err) == 0, "min_p dist: %s", err);
+    CHECK(fabs(probs[0] - 2.0 / 3) < 1e-6 && fabs(probs[1] - 1.0 / 3) < 1e-6 && probs[2] == 0 && probs[3] == 0,
+          "min_p 0.3: %.6f %.6f %.6f %.6f", probs[0], probs[1], probs[2], probs[3]);
+    sample_state_free(&st);
+
+    float r4[V] = {4, 3, -1, -2};
+    int32_t prompt[2] = {0, 0};
+    p = params_default();
+    p.temperature = 0;
+    p.repetition_penalty = 2;
+    p.prompt = prompt;
+    p.n_prompt = 2;
+    sample_result r;
+    CHECK(sample_state_init(&st, &p, 1, 0, V, 10, err, sizeof err) == 0, "state: %s", err);
+    CHECK(sample_next(r4, V, &p, &st, &sc, &r, err, sizeof err) == 0 && r.token == 1, "penalised prompt token: %d",
+          (int)r.token);
+    CHECK(sample_observe(&st, 1, err, sizeof err) == 0, "observe: %s", err);
+    CHECK(sample_next(r4, V, &p, &st, &sc, &r, err, sizeof err) == 0 && r.token == 0, "both penalised: %d",
+          (int)r.token);
+    /* negative logits are multiplied: ids 0 and 1 far below, id 2's -1.5 (in the prompt) becomes -3, under id 3's -2 */
+    float neg[V] = {-100, -100, -1, -2};
+    int32_t pr2[1] = {2};
+    p.prompt = pr2;
+    p.n_prompt = 1;
+    sample_state_free(&st);
+    CHECK(sample_state_init(&st, &p, 1, 0, V, 10, err, sizeof err) == 0, "state: %s", err);
+    neg[2] = -1.5f; /* -1.5 x 2 = -3 < -2 */
+    CHECK(sample_next(neg, V, &p, &st, &sc, &r, err, sizeof err) == 0 && r.token == 3, "negative logit multiplied: %d",
+          (int)r.token);
+    /* bad values */
+    sample_params b = params_default();
+    b.min_p = 1.5f;
+    CHECK(sample_params_check(&b, V, err, sizeof err) < 0 && strstr(err, "min_p"), "min_p 1.5 accepted");
+    b = params_default();
+    b.repetition_penalty = -1;
+    CHECK(sample_params_check(&b, V, err, sizeof err) < 0 && strstr(err, "repetition_penalty"),
+          "repetition_penalty -1 accepted");
+    sample_state_free(&st);
+    sample_scratch_free(&sc);
+}
+
 int main(void)
 {
     test_params();
+    test_vllm_params();
     test_greedy();
     test_bias();
     test_penalties();

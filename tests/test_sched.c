@@ -366,7 +366,7 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, calib *fit, d
             w->prompt[k] = 17 + (int32_t)((h = mix(h)) % (VOCAB - 17));
         w->max_new = js->max_new[i];
         w->n_choices = js->n_choices[i];
-        w->sp = (sample_params){js->temp[i], 1.0f, 0, 0, 0, 0, NULL, NULL, false, 0};
+        w->sp = (sample_params){js->temp[i], 1.0f, 0, 0, 0, 0, NULL, NULL, false, 0, 0, 0, NULL, 0};
         w->has_seed = js->seeded[i];
         w->seed = js->prompt_seed[i];
         w->state = ROW_PENDING;

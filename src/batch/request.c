@@ -652,6 +652,13 @@ static int parse_common_sampling(pctx *c, const json_t *body, req_sampling *s)
     if (opt_int(c, body, pre, "top_k", -1, 1 << 24, "-1 (off) or a number of tokens", &tk, NULL))
         return -1;
     s->top_k = tk > 0 ? (int)tk : 0;
+    s->repetition_penalty = 1;
+    if (opt_num(c, body, pre, "min_p", 0, 1, &s->min_p) ||
+        opt_num(c, body, pre, "repetition_penalty", 0, 100, &s->repetition_penalty))
+        return -1;
+    if (s->repetition_penalty == 0)
+        return fail(c, false, "invalid_request", pkey(pre, "repetition_penalty").s,
+                    "%s is 0, but it must be above 0 (1 turns it off).", pkey(pre, "repetition_penalty").s);
     s->n = (int)n;
     return 0;
 }
@@ -694,6 +701,8 @@ static int check_ignored(pctx *c, const json_t *body)
 static const char *const CHAT_FIELDS[] = {"model",
                                           "messages",
                                           "top_k",
+                                          "min_p",
+                                          "repetition_penalty",
                                           "max_tokens",
                                           "max_completion_tokens",
                                           "temperature",
@@ -820,6 +829,8 @@ static int parse_chat_body(pctx *c, const json_t *body, request *out)
 static const char *const COMPLETION_FIELDS[] = {"model",
                                                 "prompt",
                                                 "top_k",
+                                                "min_p",
+                                                "repetition_penalty",
                                                 "max_tokens",
                                                 "temperature",
                                                 "top_p",

@@ -67,6 +67,8 @@ typedef struct req_sampling {
     float *logit_bias;        /* (n_logit_bias) whole-number bias in [-100, 100], owned */
     bool echo;                /* false; completions only */
     int top_k;                /* 0 = off; vLLM's top_k (-1 or 0 = off, else keep the k most likely) */
+    double min_p;             /* 0 = off; vLLM's min_p in [0, 1] */
+    double repetition_penalty; /* 1 = off; vLLM's repetition_penalty in (0, 100] */
 } req_sampling;
 
 /*

@@ -450,7 +450,8 @@ static int forward_and_draw(runner *r, int ns, int nl, char *err, size_t errlen)
             const row *w = &r->rows[s->seq_row[r->sidx[k]]];
             const sample_params *sp = &w->sp;
             bool greedy = sp->temperature == 0 && sp->n_logit_bias == 0 && sp->frequency_penalty == 0 &&
-                          sp->presence_penalty == 0 && w->n_choices == 1;
+                          sp->presence_penalty == 0 && (sp->repetition_penalty == 0 || sp->repetition_penalty == 1) &&
+                          w->n_choices == 1;
             if (w->full_logits)
                 r->want[k] = -2;
             else if (r->tgt[k] >= 0)

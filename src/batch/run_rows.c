@@ -221,6 +221,8 @@ static int take_request(runner *r, request *q, row *w, char *msg, size_t msglen)
         .temperature = (float)q->s.temperature,
         .top_p = (float)q->s.top_p,
         .top_k = q->s.top_k,
+        .min_p = (float)q->s.min_p,
+        .repetition_penalty = (float)q->s.repetition_penalty,
         .frequency_penalty = (float)q->s.frequency_penalty,
         .presence_penalty = (float)q->s.presence_penalty,
         .n_logit_bias = q->s.n_logit_bias,
@@ -359,6 +361,10 @@ int run_load_rows(runner *r, char *err, size_t errlen)
             bad = take_request(r, &q, w, msg, sizeof msg);
         if (!bad)
             bad = build_prompt(r, &q, w, msg, sizeof msg, &code);
+        if (!bad) { /* repetition_penalty counts the prompt's tokens too (vLLM) */
+            w->sp.prompt = w->prompt;
+            w->sp.n_prompt = (size_t)w->n_prompt;
+        }
         request_free(&q);
         if (bad < 0) {
             rc = util_errf(err, errlen, "%s", msg);

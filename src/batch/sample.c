@@ -221,6 +221,11 @@ int sample_params_check(const sample_params *p, int V, char *err, size_t errlen)
             return util_errf(err, errlen, "sampling: logit_bias for token %d is not a finite number; use -100 to 100",
                              (int)p->logit_bias_id[i]);
     }
+    if (!(p->min_p >= 0 && p->min_p <= 1))
+        return util_errf(err, errlen, "sampling: min_p %g is outside [0, 1]; use 0 to turn it off", p->min_p);
+    if (!isfinite(p->repetition_penalty) || p->repetition_penalty < 0)
+        return util_errf(err, errlen, "sampling: repetition_penalty %g must be a number > 0 (1 = off)",
+                         p->repetition_penalty);
     int max_top = V < SAMPLE_MAX_TOP ? V : SAMPLE_MAX_TOP;
     if (p->n_top_logprobs < 0 || p->n_top_logprobs > max_top)
         return util_errf(err, errlen, "sampling: top_logprobs %d is outside [0, %d]; ask for at most %d alternatives",
@@ -238,7 +243,8 @@ int sample_state_init(sample_state *st, const sample_params *p, uint64_t seed, u
     for (int i = 0; i < 4; i++)
         st->rng[i] = splitmix64(&key);
 
-    if (p->frequency_penalty == 0 && p->presence_penalty == 0)
+    bool rep = p->repetition_penalty > 0 && p->repetition_penalty != 1;
+    if (p->frequency_penalty == 0 && p->presence_penalty == 0 && !rep)
         return 0;
     if (V <= 0)
         return util_errf(err, errlen, "sampling: vocabulary size %d is not positive; load the model's vocabulary first",
@@ -407,6 +413,19 @@ static int dist_build(const float *logits, int V, const sample_params *p, const 
         double c = st->counts[i];
         z[id] = to_logit((double)z[id] - c * p->frequency_penalty - (c > 0 ? p->presence_penalty : 0.0));
     }
+    if (p->repetition_penalty > 0 && p->repetition_penalty != 1) {
+        /* once per distinct token of the prompt and the generated ones (e marks them; it is rewritten below) */
+        double rp = p->repetition_penalty;
+        memset(e, 0, (size_t)V * sizeof *e);
+        for (size_t i = 0; i < p->n_prompt + (size_t)(st->slot ? st->n : 0); i++) {
+            int32_t id = i < p->n_prompt ? p->prompt[i] : st->ids[i - p->n_prompt];
+            if (id < 0 || id >= V || e[id] != 0)
+                continue;
+            e[id] = 1;
+            if (z[id] > -INFINITY)
+                z[id] = to_logit(z[id] > 0 ? (double)z[id] / rp : (double)z[id] * rp);
+        }
+    }
 
     int32_t best = -1;
     float zmax = -INFINITY;
@@ -436,6 +455,8 @@ static int dist_build(const float *logits, int V, const sample_params *p, const 
     int32_t n_pos = 0;
     for (int i = 0; i < V; i++) {
         float w = weight_of(((double)z[i] - zmax) / T);
+        if (w < p->min_p) /* w is p_i / p_max: min_p keeps what is at least that likely relative to the best */
+            w = 0;
         e[i] = w;
         S += w;
         if (w > 0) {

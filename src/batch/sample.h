@@ -44,6 +44,12 @@ typedef struct sample_params {
     const float *logit_bias;      /* (n_logit_bias) borrowed; added to the logit; ±100 bans / forces */
     bool logprobs;                /* fill sample_result.logprob (costs one more exp pass over V) */
     int n_top_logprobs;           /* 0..SAMPLE_MAX_TOP alternatives to report per token (needs logprobs) */
+    /* vLLM's extensions */
+    float min_p;                  /* 0 = off; else keep tokens whose probability is >= min_p x the most likely's */
+    float repetition_penalty;     /* 0 or 1 = off; else every token of the prompt or generated so far has its logit
+                                     divided by it when positive, multiplied when negative (once per token) */
+    const int32_t *prompt;        /* (n_prompt) borrowed: the row's prompt ids, for repetition_penalty */
+    size_t n_prompt;
 } sample_params;
 
 /* Per row/choice state.  Fields are private to sample.c; embed it, never copy a live one. */

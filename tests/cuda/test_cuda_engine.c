@@ -295,7 +295,7 @@ static void run_fixture_w(const char *name, const char *weights, int resident_la
                 stream_diff += memcmp(want_row, logits_s + (size_t)s * V, (size_t)V * sizeof(float)) != 0;
                 continue;
             }
-            sample_params sp = {0, 1, 0, 0, 0, 0, NULL, NULL, want[s] >= 0, want[s] >= 0 ? want[s] : 0};
+            sample_params sp = {0, 1, 0, 0, 0, 0, NULL, NULL, want[s] >= 0, want[s] >= 0 ? want[s] : 0, 0, 0, NULL, 0};
             sample_result sr;
             sample_state st;
             if (sample_state_init(&st, &sp, 1, 0, (int)V, 1, err, sizeof err) ||

@@ -598,7 +598,7 @@ static void test_pick(void)
     for (int r = 0; rc == 0 && r < R; r++) {
         if (want[r] < -1)
             continue;
-        sample_params p = {0, 1, 0, 0, 0, 0, NULL, NULL, want[r] >= 0, want[r] >= 0 ? want[r] : 0};
+        sample_params p = {0, 1, 0, 0, 0, 0, NULL, NULL, want[r] >= 0, want[r] >= 0 ? want[r] : 0, 0, 0, NULL, 0};
         sample_result sr;
         CHECK(sample_state_init(&st, &p, 1, 0, V, 1, err, sizeof err) == 0, "%s", err);
         int cr = sample_next(lg + (size_t)r * V, V, &p, &st, &sc, &sr, err, sizeof err);
@@ -659,7 +659,7 @@ static void test_pick(void)
     int32_t w64 = 64;
     rc = cuda_op_pick(big, 1, VB, &w64, NULL, pk, err, sizeof err);
     CHECK(rc == 0, "pick (128k): %s", err);
-    sample_params p = {0, 1, 0, 0, 0, 0, NULL, NULL, true, 64};
+    sample_params p = {0, 1, 0, 0, 0, 0, NULL, NULL, true, 64, 0, 0, NULL, 0};
     sample_result sr;
     CHECK(sample_state_init(&st, &p, 1, 0, VB, 1, err, sizeof err) == 0, "%s", err);
     if (rc == 0 && sample_next(big, VB, &p, &st, &sc, &sr, err, sizeof err) == 0) {
