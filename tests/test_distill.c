@@ -27,55 +27,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "ref.h"
 #include "test.h"
 
 #define TINY "tests/data/tiny/tiny-smollm2.gguf"
 
-static const char *bin(void)
+/* Every line, each of which must parse. */
+static json_t *read_checked(const char *path)
 {
-    const char *b = getenv("SPILL_BIN");
-    return b && *b ? b : "build/asan/spill";
-}
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-/* Every line of a JSONL file, as an array. */
-static json_t *read_lines(const char *path)
-{
-    json_t *a = json_array();
-    FILE *f = fopen(path, "r");
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    while (f && (n = getline(&line, &cap, f)) > 0) {
-        json_t *o = json_loadb(line, (size_t)n, JSON_ALLOW_NUL, NULL); /* byte tokens: \u0000 */
-        CHECK(o != NULL, "%s: a line is not JSON", path);
-        if (o)
-            json_array_append_new(a, o);
-    }
-    free(line);
-    if (f)
-        fclose(f);
+    int bad = 0;
+    json_t *a = read_lines_n(path, &bad);
+    CHECK(bad == 0, "%s: %d lines are not JSON", path, bad);
     return a;
-}
-
-static json_t *by_id(json_t *lines, const char *id)
-{
-    size_t i;
-    json_t *o;
-    json_array_foreach(lines, i, o) if (!strcmp(json_string_value(json_object_get(o, "custom_id")), id)) return o;
-    return NULL;
 }
 
 static json_t *completion_logprobs(json_t *line)
@@ -128,7 +92,7 @@ static double echo_vs_reference(const char *name, const char *tmp, int *compared
                 in, job, tmp, name);
     CHECK(rc == 0, "%s: spill run exit %d (see %s/err-%s.txt)", name, rc, tmp, name);
     snprintf(path, sizeof path, "%s/results.jsonl", job);
-    json_t *lines = read_lines(path);
+    json_t *lines = read_checked(path);
     double worst = 0;
     for (uint32_t r = 0; r < nr; r++) {
         char id[16];
@@ -242,10 +206,10 @@ static void test_score(const char *tmp)
                     in, v ? "--prefill-chunk 5 --batch 4" : "--batch 1 --full-logits", job, tmp, v);
         CHECK(rc == 0, "spill distill --score: exit %d", rc);
         snprintf(path, sizeof path, "%s/results.jsonl", job);
-        runs[v] = read_lines(path);
+        runs[v] = read_checked(path);
         CHECK(json_array_size(runs[v]) == 3, "--score: %zu score lines, want 3", json_array_size(runs[v]));
         snprintf(path, sizeof path, "%s/errors.jsonl", job);
-        json_t *errs = read_lines(path);
+        json_t *errs = read_checked(path);
         json_t *e0 = json_array_get(errs, 0);
         const char *msg = json_string_value(json_object_get(
             json_object_get(json_object_get(json_object_get(e0, "response"), "body"), "error"), "message"));
@@ -285,7 +249,7 @@ static void test_score(const char *tmp)
     snprintf(job, sizeof job, "%s/score-echo", tmp);
     CHECK(sh("%s run %s %s -o %s --quiet >/dev/null 2>&1", bin(), TINY, in, job) == 0, "echo run");
     snprintf(path, sizeof path, "%s/results.jsonl", job);
-    json_t *echo = read_lines(path);
+    json_t *echo = read_checked(path);
     int same = 0, total = 0;
     json_array_foreach(runs[0], i, o)
     {
@@ -382,7 +346,7 @@ static void test_logprobs_k(const char *tmp)
     CHECK(sh("%s distill %s %s --logprobs 30 -o %s --quiet >/dev/null 2>&1", bin(), TINY, in, job) == 0,
           "distill --logprobs 30");
     snprintf(path, sizeof path, "%s/results.jsonl", job);
-    json_t *lines = read_lines(path);
+    json_t *lines = read_checked(path);
     int tokens = 0;
     size_t i;
     json_t *o;
@@ -457,7 +421,7 @@ static void test_logprobs_k(const char *tmp)
     snprintf(job, sizeof job, "%s/badrows", tmp);
     rc = sh("%s distill %s %s --score --full-logits -o %s --quiet >/dev/null 2>&1", bin(), TINY, in, job);
     snprintf(path, sizeof path, "%s/errors.jsonl", job);
-    json_t *errs = read_lines(path);
+    json_t *errs = read_checked(path);
     char *all = json_dumps(errs, 0);
     CHECK(rc == 0 && json_array_size(errs) == 2 && all && strstr(all, "completions request") &&
               strstr(all, "n = 2 choices"),
@@ -488,7 +452,7 @@ static void test_top_k(const char *tmp)
     snprintf(job, sizeof job, "%s/topk", tmp);
     CHECK(sh("%s run %s %s -o %s --quiet >/dev/null 2>&1", bin(), TINY, in, job) == 0, "top_k run");
     snprintf(path, sizeof path, "%s/results.jsonl", job);
-    json_t *lines = read_lines(path);
+    json_t *lines = read_checked(path);
     const char *a[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
         char id[16];
@@ -503,7 +467,7 @@ static void test_top_k(const char *tmp)
     CHECK(a[0] && a[2] && !strcmp(a[0], a[2]), "min_p 1 at temperature 1 answered \"%s\", greedy \"%s\"",
           a[2] ? a[2] : "", a[0] ? a[0] : "");
     snprintf(path, sizeof path, "%s/errors.jsonl", job);
-    json_t *errs = read_lines(path);
+    json_t *errs = read_checked(path);
     char *all = json_dumps(errs, 0);
     CHECK(json_array_size(errs) == 1 && all && strstr(all, "body.top_k"), "top_k -2: %s", all ? all : "");
     free(all);

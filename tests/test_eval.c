@@ -23,47 +23,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "peft_fixture.h"
 #include "test.h"
 
 #define TINY "tests/data/tiny/tiny-smollm2.gguf"
 #define ROWS 12
-
-static const char *bin(void)
-{
-    const char *b = getenv("SPILL_BIN");
-    return b && *b ? b : "build/asan/spill";
-}
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static json_t *read_lines(const char *path)
-{
-    json_t *a = json_array();
-    FILE *f = fopen(path, "r");
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    while (f && (n = getline(&line, &cap, f)) > 0) {
-        json_t *o = json_loadb(line, (size_t)n, 0, NULL);
-        if (o)
-            json_array_append_new(a, o);
-    }
-    free(line);
-    if (f)
-        fclose(f);
-    return a;
-}
 
 static const char *answer_of(json_t *line)
 {

@@ -41,49 +41,16 @@
 
 #include "engine/engine.h"
 #include "model/model.h"
+#include "ref.h"
 #include "test.h"
 #include "base/util.h"
 
-#define MAXROWS 4
+#define MAXROWS REF_MAXROWS
 
-typedef struct ref_row {
-    uint32_t n_prompt, n_total;
-    int32_t *ids;
-    float *logits; /* (n_total, V) */
-} ref_row;
-
+/* SPLREF01 (tools/gen_ref_models.py, tests/ref.h): 0 when read, -1 when the file is absent or malformed. */
 static int load_ref(const char *path, ref_row *rows, uint32_t *n_rows, uint32_t *vocab)
 {
-    char *buf, err[SPILL_ERRLEN];
-    size_t len;
-    if (util_read_file(path, 64u << 20, &buf, &len, err, sizeof err) != 0) {
-        fprintf(stderr, "%s\n", err);
-        return -1;
-    }
-    if (len < 16 || memcmp(buf, "SPLREF01", 8)) {
-        free(buf);
-        return -1;
-    }
-    size_t off = 8;
-    memcpy(n_rows, buf + off, 4);
-    memcpy(vocab, buf + off + 4, 4);
-    off += 8;
-    if (*n_rows > MAXROWS)
-        return -1;
-    for (uint32_t r = 0; r < *n_rows; r++) {
-        memcpy(&rows[r].n_prompt, buf + off, 4);
-        memcpy(&rows[r].n_total, buf + off + 4, 4);
-        off += 8;
-        size_t ni = rows[r].n_total, nl = (size_t)rows[r].n_total * *vocab;
-        rows[r].ids = malloc(ni * 4);
-        rows[r].logits = malloc(nl * 4);
-        memcpy(rows[r].ids, buf + off, ni * 4);
-        off += ni * 4;
-        memcpy(rows[r].logits, buf + off, nl * 4);
-        off += nl * 4;
-    }
-    free(buf);
-    return off == len ? 0 : -1;
+    return ref_load(path, rows, n_rows, vocab);
 }
 
 static void log_softmax(const float *x, double *y, int n)

@@ -39,57 +39,21 @@
 #include "model/arch.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "ref.h"
 #include "test.h"
 
-#define MAXROWS 3
+#define MAXROWS REF_MAXROWS /* ref_load fills up to that many */
 #define TOL 1e-4
 
-typedef struct ref_row {
-    uint32_t n_prompt, n_total;
-    int32_t *ids;
-    float *logits; /* (n_total, V) */
-} ref_row;
-
-/* SPLREF01 (tools/gen_ref_models.py): 0 when read, -1 when the file is absent or malformed. */
+/* SPLREF01 (tools/gen_ref_models.py, tests/ref.h): 0 when read, -1 when the file is absent or malformed. */
 static int load_ref(const char *path, ref_row *rows, uint32_t *n_rows, uint32_t *vocab)
 {
-    char *buf, err[SPILL_ERRLEN];
-    size_t len;
-    if (!util_is_file(path) || util_read_file(path, 64u << 20, &buf, &len, err, sizeof err) != 0)
-        return -1;
-    size_t off = 16;
-    if (len < 16 || memcmp(buf, "SPLREF01", 8)) {
-        free(buf);
-        return -1;
-    }
-    memcpy(n_rows, buf + 8, 4);
-    memcpy(vocab, buf + 12, 4);
-    if (*n_rows > MAXROWS) {
-        free(buf);
-        return -1;
-    }
-    for (uint32_t r = 0; r < *n_rows; r++) {
-        memcpy(&rows[r].n_prompt, buf + off, 4);
-        memcpy(&rows[r].n_total, buf + off + 4, 4);
-        off += 8;
-        size_t ni = rows[r].n_total, nl = (size_t)rows[r].n_total * *vocab;
-        rows[r].ids = malloc(ni * 4);
-        rows[r].logits = malloc(nl * 4);
-        memcpy(rows[r].ids, buf + off, ni * 4);
-        off += ni * 4;
-        memcpy(rows[r].logits, buf + off, nl * 4);
-        off += nl * 4;
-    }
-    free(buf);
-    return off == len ? 0 : -1;
+    return util_is_file(path) ? ref_load(path, rows, n_rows, vocab) : -1;
 }
 
 static void free_ref(ref_row *rows, uint32_t n)
 {
-    for (uint32_t r = 0; r < n; r++) {
-        free(rows[r].ids);
-        free(rows[r].logits);
-    }
+    ref_free(rows, n);
 }
 
 static double max_abs_diff(const float *a, const float *b, size_t n)
