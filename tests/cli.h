@@ -1,6 +1,6 @@
 /*
  * cli.h — what the tests that drive the real binary share: which binary (build/asan/spill, or $SPILL_BIN), a
- * shell command with its exit code, and a JSONL file read back as a JSON array.
+ * shell command with its exit code, a JSONL file read back as a JSON array, a row's line and answer.
  */
 #ifndef SPILL_TEST_CLI_H
 #define SPILL_TEST_CLI_H
@@ -56,6 +56,14 @@ static inline json_t *read_lines_n(const char *path, int *bad)
 static inline json_t *read_lines(const char *path)
 {
     return read_lines_n(path, NULL);
+}
+
+/* A chat results line's answer text (choices[0].message.content), or NULL. */
+static inline const char *chat_answer(json_t *line)
+{
+    json_t *ch = json_array_get(json_object_get(json_object_get(json_object_get(line, "response"), "body"), "choices"),
+                                0);
+    return json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
 }
 
 /* The line whose custom_id is id, or NULL. */

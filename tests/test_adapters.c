@@ -28,13 +28,6 @@
 #define TINY "tests/data/tiny/tiny-smollm2.gguf"
 #define ROWS 16
 
-static const char *answer(json_t *line)
-{
-    json_t *ch = json_array_get(json_object_get(json_object_get(json_object_get(line, "response"), "body"), "choices"),
-                                0);
-    return json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
-}
-
 static const char *stamp_adapter(json_t *line)
 {
     return json_string_value(json_object_get(json_object_get(line, "spill"), "adapter"));
@@ -137,7 +130,7 @@ int main(void)
         snprintf(id, sizeof id, "r%d", i);
         int a = mixed_adapter(i);
         json_t *m = by_id(mixed, id), *s = by_id(alone[a], id), *b = by_id(alone[0], id);
-        const char *am = m ? answer(m) : NULL, *as = s ? answer(s) : NULL, *ab = b ? answer(b) : NULL;
+        const char *am = m ? chat_answer(m) : NULL, *as = s ? chat_answer(s) : NULL, *ab = b ? chat_answer(b) : NULL;
         CHECK(am && as && !strcmp(am, as), "row %s (adapter %d): mixed job answered \"%s\", alone \"%s\"", id, a,
               am ? am : "(none)", as ? as : "(none)");
         same += am && as && !strcmp(am, as);

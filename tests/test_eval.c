@@ -30,13 +30,6 @@
 #define TINY "tests/data/tiny/tiny-smollm2.gguf"
 #define ROWS 12
 
-static const char *answer_of(json_t *line)
-{
-    json_t *ch = json_array_get(json_object_get(json_object_get(json_object_get(line, "response"), "body"), "choices"),
-                                0);
-    return json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
-}
-
 static void read_file(const char *path, char *buf, size_t cap)
 {
     FILE *f = fopen(path, "r");
@@ -107,8 +100,8 @@ int main(void)
     json_array_foreach(plain, i, o)
     {
         int k = atoi(json_string_value(json_object_get(o, "custom_id")) + 1);
-        if (k >= 0 && k < ROWS && answer_of(o))
-            ans[k] = strdup(answer_of(o));
+        if (k >= 0 && k < ROWS && chat_answer(o))
+            ans[k] = strdup(chat_answer(o));
     }
     /* expected: the answer itself (0 mod 4), re-cased and padded (1 mod 4: exact_match after normalisation),
      * a piece of it (2 mod 4: contains only), something else (3 mod 4) */
@@ -225,9 +218,9 @@ int main(void)
         json_t *p;
         json_array_foreach(sh_lines, k, p) if (!strcmp(json_string_value(json_object_get(p, "custom_id")), want_id))
         {
-            same += answer_of(o) && answer_of(p) && !strcmp(answer_of(o), answer_of(p));
+            same += chat_answer(o) && chat_answer(p) && !strcmp(chat_answer(o), chat_answer(p));
             int q = atoi(json_string_value(json_object_get(o, "custom_id")) + 1);
-            differ += q >= 0 && q < ROWS && ans[q] && answer_of(o) && strcmp(ans[q], answer_of(o));
+            differ += q >= 0 && q < ROWS && ans[q] && chat_answer(o) && strcmp(ans[q], chat_answer(o));
         }
     }
     CHECK(same == ROWS && differ > 0, "shared job: %d of %d adapter answers equal to the adapter alone; %d differ from "

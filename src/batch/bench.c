@@ -443,32 +443,6 @@ out:
     return rc;
 }
 
-typedef struct rd_ctx {
-    int fd;
-    uint64_t size, req;
-    _Atomic uint64_t next;
-    _Atomic int failed;
-} rd_ctx;
-
-static void *reader(void *arg)
-{
-    rd_ctx *c = arg;
-    uint8_t *buf = aligned_alloc(DIO_ALIGN, (size_t)c->req);
-    if (!buf) {
-        c->failed = ENOMEM;
-        return NULL;
-    }
-    for (uint64_t off; !c->failed && (off = atomic_fetch_add(&c->next, c->req)) < c->size;) {
-        ssize_t k; /* the last request may come back short */
-        while ((k = pread(c->fd, buf, (size_t)c->req, (off_t)off)) < 0 && errno == EINTR)
-            ;
-        if (k <= 0)
-            c->failed = k < 0 ? errno : EIO;
-    }
-    free(buf);
-    return NULL;
-}
-
 /* Disk read rate: the model's largest file (its first 256 MiB) read with O_DIRECT in 4 MiB requests by 1, 2 and
  * 4 readers taking the next offset in order, twice each, the best of the six (a virtual disk's rate varies by 2x
  * from one read to the next; a limit wants the best it reaches). */
@@ -483,31 +457,18 @@ static int measure_disk(const model_desc *m, rate *r, char *err, size_t errlen)
     bool ram_fs = statfs(mf->path, &sf) == 0 && (sf.f_type == TMPFS_MAGIC_ || sf.f_type == RAMFS_MAGIC_);
     int fd = open(mf->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
     bool direct = fd >= 0 && !ram_fs;
-    if (fd < 0 && errno == EINVAL)
-        fd = open(mf->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (fd < 0 && errno != EINVAL)
         return util_errf(err, errlen, "%s: cannot open for the disk rate test: %s.", mf->path, strerror(errno));
+    if (fd >= 0)
+        close(fd);
     double best = 0;
     for (int k = 0; k < 6; k++) {
-        int readers = 1 << (k % 3);
-        rd_ctx c = {.fd = fd, .size = size, .req = 4 * MIB};
-        pthread_t th[4];
-        int started = 0;
-        double t = now_s();
-        while (started < readers && pthread_create(&th[started], NULL, reader, &c) == 0)
-            started++;
-        for (int i = 0; i < started; i++)
-            pthread_join(th[i], NULL);
-        t = now_s() - t;
-        if (!started || c.failed) {
-            close(fd);
-            return util_errf(err, errlen, "%s: the disk rate test could not read it: %s.", mf->path,
-                             started ? strerror(c.failed) : "no reader thread started");
-        }
-        double gbs = (double)size / 1e9 / (t > 1e-9 ? t : 1e-9);
+        double gbs;
+        char e2[SPILL_ERRLEN];
+        if (probe_read_rate(mf->path, direct, size, 4 * MIB, 1 << (k % 3), &gbs, e2, sizeof e2))
+            return util_errf(err, errlen, "the disk rate test could not read the model file: %s", e2);
         best = gbs > best ? gbs : best;
     }
-    close(fd);
     r->have = true;
     r->v = best;
     snprintf(r->src, sizeof r->src, "measured now: %s reads of %.0f MB of the model file%s",

@@ -131,8 +131,7 @@ static void *reader(void *arg)
     return NULL;
 }
 
-/* Reads the whole file once with `readers` threads and requests of req bytes; GB/s. */
-static int read_rate(const char *path, bool direct, uint64_t size, uint64_t req, int readers, double *gbs, char *err,
+int probe_read_rate(const char *path, bool direct, uint64_t size, uint64_t req, int readers, double *gbs, char *err,
                      size_t errlen)
 {
     rd_ctx c = {.size = size, .req = req};
@@ -236,7 +235,7 @@ static int disk_probe(const probe_opts *o, const char *dir, probe_result *r, cha
             probe_read *pr = &r->reads[i * 2 + j];
             pr->request_mib = reqs[i];
             pr->readers = rds[j];
-            if (read_rate(path, r->direct, n, (uint64_t)reqs[i] * MIB, rds[j], &pr->gbs, err, errlen))
+            if (probe_read_rate(path, r->direct, n, (uint64_t)reqs[i] * MIB, rds[j], &pr->gbs, err, errlen))
                 goto out_close;
             if (pr->gbs > r->read_gbs)
                 r->read_gbs = pr->gbs;

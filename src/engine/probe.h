@@ -43,6 +43,11 @@ typedef struct probe_opts {
 /* Measures everything; the test file is removed before returning. */
 int probe_run(const probe_opts *o, probe_result *r, char *err, size_t errlen);
 
+/* Reads the first size bytes of path once (O_DIRECT when direct), by `readers` threads (1 to 4) taking the next
+ * req-byte request in order; *gbs = size / seconds in GB/s.  0, or -1 with a sentence. */
+int probe_read_rate(const char *path, bool direct, uint64_t size, uint64_t req, int readers, double *gbs, char *err,
+                    size_t errlen);
+
 /* Writes r as JSON to path atomically (temporary file, fsync, rename, fsync of the directory). */
 int probe_save(const probe_result *r, const char *path, char *err, size_t errlen);
 
