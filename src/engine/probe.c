@@ -116,15 +116,18 @@ static void *reader(void *arg)
             break;
         uint64_t n = c->size - off < c->req ? c->size - off : c->req;
         while (n) {
-            ssize_t k = pread(c->fd, buf, (size_t)n, (off_t)off);
+            /* O_DIRECT wants whole blocks: a file's tail is asked for rounded up (the read comes back short) */
+            uint64_t ask = (n + DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN;
+            ssize_t k = pread(c->fd, buf, (size_t)(ask < c->req ? ask : c->req), (off_t)off);
             if (k < 0 && errno == EINTR)
                 continue;
             if (k <= 0) {
                 c->failed = k < 0 ? errno : EIO;
                 break;
             }
-            n -= (uint64_t)k;
-            off += (uint64_t)k;
+            uint64_t got = (uint64_t)k < n ? (uint64_t)k : n;
+            n -= got;
+            off += got;
         }
     }
     free(buf);
