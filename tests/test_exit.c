@@ -209,6 +209,7 @@ static void test_help(void)
             const char *val = !strcmp(arg, "N") || !strcmp(arg, "K") ? "1"
                               : !strcmp(arg, "BYTES") ? "1M"
                               : !strcmp(arg, "bf16|int8") ? "int8"
+                              : !strcmp(arg, "bf16|q8|q4|fp8|auto") ? "q8"
                               : (!strcmp(arg, "DIR") || !strcmp(arg, "FILE")) ? "/tmp/spill-test-exit-none"
                                                                                 : NULL;
             int rc = resume ? (val ? RUN("resume", "/no/such/job", opt, val) : RUN("resume", "/no/such/job", opt))

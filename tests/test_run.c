@@ -302,6 +302,18 @@ static void test_memory_budget(const char *tmp)
     json_decref(refm);
 }
 
+/* N from the "..., N preemptions" of a run's summary line; -1 when absent. */
+static long preemptions_of(const char *buf)
+{
+    const char *p = strstr(buf, " preemptions");
+    if (!p)
+        return -1;
+    const char *q = p;
+    while (q > buf && q[-1] >= '0' && q[-1] <= '9')
+        q--;
+    return q == p ? -1 : strtol(q, NULL, 10);
+}
+
 int main(void)
 {
     char tmp[] = "/tmp/spill_test_run_XXXXXX";
@@ -354,25 +366,27 @@ int main(void)
     compare("batch 1", refm, d);
 
     /* KV pressure: 16-token pages of 256 bytes/token = 4 KiB; 48 KiB holds 12 pages, while 32 rows in flight
-     * (up to 2 choices each, ~40-70 positions) want ~100. */
+     * (up to 2 choices each, ~40-70 positions) want ~100.  --batch 32 admits rows as their prompts fit and
+     * preempts as they grow; from memory (no --batch) admits only while every admitted row fits at its
+     * max_tokens, so it never preempts.  Both answer as the reference does. */
     snprintf(d, sizeof d, "%s/kv", tmp);
-    char *a_kv[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--kv-mem", "48K", NULL};
-    char log[700];
+    char *a_kv[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--batch", "32", "--kv-mem", "48K", NULL};
+    char log[700], buf[4096];
     snprintf(log, sizeof log, "%s/kv.log", tmp);
     CHECK(spawn_out(a_kv, 0, 0, NULL, log) == 0, "KV-pressure run failed");
-    char buf[4096];
     read_head(log, buf, sizeof buf);
-    const char *pre = strstr(buf, "preemptions");
-    long npre = 0;
-    for (const char *p = pre; p && p > buf && p[-1] == ' ';) { /* "..., N preemptions" */
-        const char *q = p - 2;
-        while (q > buf && q[-1] >= '0' && q[-1] <= '9')
-            q--;
-        npre = strtol(q, NULL, 10);
-        break;
-    }
-    CHECK(npre > 0, "KV-pressure run reported no preemptions: %.200s", buf);
+    long npre = preemptions_of(buf);
+    CHECK(npre > 0, "KV-pressure run with --batch 32 reported no preemptions: %.200s", buf);
     compare("KV 3x oversubscribed", refm, d);
+    snprintf(d, sizeof d, "%s/kvmem", tmp);
+    char *a_km[] = {(char *)b, "run", MODEL, input, "-o", d, "--quiet", "--kv-mem", "48K", NULL};
+    CHECK(spawn_out(a_km, 0, 0, NULL, log) == 0, "KV-pressure run with the batch from memory failed");
+    read_head(log, buf, sizeof buf);
+    npre = preemptions_of(buf);
+    CHECK(npre == 0, "batch from memory under KV pressure preempted %ld rows: %.300s", npre, buf);
+    CHECK(strstr(buf, " from memory (the KV pages hold ") != NULL, "the pre-run line does not say where the batch came "
+          "from: %.300s", buf);
+    compare("KV pressure, batch from memory", refm, d);
 
     /* SIGKILL at random moments, then resume until done. */
     snprintf(d, sizeof d, "%s/kill", tmp);

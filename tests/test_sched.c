@@ -337,8 +337,11 @@ static int run_passes(drive *d, sched *s, fake *f, const spill_backend *be, samp
 
 /* Runs the job; tight = under the plan for js->budget, else room for every row at once.
  * Returns the answers (NULL on failure); *wall = fake seconds; *eta = pre-run estimate under fit. */
-static json_t *run_spec(const job_spec *js, bool tight, bool pick, calib *fit, double *wall, double *eta,
-                        int *preempt, uint64_t *picks)
+/* reserve: 0 = --batch (admission by prompt pages, preemption as rows grow); 1 = batch from memory with every
+ * row planned at max_tokens (cfg.reserve: must never preempt); 2 = from memory with rows planned at a quarter of
+ * max_tokens (admits more, may preempt). */
+static json_t *run_spec(const job_spec *js, bool tight, bool pick, int reserve, calib *fit, double *wall,
+                        double *eta, int *preempt, uint64_t *picks)
 {
     char err[SPILL_ERRLEN] = "";
     size_t n_rows = (size_t)js->n_rows;
@@ -365,6 +368,7 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, calib *fit, d
         for (int32_t k = 0; k < w->n_prompt; k++)
             w->prompt[k] = 17 + (int32_t)((h = mix(h)) % (VOCAB - 17));
         w->max_new = js->max_new[i];
+        w->expect_new = reserve == 2 ? (w->max_new + 3) / 4 : 0;
         w->n_choices = js->n_choices[i];
         w->sp = (sample_params){js->temp[i], 1.0f, 0, 0, 0, 0, NULL, NULL, false, 0, 0, 0, NULL, 0};
         w->has_seed = js->seeded[i];
@@ -415,7 +419,7 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, calib *fit, d
     for (size_t i = 0; i < n_rows; i++)
         unfit += sched_row_pages(&f.kv, &rows[i]) > f.kv.n_pages;
     CHECK(unfit == 0, "%d rows need more pages than the cache's %d", unfit, f.kv.n_pages);
-    sched_cfg cfg = {&be, g_tok, VOCAB, 0, js->batch, max_seqs, js->chunk, 0, max_seqs};
+    sched_cfg cfg = {&be, g_tok, VOCAB, 0, js->batch, max_seqs, js->chunk, 0, max_seqs, reserve > 0};
     if (sched_init(&s, &cfg, rows, n_rows, err, sizeof err)) {
         CHECK(0, "sched_init: %s", err);
         goto out;
@@ -462,7 +466,7 @@ int main(void)
 
     calib fit;
     memset(&fit, 0, sizeof fit);
-    int jobs = 0, big = 0, big_ok = 0, preempted_jobs = 0, differ = 0;
+    int jobs = 0, big = 0, big_ok = 0, preempted_jobs = 0, differ = 0, reserve_jobs = 0, reserve_pre = 0;
     uint64_t picked = 0;
     double worst = 0;
     for (int j = 0; j < N_JOBS && test_failures < 20; j++) {
@@ -486,8 +490,23 @@ int main(void)
         uint64_t np = 0, np2;
         /* odd jobs: the tight run lets the backend pick greedy rows (forward_pick), the roomy run samples
          * every row itself: the answers must still agree */
-        json_t *a = run_spec(&js, true, j % 2 == 1, &fit, &wt, &eta, &pre, &np);
-        json_t *b = run_spec(&js, false, false, &before, &wr, &eta2, &pre2, &np2);
+        json_t *a = run_spec(&js, true, j % 2 == 1, 0, &fit, &wt, &eta, &pre, &np);
+        json_t *b = run_spec(&js, false, false, 0, &before, &wr, &eta2, &pre2, &np2);
+        if (j % 4 == 2) { /* the batch from memory's reserving admission under the same tight plan */
+            calib scratch = before;
+            double w3, e3;
+            int pre3;
+            uint64_t np3;
+            for (int rv = 1; rv <= 2; rv++) {
+                json_t *c = run_spec(&js, true, false, rv, &scratch, &w3, &e3, &pre3, &np3);
+                CHECK(c && b && json_equal(c, b), "job %d: reserving admission (rows planned at %s) answered "
+                      "differently", j, rv == 1 ? "max_tokens" : "a quarter of it");
+                if (rv == 1)
+                    CHECK(pre3 == 0, "job %d: reserving admission at max_tokens preempted %d rows", j, pre3);
+                reserve_jobs++, reserve_pre += rv == 2 && pre3 > 0;
+                json_decref(c);
+            }
+        }
         picked += np;
         if (a && b && !json_equal(a, b)) {
             if (differ++ < 3) {
@@ -526,8 +545,8 @@ int main(void)
           big_ok, big, worst * 100);
     fprintf(stderr,
             "%d jobs, %d with preemptions, %llu greedy tokens picked by the backend; pre-run ETA within 25%% on %d of "
-            "%d larger jobs (worst %.0f%%)\n",
-            jobs, preempted_jobs, (unsigned long long)picked, big_ok, big, worst * 100);
+            "%d larger jobs (worst %.0f%%); %d reserving runs (%d planned at a quarter of max_tokens preempted)\n",
+            jobs, preempted_jobs, (unsigned long long)picked, big_ok, big, worst * 100, reserve_jobs, reserve_pre);
     tokenizer_free(g_tok);
     gguf_close(gf);
     return test_finish("test_sched");

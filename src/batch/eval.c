@@ -678,7 +678,7 @@ static void usage(FILE *f)
                "  runs (or reuses) each model on INPUT, scores every row against its \"expected\", prints one table\n"
                "  metrics: exact_match, exact_match:nopunct, contains, regex, regex:PATTERN, json_field:PATH, judge "
                "(with --judge MODEL), script:CMD\n"
-               "  run options passed to each model's run: --batch N --threads N --prefill-chunk N --mem-budget BYTES "
+               "  run options passed to each model's run: --quant Q --batch N --threads N --prefill-chunk N --mem-budget BYTES "
                "--kv-mem BYTES --stream --resident --cpu --gpu --gpu-mem BYTES\n");
 }
 
@@ -708,7 +708,7 @@ int eval_main(int argc, char **argv)
 {
     static eval_ctx c; /* large: not on the stack */
     memset(&c, 0, sizeof c);
-    static const char *const with_value[] = {"--batch", "--threads", "--prefill-chunk", "--mem-budget", "--kv-mem",
+    static const char *const with_value[] = {"--quant", "--batch", "--threads", "--prefill-chunk", "--mem-budget", "--kv-mem",
                                              "--gpu-mem", "--page-tokens"};
     static const char *const flags[] = {"--stream", "--resident", "--cpu", "--gpu", "--from-disk"};
     const char *out = NULL;

@@ -129,6 +129,8 @@ static int accept_token(runner *r, row *w, choice *c, const sample_result *sr, c
     if (sample_observe(&c->ss, tok, err, errlen))
         return -1;
     if (c->lp) {
+        if (sched_lp_room(c, w->sp.n_top_logprobs, err, errlen))
+            return -1;
         size_t bl;
         const uint8_t *b = tokenizer_token_bytes(r->tok, tok, &bl);
         out_token *ot = &c->lp[c->n_gen];
@@ -353,8 +355,8 @@ static void show_progress(runner *r, int pass, double pass_s, bool final)
     fmt_eta(final ? 0 : eta, etas, sizeof etas);
     double mem = (double)plan_rss_now() / 1e9, budget = (double)r->o.mem_budget / 1e9;
     char line[512];
-    snprintf(line, sizeof line, "rows %s/%s · pass %d (%.2f s) · %s tok/s · ETA %s · batch %zu · mem %.2f/%.2f GB",
-             rows, total, pass, pass_s, tps, etas, r->s.n_active, mem, budget);
+    snprintf(line, sizeof line, "rows %s/%s · pass %d (%.2f s) · %s tok/s · ETA %s · %s · batch %zu · mem %.2f/%.2f GB",
+             rows, total, pass, pass_s, tps, etas, r->quant_name, r->s.n_active, mem, budget);
     if (r->s.preemptions)
         snprintf(line + strlen(line), sizeof line - strlen(line), " · %llu preempted",
                  (unsigned long long)r->s.preemptions);
@@ -743,6 +745,67 @@ static void record_throughput(runner *r, double el)
                      e2, sizeof e2);
 }
 
+/* Sequences and logits rows one pass may carry for r->batch rows in flight. */
+static void size_batch(runner *r)
+{
+    int max_n = 1; /* sequences per pass: every active choice (admission keeps them under batch + the largest n) */
+    for (size_t i = 0; i < r->n_rows; i++)
+        if (r->rows[i].state == ROW_PENDING && r->rows[i].n_choices > max_n)
+            max_n = r->rows[i].n_choices;
+    r->max_seqs = r->batch + max_n;
+    /* scored prompts (echo with log-probs, --score) return a logits row per token: up to a prompt chunk's
+     * worth more per pass, within 256 MiB of logits on the CPU (whose pass is its FLOPs anyway) and 1 GiB on
+     * the GPU (HBM, and the pinned copy the host rows come back in), at least one more row */
+    bool scoring = false;
+    for (size_t i = 0; i < r->n_rows && !scoring; i++)
+        scoring = r->rows[i].state == ROW_PENDING && r->rows[i].score_from > 0;
+    int extra = 0;
+    if (scoring) {
+        bool gpu = r->o.device != 1 && spill_gpu_open;
+        int64_t cap = (int64_t)(gpu ? 1u << 30 : 256u << 20) / ((int64_t)r->m->vocab * 4);
+        extra = (int)(cap < r->o.prefill_chunk ? cap : r->o.prefill_chunk);
+        extra = extra < 1 ? 1 : extra;
+    }
+    r->max_logit_rows = r->max_seqs + extra;
+}
+
+static int cmp_i32_asc(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* How many pending rows `pages` KV pages hold at once at their planned lengths (prompt + expect_new, each
+ * choice): taken shortest first (the most that can ever be in flight), or in queue order, longest first (the
+ * first batch).  At least 1, at most r->batch. */
+static int fit_rows(const runner *r, int64_t pages, bool longest_first)
+{
+    int32_t P = r->o.page_tokens > 0 ? r->o.page_tokens : 16;
+    int32_t *need = malloc((r->n_rows + 1) * sizeof *need);
+    if (!need)
+        return r->batch;
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_rows; i++)
+        if (r->rows[i].state == ROW_PENDING) {
+            const row *w = &r->rows[i];
+            int64_t t = (int64_t)w->n_prompt + (w->expect_new ? w->expect_new : w->max_new);
+            int64_t pg = (t + P - 1) / P * w->n_choices;
+            need[n++] = pg > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)pg;
+        }
+    qsort(need, n, sizeof *need, cmp_i32_asc);
+    int64_t used = 0;
+    int k = 0;
+    for (size_t i = 0; i < n && k < r->batch; i++) {
+        int32_t v = need[longest_first ? n - 1 - i : i];
+        if (used + v > pages && k > 0)
+            break;
+        used += v;
+        k++;
+    }
+    free(need);
+    return k < 1 ? 1 : k;
+}
+
 /* The memory plan for this job (plan.h) from the pending rows' KV needs and the engine about to open. */
 static int make_plan(runner *r, const engine_opts *eo, bool gpu, char *err, size_t errlen)
 {
@@ -753,11 +816,13 @@ static int make_plan(runner *r, const engine_opts *eo, bool gpu, char *err, size
     size_t nn = 0;
     for (size_t i = 0; i < r->n_rows; i++)
         if (r->rows[i].state == ROW_PENDING) {
-            int64_t toks = (int64_t)r->rows[i].n_prompt + r->rows[i].max_new;
-            int64_t pg = (toks + P - 1) / P * r->rows[i].n_choices;
+            /* --batch: every token a row may generate; from memory: its planned length (expect_new) */
+            const row *w = &r->rows[i];
+            int64_t toks = (int64_t)w->n_prompt + (r->o.batch || !w->expect_new ? w->max_new : w->expect_new);
+            int64_t pg = (toks + P - 1) / P * w->n_choices;
             need[nn++] = pg > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)pg;
         }
-    plan_kv_want(need, nn, r->o.batch, &want, &min_pages);
+    plan_kv_want(need, nn, r->batch, &want, &min_pages);
     free(need);
     mem_job_in in = {r->m, eo, r->fingerprint, r->o.mem_budget, r->o.kv_bytes, r->o.threads, r->o.mode,
                      r->o.page_tokens, r->o.kv_dtype, r->max_logit_rows, want, min_pages};
@@ -815,7 +880,10 @@ static void load_calibration(runner *r)
     char *kvp = strstr(kind, ", KV ");
     if (kvp)
         *kvp = 0;
-    snprintf(key, sizeof key, "%.16s-%s-%s-b%d", r->fingerprint, host, kind, r->o.batch);
+    if (r->o.batch)
+        snprintf(key, sizeof key, "%.16s-%s-%s-b%d", r->fingerprint, host, kind, r->o.batch);
+    else /* batch from memory: one fit whatever the job's row count */
+        snprintf(key, sizeof key, "%.16s-%s-%s-bmem", r->fingerprint, host, kind);
     for (char *k = key; *k; k++)
         if (!((*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') || (*k >= '0' && *k <= '9') || *k == '-'))
             *k = '_';
@@ -859,8 +927,8 @@ static int setup_passes(runner *r, char *err, size_t errlen)
         if (run_append_error_line(r, w->custom_id, msg, NULL, "insufficient_memory", err, errlen))
             return -1;
     }
-    sched_cfg sc = {&r->be, r->tok, r->m->vocab, r->job_seed, r->o.batch, r->max_seqs, r->o.prefill_chunk,
-                    r->mem.plan.guard, r->max_logit_rows};
+    sched_cfg sc = {&r->be, r->tok, r->m->vocab, r->job_seed, r->batch, r->max_seqs, r->o.prefill_chunk,
+                    r->mem.plan.guard, r->max_logit_rows, r->o.batch == 0};
     return sched_init(&r->s, &sc, r->rows, r->n_rows, err, errlen);
 }
 
@@ -902,10 +970,28 @@ static void print_ready(runner *r, bool resuming, double t_open)
     fmt_count(r->prompt_tokens, pt, sizeof pt);
     snprintf(wb, sizeof wb, "%.0f MB", (double)r->m->total_bytes / 1e6);
     fmt_memory(r, mem, sizeof mem);
-    printf("spill %s: %s (%s, %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill · batch %d · engine "
+    char bt[320];
+    if (r->o.batch)
+        snprintf(bt, sizeof bt, "batch %d (--batch)", r->o.batch);
+    else {
+        bool unbounded = false;
+        for (size_t i = 0; i < r->n_rows && !unbounded; i++)
+            unbounded = r->rows[i].state == ROW_PENDING && r->rows[i].expect_new &&
+                        r->rows[i].expect_new < r->rows[i].max_new;
+        int most = fit_rows(r, r->s.kv->n_pages, false);
+        char up[64] = "";
+        if (most > r->first_batch)
+            snprintf(up, sizeof up, ", up to %d as shorter ones come", most);
+        char ub[80] = "";
+        if (unbounded)
+            snprintf(ub, sizeof ub, "; rows without max_tokens planned at %d new tokens", RUN_EXPECT_NEW);
+        snprintf(bt, sizeof bt, "batch %d from memory (the KV pages hold %d of these rows at their planned lengths%s%s)",
+                 r->first_batch, r->first_batch, up, ub);
+    }
+    printf("spill %s: %s (%s, %s: %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill · %s · engine "
            "%s · %s · ETA %s · job %s · ready in %.1f s\n",
-           resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->m->quant_summary, wb,
-           (unsigned long long)r->rows_total, (unsigned long long)already, pt, r->o.batch, r->be.name, mem, eta0,
+           resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->quant_name, r->m->quant_summary, wb,
+           (unsigned long long)r->rows_total, (unsigned long long)already, pt, bt, r->be.name, mem, eta0,
            job_dir(r->j), now_s() - t_open);
     fflush(stdout);
 }
@@ -954,7 +1040,8 @@ static int run_job(runner *r, const job_stored *stored)
     /* open: the model (MODEL, or the base of BASE+ADAPTER), its tokenizer and template */
     char base[4096];
     if (run_adapters_open(r, base, sizeof base, err, sizeof err) ||
-        model_resolve(base, path, sizeof path, err, sizeof err) || model_open(path, &r->m, err, sizeof err))
+        model_resolve(base, path, sizeof path, err, sizeof err) || model_open(path, &r->m, err, sizeof err) ||
+        run_quant_apply(r, path, err, sizeof err))
         goto fail;
     if (prompt_open_tokenizer(r->m, &r->tok, err, sizeof err) || prompt_open_template(r->m, &r->tmpl, err, sizeof err))
         goto fail;
@@ -987,7 +1074,7 @@ static int run_job(runner *r, const job_stored *stored)
     /* the job and its rows */
     if (open_job(r, stored, err, sizeof err))
         goto fail;
-    r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->m->quant_summary, NULL, 0, 0, NULL};
+    r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->quant_name, NULL, 0, 0, NULL};
     if (run_load_rows(r, err, sizeof err) || run_adapters_write(r, err, sizeof err))
         goto fail_job;
     if (r->n_renamed && !r->o.quiet)
@@ -998,25 +1085,13 @@ static int run_job(runner *r, const job_stored *stored)
                 r->o.model_spec);
 
     /* plan: one budget for everything picks resident or streamed and sizes the KV cache; then the engine */
-    int max_n = 1; /* sequences per pass: every active choice (admission keeps them under batch + the largest n) */
+    /* rows in flight: --batch, or from memory up to every pending row (RUN_MAX_BATCH at most), cut below to what
+     * the plan's KV pages hold */
+    size_t n_pending = 0;
     for (size_t i = 0; i < r->n_rows; i++)
-        if (r->rows[i].state == ROW_PENDING && r->rows[i].n_choices > max_n)
-            max_n = r->rows[i].n_choices;
-    r->max_seqs = r->o.batch + max_n;
-    /* scored prompts (echo with log-probs, --score) return a logits row per token: up to a prompt chunk's
-     * worth more per pass, within 256 MiB of logits on the CPU (whose pass is its FLOPs anyway) and 1 GiB on
-     * the GPU (HBM, and the pinned copy the host rows come back in), at least one more row */
-    bool scoring = false;
-    for (size_t i = 0; i < r->n_rows && !scoring; i++)
-        scoring = r->rows[i].state == ROW_PENDING && r->rows[i].score_from > 0;
-    int extra = 0;
-    if (scoring) {
-        bool gpu = r->o.device != 1 && spill_gpu_open;
-        int64_t cap = (int64_t)(gpu ? 1u << 30 : 256u << 20) / ((int64_t)r->m->vocab * 4);
-        extra = (int)(cap < r->o.prefill_chunk ? cap : r->o.prefill_chunk);
-        extra = extra < 1 ? 1 : extra;
-    }
-    r->max_logit_rows = r->max_seqs + extra;
+        n_pending += r->rows[i].state == ROW_PENDING;
+    r->batch = r->o.batch ? r->o.batch : n_pending < 1 ? 1 : n_pending > RUN_MAX_BATCH ? RUN_MAX_BATCH : (int)n_pending;
+    size_batch(r);
     if (r->o.full_logits && check_logits_room(r, err, sizeof err)) {
         code = SPILL_EX_USAGE;
         goto fail_job;
@@ -1039,6 +1114,22 @@ static int run_job(runner *r, const job_stored *stored)
         code = SPILL_EX_USAGE;
         goto fail_job;
     }
+    if (!r->o.batch && !r->mem.plan.gpu) {
+        /* host RAM: the plan gave the KV its pages; the most rows they hold at once (shortest first) is the
+         * most a pass carries, and pass buffers sized for fewer sequences leave more for the KV */
+        int fit = fit_rows(r, r->mem.plan.kv_pages, false);
+        if (fit < r->batch) {
+            r->batch = fit;
+            size_batch(r);
+            eo.max_logit_rows = r->max_logit_rows;
+            eo.max_pass_tokens = r->max_seqs + r->o.prefill_chunk;
+            eo.max_pass_seqs = r->max_seqs;
+            if (make_plan(r, &eo, false, err, sizeof err)) {
+                code = SPILL_EX_USAGE;
+                goto fail_job;
+            }
+        }
+    }
     eo.kv_pages = r->mem.plan.kv_pages;
     eo.stream = r->mem.plan.stream;
     eo.gpu_mem = r->o.gpu_mem;
@@ -1050,6 +1141,7 @@ static int run_job(runner *r, const job_stored *stored)
         const kv_cache *bkv = r->be.kv(r->be.impl);
         r->mem.page_bytes = kv_page_bytes_as(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens,
                                              bkv->dtype);
+        r->first_batch = r->o.batch ? r->o.batch : fit_rows(r, bkv->n_pages, true);
     }
     code = SPILL_EX_SOFTWARE; /* what is left to fail before the passes is memory or the disk */
     if (setup_passes(r, err, sizeof err) || record_run_info(r, err, sizeof err) || job_commit(r->j, err, sizeof err))

@@ -34,6 +34,12 @@
 
 #define SPILL_VERSION "spill 0.1"
 #define TAIL_SLOTS 8
+/* Batch from memory: the new tokens a row without max_tokens is planned at (its limit is the context room,
+ * which would plan a chat row at 8k+ tokens and hold the batch to a handful; a row that runs longer grows into
+ * free pages, and preempts the newest row only when none are left). */
+#define RUN_EXPECT_NEW 1024
+/* Batch from memory: at most this many rows in flight (the pass buffers are sized for it). */
+#define RUN_MAX_BATCH 4096
 
 typedef struct run_opts {
     const char *model_spec, *input, *out_dir;
@@ -45,6 +51,8 @@ typedef struct run_opts {
     uint64_t gpu_mem;    /* GPU: HBM to plan with (0 = all free) */
     bool from_disk;      /* GPU: streamed layers read from storage every pass (no pinned host cache) */
     int kv_dtype;        /* GPU: KV_I8 (--kv-dtype int8) or 0 (the backend's default: bf16 on the GPU) */
+    const char *quant;   /* --quant bf16|q8|q4|fp8|auto, NULL = the file's own types (run_quant.c); the resolved
+                            name once the job is open (what it stores for a resume) */
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
     bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
     spill_settings settings; /* the environment's diagnostic switches, read with the options */
@@ -78,6 +86,7 @@ typedef struct runner {
     spill_backend be;    /* be.impl NULL until opened */
     job *j;
     char fingerprint[65];
+    char quant_name[32]; /* the weights the job runs: "q8", "bf16", or the file's own main type ("Q4_1") */
     char sys_fp[16];     /* OpenAI system_fingerprint: "fp_" + the model fingerprint's first 10 hex digits */
     out_stamp stamp;
     uint64_t job_seed;
@@ -85,6 +94,8 @@ typedef struct runner {
     row *rows;           /* (n_rows) every row of the input, in any state (run_rows.c fills it) */
     size_t n_rows;
     sched s;             /* queue, batch and pass over rows (sched.h) */
+    int batch;           /* rows in flight at most: --batch, or from memory what the plan's KV pages hold */
+    int first_batch;     /* from memory: how many of the queue's first rows the pages hold (the pre-run line) */
     int max_seqs;        /* sequences one pass may carry: batch + the largest n */
 
     sample_scratch sc;   /* sequential sampling (n > 1 choices sharing a prompt) */
@@ -156,5 +167,12 @@ json_t *run_opts_json(const run_opts *o);
 int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char *err, size_t errlen);
 /* run_opts.c: defaults for what the command line left 0. */
 void run_defaults(run_opts *o);
+
+/* run_quant.c: --quant.  Names r->quant_name; when the chosen quant differs from r->m's file (opened from path),
+ * writes (once) or finds the requantized copy under $SPILL_HOME/cache/quant and reopens r->m from it.  0, or -1
+ * with a sentence. */
+int run_quant_apply(runner *r, const char *path, char *err, size_t errlen);
+/* True for the names --quant takes. */
+bool run_quant_valid(const char *name);
 
 #endif

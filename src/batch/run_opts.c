@@ -78,6 +78,8 @@ static const run_opt opts[] = {
     {"--score", NULL, NULL, OPT_TRUE, OFF(score), 0, true,
      "teacher-forced log-probs of each row's final assistant message (+ end of turn); no generation", true},
     {"-o", NULL, "DIR", OPT_STR, OFF(out_dir), 0, true, "the job's directory (default: a new job under $SPILL_HOME/jobs)", false},
+    {"--quant", NULL, "bf16|q8|q4|fp8|auto", OPT_STR, OFF(quant), 0, true,
+     "weights as this format (default: the file's own; a requantized copy is cached under $SPILL_HOME/cache)", false},
     {"--batch", NULL, "N", OPT_INT, OFF(batch), 0, false, "rows decoded together per pass (default: what memory allows)", false},
     {"--threads", NULL, "N", OPT_INT, OFF(threads), 0, false, "CPU threads (default: every core)", false},
     {"--prefill-chunk", NULL, "N", OPT_INT, OFF(prefill_chunk), 0, false, "prompt tokens a pass takes at most", false},
@@ -194,6 +196,15 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
     }
     if (np != (resume ? 1 : 2) || o->batch < 0 || o->prefill_chunk < 0 || o->page_tokens < 0 || o->threads < 0)
         return -1;
+    if (o->quant && !strcmp(o->quant, "fp8")) {
+        fprintf(stderr, "spill: --quant fp8 is not available yet (its GEMMs on the FP8 tensor cores are not built); use "
+                        "bf16, q8 or q4.\n");
+        return -1;
+    }
+    if (o->quant && !run_quant_valid(o->quant)) {
+        fprintf(stderr, "spill: --quant %s: give bf16, q8, q4, fp8 or auto.\n", o->quant);
+        return -1;
+    }
     if (o->cmd == 1 && (o->distill_k < -1 || o->distill_k > SAMPLE_MAX_TOP)) {
         fprintf(stderr, "spill: --logprobs takes 0 to %d alternatives per token, not %d.\n", SAMPLE_MAX_TOP,
                 o->distill_k);
@@ -220,6 +231,10 @@ json_t *run_opts_json(const run_opts *o)
                           (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
                           "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype",
                           o->kv_dtype, "model", o->model_spec);
+    if (j && o->quant && json_object_set_new(j, "quant", json_string(o->quant))) {
+        json_decref(j);
+        return NULL;
+    }
     if (j && o->cmd == 1 &&
         json_object_set_new(j, "distill",
                             json_pack("{s:i,s:b,s:b,s:I}", "logprobs", o->distill_k, "full_logits", o->full_logits,
@@ -242,6 +257,8 @@ int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char 
     o->model_spec = st->model_id;
     o->input = st->input_path;
     const json_t *opt = st->options;
+    if (json_is_string(json_object_get(opt, "quant"))) /* the quant the job resolved: its fingerprint is that copy's */
+        o->quant = json_string_value(json_object_get(opt, "quant"));
     if (!o->batch)
         o->batch = (int)json_integer_value(json_object_get(opt, "batch"));
     if (!o->prefill_chunk)
@@ -276,8 +293,6 @@ int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char 
 
 void run_defaults(run_opts *o)
 {
-    if (!o->batch)
-        o->batch = 32;
     if (!o->prefill_chunk)
         /* prompt tokens per pass: a CPU pass costs its FLOPs, so chunks stay small; a GPU pass costs the
          * weights' trip over PCIe whatever it carries, so it takes big ones (device_plan.sh: 256-token

@@ -156,6 +156,7 @@ static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen,
     w->n_prompt = (int32_t)n;
     int64_t room = r->m->ctx_len - (int64_t)n;
     w->max_new = q->s.max_tokens < 0 || q->s.max_tokens > room ? room : q->s.max_tokens;
+    w->expect_new = q->s.max_tokens >= 0 || w->max_new < RUN_EXPECT_NEW ? w->max_new : RUN_EXPECT_NEW;
     if (q->endpoint == REQ_EP_COMPLETIONS && q->s.echo) {
         /* echo: the prompt's text goes before the answer; with logprobs, every prompt token after the first
          * gets its log-prob from the prefill (the first has none) */

@@ -82,6 +82,24 @@ int32_t sched_row_pages(const kv_cache *kv, const row *w)
     return kv_pages_for(kv, (int32_t)(w->n_prompt + w->max_new)) * w->n_choices;
 }
 
+int32_t sched_row_expect_pages(const kv_cache *kv, const row *w)
+{
+    int64_t g = w->expect_new > 0 && w->expect_new < w->max_new ? w->expect_new : w->max_new;
+    int64_t t = (int64_t)w->n_prompt + g;
+    return kv_pages_for(kv, (int32_t)(t > INT32_MAX / 2 ? INT32_MAX / 2 : t)) * w->n_choices;
+}
+
+/* Pages an admitted row is counted at by the reserving admission: what it holds, or its expected pages when
+ * those are more. */
+static int32_t row_committed(const sched *s, const row *w)
+{
+    int32_t held = 0;
+    for (int c = 0; w->ch && c < w->n_choices; c++)
+        held += w->ch[c].kv.n_pages;
+    int32_t e = sched_row_expect_pages(s->kv, w);
+    return held > e ? held : e;
+}
+
 /* Creates the row's choices (sampling state keyed by its seed, detokenizer, stop matcher, log-prob arrays)
  * and makes it active. */
 static int start_row(sched *s, row *w, char *err, size_t errlen)
@@ -102,10 +120,11 @@ static int start_row(sched *s, row *w, char *err, size_t errlen)
             tok_stream_init(s->cfg.tok, true, &ch->ts, err, errlen) ||
             stop_init(&ch->sm, sp, w->stop_len, w->n_stop, err, errlen))
             return -1;
-        if (w->sp.logprobs) {
-            ch->lp = calloc((size_t)(w->max_new > 0 ? w->max_new : 1), sizeof *ch->lp);
-            ch->alts = calloc((size_t)(w->max_new > 0 ? w->max_new : 1) * (size_t)(w->sp.n_top_logprobs + 1),
-                              sizeof *ch->alts);
+        if (w->sp.logprobs) { /* grown by sched_lp_room as tokens arrive: a batch of unbounded rows holds
+                                 what they generated, not max_new each */
+            ch->lp_cap = (size_t)(w->max_new > 64 ? 64 : w->max_new > 0 ? w->max_new : 1);
+            ch->lp = calloc(ch->lp_cap, sizeof *ch->lp);
+            ch->alts = calloc(ch->lp_cap * (size_t)(w->sp.n_top_logprobs + 1), sizeof *ch->alts);
             if (!ch->lp || !ch->alts)
                 return util_errf(err, errlen, "out of memory for the log-probs of row %s.", w->custom_id);
         }
@@ -113,6 +132,24 @@ static int start_row(sched *s, row *w, char *err, size_t errlen)
     w->state = ROW_ACTIVE;
     w->admitted = ++s->admit_serial;
     s->active[s->n_active++] = (size_t)(w - s->rows);
+    return 0;
+}
+
+int sched_lp_room(choice *c, int top, char *err, size_t errlen)
+{
+    if ((size_t)c->n_gen < c->lp_cap)
+        return 0;
+    size_t cap = c->lp_cap ? c->lp_cap * 2 : 64, per = (size_t)top + 1;
+    out_token *lp = realloc(c->lp, cap * sizeof *lp);
+    if (lp)
+        c->lp = lp;
+    out_alt *alts = lp ? realloc(c->alts, cap * per * sizeof *alts) : NULL;
+    if (!alts)
+        return util_errf(err, errlen, "out of memory for the log-probs of %zu tokens.", cap);
+    c->alts = alts;
+    c->lp_cap = cap;
+    for (int32_t i = 0; i < c->n_gen; i++) /* the entries point into alts, which may have moved */
+        c->lp[i].top = c->alts + (size_t)i * per;
     return 0;
 }
 
@@ -240,12 +277,19 @@ int sched_admit(sched *s, char *err, size_t errlen)
         s->guard_pauses++;
         return 0;
     }
+    int64_t committed = 0; /* cfg.reserve: the admitted rows' expected pages */
+    for (size_t i = 0; s->cfg.reserve && i < s->n_active; i++)
+        committed += row_committed(s, &s->rows[s->active[i]]);
     while (s->q_len && (int)s->n_active < s->cfg.batch) {
         row *w = &s->rows[s->queue[s->q_head]];
         /* the prompt of every choice, plus one page of growth for every choice already running */
         int32_t need = kv_pages_for(s->kv, w->n_prompt + 1) * w->n_choices + active_choices(s);
-        if ((need > s->kv->n_free || active_choices(s) + w->n_choices > s->cfg.max_seqs) && s->n_active > 0)
+        int32_t expect = s->cfg.reserve ? sched_row_expect_pages(s->kv, w) : 0;
+        if ((need > s->kv->n_free || active_choices(s) + w->n_choices > s->cfg.max_seqs ||
+             committed + expect > s->kv->n_pages) &&
+            s->n_active > 0)
             break;
+        committed += expect;
         s->q_head++;
         s->q_len--;
         if (start_row(s, w, err, errlen))

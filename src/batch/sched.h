@@ -56,7 +56,8 @@ typedef struct choice {
     char *text;          /* (text_cap) emitted text so far, NUL-terminated; grown geometrically */
     size_t text_len, text_cap;
     out_token *lp;       /* (max_new) when logprobs */
-    out_alt *alts;       /* (max_new * (top + 1)) */
+    out_alt *alts;       /* (lp_cap * (top + 1)) */
+    size_t lp_cap;       /* entries lp and alts hold: grown geometrically up to max_new */
     bool done;
     out_finish finish;
 } choice;
@@ -70,6 +71,8 @@ typedef struct row {
     int32_t *prompt;     /* (n_prompt) token ids; freed when the row is retired */
     int32_t n_prompt;
     int64_t max_new;
+    int64_t expect_new;  /* new tokens the memory plan expects of each choice: max_tokens when the request set it,
+                            else the smaller of the context room and RUN_EXPECT_NEW; 0 = max_new */
     int n_choices;
     sample_params sp;
     bool has_seed;
@@ -110,6 +113,8 @@ typedef struct sched_cfg {
     uint64_t guard;          /* RSS in bytes above which admission pauses (the plan's live guard); 0 = none */
     int max_logit_rows;      /* logits rows one pass may return: max_seqs (one per sequence) plus what scored
                                 prompt chunks return beyond their one; <= max_seqs = no room to score */
+    bool reserve;            /* batch from memory: a newcomer is admitted only while the pages hold every admitted
+                                row at its expected length (sched_row_expect_pages) besides the newcomer's */
 } sched_cfg;
 
 typedef struct sched {
@@ -134,6 +139,13 @@ typedef struct sched {
 /* Pages row w needs to finish alone in cache kv: prompt and every token it may generate, for each choice. */
 int32_t sched_row_pages(const kv_cache *kv, const row *w);
 
+/* Pages row w is expected to hold at its end: prompt + expect_new (max_new when 0), for each choice. */
+int32_t sched_row_expect_pages(const kv_cache *kv, const row *w);
+
+/* Makes room in c->lp and c->alts for token c->n_gen (top alternatives each), doubling them.  0, or -1 with a
+ * sentence (out of memory). */
+int sched_lp_room(choice *c, int top, char *err, size_t errlen);
+
 /* Starts a scheduler over rows (borrowed; must outlive it) and queues the ROW_PENDING ones, longest first
  * (prompt + max_tokens; ties by line).  The caller fails the rows that cannot fit the cache alone
  * (sched_row_pages) before this.  0, or -1 with a sentence; *s is then safe for sched_free. */
@@ -150,8 +162,9 @@ void sched_row_free(row *w);
 bool sched_pending(const sched *s);
 
 /* Admits rows from the queue head while a batch slot is free and the cache holds the row's prompt besides one
- * page of growth per running choice (the first row always); nobody while the RSS is over the guard.  0, or -1
- * with a sentence (out of memory). */
+ * page of growth per running choice (the first row always) — and, with cfg.reserve, while every admitted row's
+ * expected pages (what it holds, or sched_row_expect_pages when more) and the newcomer's fit the cache;
+ * nobody while the RSS is over the guard.  0, or -1 with a sentence (out of memory). */
 int sched_admit(sched *s, char *err, size_t errlen);
 
 /* Builds the next pass into s->seqs: one decode token per running choice (reserving its page, preempting the

@@ -186,4 +186,16 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     return 0;
 }
 
-__attribute__((constructor)) static void register_gpu(void) { spill_gpu_open = gpu_open; }
+/* Free HBM of the device the engine opens (0: none answers). */
+static uint64_t gpu_free(void)
+{
+    char name[128], err[SPILL_ERRLEN];
+    uint64_t total = 0, fr = 0;
+    return cuda_device_info(0, name, sizeof name, &total, &fr, err, sizeof err) == 0 ? fr : 0;
+}
+
+__attribute__((constructor)) static void register_gpu(void)
+{
+    spill_gpu_open = gpu_open;
+    spill_gpu_free = gpu_free;
+}

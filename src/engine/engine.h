@@ -126,6 +126,10 @@ int engine_backend_cpu(model_desc *m, const engine_opts *o, spill_backend *out, 
 /* A backend's return for a device fault: the process must exit (75, resumable: base/exit.h). */
 #define ENGINE_EDEVICE (-75)
 
+/* Free device memory in bytes (0 when no device answers); set with spill_gpu_open.  --quant auto's tier. */
+typedef uint64_t (*spill_gpu_free_fn)(void);
+extern spill_gpu_free_fn spill_gpu_free;
+
 /* Opens the GPU engine as a backend; returns ENGINE_EDEVICE for a device fault. */
 typedef int (*spill_gpu_open_fn)(model_desc *m, const engine_opts *o, int resident_layers, spill_backend *out,
                                  char *err, size_t errlen);

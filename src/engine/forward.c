@@ -788,6 +788,7 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
 /* ---------------------------------------------------------------- as a backend */
 
 spill_gpu_open_fn spill_gpu_open;
+spill_gpu_free_fn spill_gpu_free;
 
 static int be_forward(void *impl, fwd_seq *seqs, int n, float *logits, char *err, size_t errlen)
 {

@@ -212,7 +212,34 @@ static bool is_matrix_to_quantize(const packer *p, const item *it)
     enum pack_quant q = p->o->quant;
     if (q == PACK_NONE || !t || is_vector(t) || t->ne[0] % 32 || !strstr(t->name, ".weight"))
         return false;
-    return q == PACK_Q8 ? t->dtype != GGML_Q8_0 : t->dtype != GGML_Q4_0 && t->dtype != GGML_Q4_1;
+    return q == PACK_Q8 ? t->dtype != GGML_Q8_0 : q == PACK_BF16 ? t->dtype != GGML_BF16 : t->dtype != GGML_Q4_0 && t->dtype != GGML_Q4_1;
+}
+
+/* The weight type a requantized matrix gets (q4: Q4_0 until the measured error picks between Q4_0 and Q4_1). */
+static uint32_t target_type(enum pack_quant q)
+{
+    return q == PACK_Q8 ? GGML_Q8_0 : q == PACK_BF16 ? GGML_BF16 : GGML_Q4_0;
+}
+
+/* general.file_type (llama.cpp's LLAMA_FTYPE_MOSTLY_*) of a packed quant. */
+static uint32_t file_type_of(enum pack_quant q, bool q4_1)
+{
+    return q == PACK_Q8 ? 7 : q == PACK_BF16 ? 32 : q4_1 ? 3 : 2;
+}
+
+const char *pack_quant_name(enum pack_quant q)
+{
+    return q == PACK_Q8 ? "q8" : q == PACK_Q4 ? "q4" : q == PACK_BF16 ? "bf16" : "none";
+}
+
+int pack_quant_parse(const char *s, enum pack_quant *q)
+{
+    for (int k = PACK_NONE; k <= PACK_BF16; k++)
+        if (!strcmp(s, pack_quant_name((enum pack_quant)k))) {
+            *q = (enum pack_quant)k;
+            return 0;
+        }
+    return -1;
 }
 
 /* ---------------------------------------------------------------- metadata */
@@ -353,6 +380,10 @@ static int gguf_keys(packer *p, char *err, size_t errlen)
         if (gguf_w_copy_kv(p->w, g, kv, err, errlen))
             return -1;
     }
+    /* a curated tag's file without a template runs with the tag's built-in one: the copy carries it */
+    if (p->m->template_builtin && p->m->chat_template && !gguf_w_has(p->w, "tokenizer.chat_template") &&
+        gguf_w_str(p->w, "tokenizer.chat_template", p->m->chat_template, strlen(p->m->chat_template), err, errlen))
+        return -1;
     return 0;
 }
 
@@ -490,7 +521,7 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
     bool quantize = is_matrix_to_quantize(p, it);
     bool to_f32 = is_vector(t);
     bool q4 = quantize && p->o->quant == PACK_Q4;
-    uint32_t qt = q4 ? GGML_Q4_0 : GGML_Q8_0;
+    uint32_t qt = target_type(p->o->quant);
     if (quantize) {
         quant_row_bytes(qt, (int64_t)K, &qrow);
         if (q4)
@@ -700,7 +731,7 @@ static int plan(packer *p, char *err, size_t errlen)
             nd = it->runs ? 3 : t->n_dims;
             memcpy(ne, it->runs ? it->ne : t->ne, sizeof ne);
             ty = is_vector(t)                   ? GGML_F32
-                 : is_matrix_to_quantize(p, it) ? (p->o->quant == PACK_Q8 ? GGML_Q8_0 : GGML_Q4_0)
+                 : is_matrix_to_quantize(p, it) ? target_type(p->o->quant)
                                                 : t->dtype;
         }
         if ((it->widx = gguf_w_tensor(p->w, it->name, nd, ne, ty, err, errlen)) < 0)
@@ -753,7 +784,7 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
             util_errf(err, errlen, "%s: cannot open: %s.", m->files[f].path, strerror(errno));
             goto out;
         }
-    const char *qn = o->quant == PACK_Q8 ? "q8" : o->quant == PACK_Q4 ? "q4" : "none";
+    const char *qn = pack_quant_name(o->quant);
     if (gguf_w_new(ALIGNMENT, &p->w, err, errlen) ||
         (m->format == MODEL_GGUF ? gguf_keys(p, err, errlen) : hf_keys(p, err, errlen)))
         goto out;
@@ -787,7 +818,7 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
     }
     /* LLAMA_FTYPE_MOSTLY_Q8_0 = 7, _Q4_0 = 2, _Q4_1 = 3 */
     if (o->quant != PACK_NONE)
-        gguf_w_patch_u32(p->w, "general.file_type", o->quant == PACK_Q8 ? 7 : rep->n_q4_1 > rep->n_q4_0 ? 3 : 2);
+        gguf_w_patch_u32(p->w, "general.file_type", file_type_of(o->quant, rep->n_q4_1 > rep->n_q4_0));
     rep->dst_bytes = gguf_w_file_size(p->w);
     if (gguf_out_finish(&p->out, p->w, err, errlen))
         goto out;
@@ -820,7 +851,7 @@ out:
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: spill pack MODEL --quant q8|q4|none -o OUT.gguf|DIR\n");
+    fprintf(stderr, "usage: spill pack MODEL --quant q8|q4|bf16|none -o OUT.gguf|DIR\n");
     return SPILL_EX_USAGE;
 }
 
@@ -841,14 +872,8 @@ int pack_main(int argc, char **argv)
     }
     if (!o.model || !o.out || !q)
         return usage();
-    if (!strcmp(q, "q8"))
-        o.quant = PACK_Q8;
-    else if (!strcmp(q, "q4"))
-        o.quant = PACK_Q4;
-    else if (!strcmp(q, "none"))
-        o.quant = PACK_NONE;
-    else {
-        fprintf(stderr, "spill pack: --quant '%s' must be q8, q4 or none.\n", q);
+    if (pack_quant_parse(q, &o.quant)) {
+        fprintf(stderr, "spill pack: --quant '%s' must be q8, q4, bf16 or none.\n", q);
         return SPILL_EX_USAGE;
     }
     char full[4096];
