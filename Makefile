@@ -8,7 +8,7 @@ CFLAGS  ?= -O2 -g
 # the build's identity in every run's manifest (stale until the file that uses it is rebuilt: fine for provenance)
 GIT_DESC := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 WARN    := -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -DSPILL_GIT=\"$(GIT_DESC)\"
-LIBS    := -ljansson -lpcre2-8 -lutf8proc -lcrypto -lpthread -lm
+LIBS    := -ljansson -lpcre2-8 -lutf8proc -lcrypto -lcurl -lpthread -lm
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 
 # src/ in folders by stage (src/README.md): base <- model <- text, engine <- batch <- main.c.
@@ -70,7 +70,7 @@ fuzz: fuzz-build
 MATMUL_SRC := src/engine/cpu.c src/base/pool.c src/model/quant.c src/base/util.c
 build/bench/bench_matmul: bench/bench_matmul.c $(MATMUL_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_matmul.c $(MATMUL_SRC) -lcrypto -lpthread -lm
+	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_matmul.c $(MATMUL_SRC) -lcrypto -lcurl -lpthread -lm
 
 build/bench/bench_decode: bench/bench_decode.c $(LIB_SRC) $(HDRS)
 	@mkdir -p $(dir $@)

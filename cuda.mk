@@ -10,13 +10,13 @@
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCCFLAGS  ?= -O2 -g -arch=sm_90 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 CUDA_CFLAGS ?=
-CUDA_LIBS  ?= -ljansson -lpcre2-8 -lcrypto
+CUDA_LIBS  ?= -ljansson -lpcre2-8 -lcrypto -lcurl
 CUDA_LINK  := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lm -lstdc++
 
 CUDA_OBJ   := $(patsubst src/cuda/%.cu,build/cuda/%.o,$(wildcard src/cuda/*.cu))
 # model/lora (the adapter loader) lands with the CPU engine's LoRA branch: listed once its file exists (the GPU
 # code itself needs only model/lora.h's structs), so the line is ready before and after that merge.
-CUDA_CSRC  := engine/cpu base/pool base/settings model/quant engine/kv model/arch model/model model/gguf model/safetensors base/util engine/stream engine/forward engine/moe model/templates batch/sample model/lora engine/lora_cpu
+CUDA_CSRC  := engine/cpu base/pool base/settings model/quant engine/kv model/arch model/model model/registry model/hub model/size model/gguf model/safetensors base/util engine/stream engine/forward engine/moe model/templates batch/sample model/lora engine/lora_cpu
 CUDA_COBJ  := $(patsubst %,build/cuda/c/%.o,$(CUDA_CSRC))
 CUDA_TESTS := $(patsubst tests/cuda/%.c,build/cuda/%,$(wildcard tests/cuda/test_*.c))
 
@@ -46,7 +46,7 @@ build/cuda/spill-cuda: src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) build/cuda
 	$(CC) $(WARN) -O2 -g $(CUDA_CFLAGS) -o $@ src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) \
 		build/cuda/libspillcuda.a $(CUDA_LINK) $(CUDA_SPILL_LIBS)
 
-CUDA_SPILL_LIBS ?= -ljansson -lpcre2-8 -lutf8proc -lcrypto
+CUDA_SPILL_LIBS ?= -ljansson -lpcre2-8 -lutf8proc -lcrypto -lcurl
 
 cuda: build/cuda/libspillcuda.a $(CUDA_TESTS) build/cuda/bench_pass build/cuda/spill-cuda
 

@@ -9,17 +9,22 @@
  *
  * Exit codes: base/exit.h (the README lists them).
  */
+#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "batch/bench.h"
 #include "batch/check.h"
 #include "model/arch.h"
 #include "model/lora.h"
+#include "model/hub.h"
 #include "model/model.h"
+#include "model/registry.h"
+#include "model/size.h"
 #include "model/pack.h"
 #include "model/quant.h"
 #include "engine/cpu.h"
@@ -88,13 +93,15 @@ static bool wants_help(int argc, char **argv)
 }
 
 /* Resolves and opens a model, printing the one-sentence error on failure. */
-static model_desc *open_model(const char *spec)
+static model_desc *open_model(const char *spec, int *code)
 {
     char path[4096], err[SPILL_ERRLEN];
     model_desc *m;
-    if (model_resolve(spec, path, sizeof path, err, sizeof err) != 0 ||
-        model_open(path, &m, err, sizeof err) != 0) {
+    int rc = model_resolve(spec, path, sizeof path, err, sizeof err);
+    if (rc != 0 || model_open(path, &m, err, sizeof err) != 0) {
         fprintf(stderr, "spill: %s\n", err);
+        if (code)
+            *code = rc ? model_resolve_exit(rc) : SPILL_EX_DATAERR;
         return NULL;
     }
     return m;
@@ -114,34 +121,195 @@ static int cmd_adapters(int argc, char **argv)
     return SPILL_EX_OK;
 }
 
+/* "bf16 1.2 GB  q8 640 MB  q4 380 MB" — the sizes per quant from the shapes (model/size.h). */
+static void print_sizes(const model_shape *s, FILE *f, bool columns)
+{
+    for (int q = 0; q < SIZE_N_QUANTS; q++) {
+        if (q == SIZE_FP8 && columns)
+            break;
+        char b[32];
+        size_human(model_size_estimate(s, (enum size_quant)q), b, sizeof b);
+        if (columns)
+            fprintf(f, " %9s", b);
+        else
+            fprintf(f, "%s%s %s", q ? ", " : "", size_quant_name((enum size_quant)q), b);
+    }
+}
+
+static const char *state_word(enum arch_state st)
+{
+    return st == ARCH_SUPPORTED ? "supported" : st == ARCH_EXPECTED ? "expected" : "unsupported";
+}
+
+/* Bytes of the regular files directly in dir. */
+static uint64_t dir_bytes(const char *dir)
+{
+    uint64_t n = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[4096];
+    struct stat st;
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.' && util_pathf(p, sizeof p, "%s/%s", dir, e->d_name) == 0 && stat(p, &st) == 0 &&
+            S_ISREG(st.st_mode))
+            n += (uint64_t)st.st_size;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* The models under $SPILL_HOME/models/hf/ (downloaded or copied): one line each, GGUF files one line each. */
+static void list_local(void)
+{
+    char root[4096];
+    if (util_pathf(root, sizeof root, "%s/models/hf", util_spill_home()) != 0)
+        return;
+    DIR *d = opendir(root);
+    struct dirent *e;
+    bool any = false;
+    while (d && (e = readdir(d))) {
+        char dir[4096], p[4096], name[512];
+        const char *sep = strstr(e->d_name, "--");
+        if (e->d_name[0] == '.' || !sep || util_pathf(dir, sizeof dir, "%s/%s", root, e->d_name) || !util_is_dir(dir))
+            continue;
+        snprintf(name, sizeof name, "%.*s/%s", (int)(sep - e->d_name), e->d_name, sep + 2);
+        if (!any)
+            printf("\nlocal models (in %s; sizes per quant from config.json):\n", root);
+        any = true;
+        bool pending = util_pathf(p, sizeof p, "%s/.spill-download", dir) == 0 && util_is_file(p);
+        char disk[32];
+        size_human(dir_bytes(dir), disk, sizeof disk);
+        json_t *cfg = util_pathf(p, sizeof p, "%s/config.json", dir) == 0 ? json_load_file(p, 0, NULL) : NULL;
+        model_shape s;
+        if (cfg && model_shape_from_config(cfg, p, &s, NULL, 0) == 0) {
+            printf("  %-44s %-10s %-11s", name, s.arch, state_word(model_arch_state(s.arch, NULL)));
+            print_sizes(&s, stdout, true);
+            printf("  %s on disk%s\n", disk, pending ? ", download unfinished (run it again to resume)" : "");
+        }
+        json_decref(cfg);
+        DIR *g = opendir(dir);
+        struct dirent *ge;
+        while (g && (ge = readdir(g))) {
+            size_t l = strlen(ge->d_name);
+            struct stat st;
+            if (l > 5 && !strcmp(ge->d_name + l - 5, ".gguf") && util_pathf(p, sizeof p, "%s/%s", dir, ge->d_name) == 0 &&
+                stat(p, &st) == 0) {
+                size_human((uint64_t)st.st_size, disk, sizeof disk);
+                printf("  %-44s gguf file   %s\n", ge->d_name, disk);
+            }
+        }
+        if (g)
+            closedir(g);
+    }
+    if (d)
+        closedir(d);
+}
+
+/* spill models show MODEL for a model that is not here: its architecture's state and sizes per quant, from the
+ * curated tag's shapes or the hub's config.json (nothing else is downloaded). */
+static int show_remote(const char *spec)
+{
+    const registry_entry *e = registry_find(spec);
+    json_t *cfg = NULL;
+    char err[SPILL_ERRLEN], where[512];
+    hub_ref r;
+    if (e && e->config) {
+        cfg = json_loads(e->config, 0, NULL);
+        snprintf(where, sizeof where, "%s (curated tag: %s%s%s)", spec, e->hf_repo, e->file ? ", " : "",
+                 e->file ? e->file : "");
+    } else if (hub_parse(spec, &r) && !r.quant[0]) {
+        if (hub_offline()) {
+            fprintf(stderr, "spill: %s is not downloaded and HF_HUB_OFFLINE is set; unset it to read its config.json "
+                            "from the hub, or copy the repository to %s.\n", spec, r.dir);
+            return SPILL_EX_NOINPUT;
+        }
+        int rc = hub_fetch_config(&r, &cfg, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "spill: %s\n", err);
+            return model_resolve_exit(rc);
+        }
+        snprintf(where, sizeof where, "%s (the hub's config.json, rev %s)", r.repo, r.rev);
+    } else {
+        char path[4096];
+        int rc = model_resolve(spec, path, sizeof path, err, sizeof err); /* says why it names nothing */
+        fprintf(stderr, "spill: %s\n", rc ? err : "the model could not be described.");
+        return rc ? model_resolve_exit(rc) : SPILL_EX_DATAERR;
+    }
+    model_shape s;
+    if (!cfg || model_shape_from_config(cfg, where, &s, err, sizeof err)) {
+        fprintf(stderr, "spill: %s\n", cfg ? err : "the curated tag's shapes do not parse (a bug).");
+        json_decref(cfg);
+        return SPILL_EX_DATAERR;
+    }
+    json_decref(cfg);
+    const char *note;
+    enum arch_state st = model_arch_state(s.arch, &note);
+    printf("model        %s\n", where);
+    printf("state        not downloaded%s\n", e && e->gated ? " (gated: set HF_TOKEN)" : "");
+    printf("architecture %s (%s: %s)\n", s.arch, state_word(st), note);
+    printf("dims         L=%d D=%d H=%d K=%d S=%d F=%d V=%d", s.n_layers, s.d_model, s.n_heads, s.n_kv_heads,
+           s.head_dim, s.ffn_dim, s.vocab);
+    if (s.n_experts)
+        printf(" E=%d FE=%d (%d sparse layers)", s.n_experts, s.expert_ffn_dim, s.n_sparse_layers);
+    printf("\nweights      %.3gB: ", (double)model_param_count(&s) / 1e9);
+    print_sizes(&s, stdout, false);
+    printf(" (estimated from the shapes)\n");
+    return SPILL_EX_OK;
+}
+
 static int cmd_models(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[0], "show")) {
         if (argc != 2)
             return usage_one("models", SPILL_EX_USAGE);
-        model_desc *m = open_model(argv[1]);
-        if (!m)
+        char path[4096], err[SPILL_ERRLEN];
+        if (model_find_local(argv[1], path, sizeof path) != 0)
+            return show_remote(argv[1]);
+        model_desc *m;
+        if (model_open(path, &m, err, sizeof err) != 0) {
+            fprintf(stderr, "spill: %s\n", err);
             return SPILL_EX_DATAERR;
+        }
         model_print(m, stdout);
+        if (m->n_layers > 0) {
+            model_shape s;
+            model_shape_from_desc(m, &s);
+            printf("per quant    ");
+            print_sizes(&s, stdout, false);
+            printf(" (estimated from the shapes)\n");
+        }
         model_close(m);
         return 0;
     }
     if (argc != 0)
         return usage_one("models", SPILL_EX_USAGE);
-    printf("curated models (in %s/models):\n", util_spill_home());
+    printf("curated models (in %s/models; sizes per quant estimated from each config's shapes):\n",
+           util_spill_home());
+    printf("  %-16s %-10s %-6s %9s %9s %9s  %-38s %s\n", "TAG", "ARCH", "PARAMS", "BF16", "Q8", "Q4", "REPO", "STATE");
     const registry_entry *e;
     for (size_t i = 0; registry_at(i, &e); i++) {
-        char path[4096], err[SPILL_ERRLEN];
-        bool here = model_resolve(e->tag, path, sizeof path, err, sizeof err) == 0;
-        printf("  %-14s %-7s %-8s %-6s %-40s %s\n", e->tag, e->arch, e->quant, e->params, e->hf_repo,
-               here ? "installed" : e->package ? "not installed (tools/setup.sh)" : "not downloaded");
+        char path[4096];
+        bool here = model_find_local(e->tag, path, sizeof path) == 0;
+        printf("  %-16s %-10s %-6s", e->tag, e->arch, e->params);
+        json_t *cfg = e->config ? json_loads(e->config, 0, NULL) : NULL;
+        model_shape s;
+        if (cfg && model_shape_from_config(cfg, e->tag, &s, NULL, 0) == 0)
+            print_sizes(&s, stdout, true);
+        else
+            printf(" %9s %9s %9s", "?", "?", "?");
+        json_decref(cfg);
+        printf("  %-38s %s\n", e->hf_repo,
+               here ? (e->package ? "installed" : "downloaded")
+               : e->package ? "not installed (tools/setup.sh)"
+               : e->gated   ? "on the hub, gated (HF_TOKEN)"
+                            : "on the hub");
     }
+    list_local();
     printf("\narchitectures:\n");
     const char *name, *note;
     enum arch_state st;
     for (size_t i = 0; model_arch_at(i, &name, &st, &note); i++)
-        printf("  %-12s %-11s %s\n", name, st == ARCH_SUPPORTED ? "supported" : st == ARCH_EXPECTED ? "expected" : "unsupported",
-               note);
+        printf("  %-12s %-11s %s\n", name, state_word(st), note);
     return 0;
 }
 
@@ -238,9 +406,10 @@ static int cmd_tokenize(int argc, char **argv)
     }
     if (np != 2)
         return usage_one("tokenize", SPILL_EX_USAGE);
-    model_desc *m = open_model(pos[0]);
+    int code = SPILL_EX_DATAERR;
+    model_desc *m = open_model(pos[0], &code);
     if (!m)
-        return SPILL_EX_DATAERR;
+        return code;
     tokenizer *t = open_tokenizer(m);
     int rc = SPILL_EX_DATAERR;
     char *text = NULL;
@@ -313,7 +482,7 @@ static int cmd_template(int argc, char **argv)
     char err[SPILL_ERRLEN];
     tokenizer *t = NULL;
     tmpl_t *tm = NULL;
-    model_desc *m = open_model(pos[0]);
+    model_desc *m = open_model(pos[0], &rc);
     if (!m)
         goto done;
     if (!m->chat_template) {

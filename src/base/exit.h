@@ -12,11 +12,14 @@
  *                            memory budget too small for the longest row)
  *   65 SPILL_EX_DATAERR      invalid input data or model files (a malformed line, a model whose
  *                            architecture is not wired into the engine)
- *   66 SPILL_EX_NOINPUT      an input, model or job that does not exist or cannot be read
- *   69 SPILL_EX_UNAVAILABLE  the command is not built yet
+ *   66 SPILL_EX_NOINPUT      an input, model or job that does not exist or cannot be read (also on the model
+ *                            hub: no such repo, revision or file, or a gated repo without a token)
+ *   69 SPILL_EX_UNAVAILABLE  the command is not built yet, or a service it needs is unavailable (the model hub
+ *                            cannot be reached: network down, server errors; HF_HUB_OFFLINE=1 works offline)
  *   70 SPILL_EX_SOFTWARE     an internal error (a bug, or out of memory)
- *   73 SPILL_EX_CANTCREAT    the output cannot be created
- *   74 SPILL_EX_IOERR        an I/O error while reading or writing
+ *   73 SPILL_EX_CANTCREAT    the output cannot be created (a model download larger than the free disk too)
+ *   74 SPILL_EX_IOERR        an I/O error while reading or writing (a downloaded file that fails its checksum
+ *                            twice too)
  *   75 SPILL_EX_TEMPFAIL     interrupted (SIGINT/SIGTERM after a checkpoint) or a GPU fault: the job is
  *                            resumable with `spill resume`.  Nothing else exits 75, so a script may
  *                            retry exactly on 75.

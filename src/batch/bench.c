@@ -1017,9 +1017,10 @@ int bench_main(int argc, char **argv)
                         "stream.\n");
         return SPILL_EX_USAGE;
     }
-    if (model_resolve(b.o.model, path, sizeof path, err, sizeof err)) {
+    int rr = model_resolve(b.o.model, path, sizeof path, err, sizeof err);
+    if (rr) {
         fprintf(stderr, "spill bench: %s\n", err);
-        return SPILL_EX_NOINPUT;
+        return model_resolve_exit(rr);
     }
     if (model_open(path, &b.m, err, sizeof err)) {
         fprintf(stderr, "spill bench: %s\n", err);

@@ -1027,22 +1027,28 @@ static void print_done(runner *r, const char *dir, double el)
  * code. */
 static int run_job(runner *r, const job_stored *stored)
 {
-    /* From here on SIGINT/SIGTERM only set a flag: the pass loop checkpoints and exits 75. */
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     char err[SPILL_ERRLEN], path[4096], e2[SPILL_ERRLEN];
     int code = SPILL_EX_DATAERR;
     double t_open = now_s();
     r->tty = isatty(STDOUT_FILENO);
 
-    /* open: the model (MODEL, or the base of BASE+ADAPTER), its tokenizer and template */
+    /* open: the model (MODEL, or the base of BASE+ADAPTER; a hub model is downloaded here, where Ctrl-C still
+     * stops the process and keeps what arrived), its tokenizer and template */
     char base[4096];
+    int rr = 0;
     if (run_adapters_open(r, base, sizeof base, err, sizeof err) ||
-        model_resolve(base, path, sizeof path, err, sizeof err) || model_open(path, &r->m, err, sizeof err) ||
-        run_quant_apply(r, path, err, sizeof err))
+        (rr = model_resolve(base, path, sizeof path, err, sizeof err))) {
+        code = rr ? model_resolve_exit(rr) : code;
         goto fail;
+    }
+    /* --quant's copy is written before the handlers too: Ctrl-C stops it, and its file appears whole or not at all */
+    if (model_open(path, &r->m, err, sizeof err) || run_quant_apply(r, path, err, sizeof err))
+        goto fail;
+    /* From here on SIGINT/SIGTERM only set a flag: the pass loop checkpoints and exits 75. */
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     if (prompt_open_tokenizer(r->m, &r->tok, err, sizeof err) || prompt_open_template(r->m, &r->tmpl, err, sizeof err))
         goto fail;
     model_fingerprint(r->m, r->fingerprint);

