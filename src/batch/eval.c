@@ -460,8 +460,14 @@ static int shared_input(eval_ctx *c, const int *members, int n, int group, char 
                 bad = 1;
             else if (body)
                 bad |= json_object_set_new(body, "model", json_string(mr->spec));
-            else { /* a fine-tuning line: the chat request it stands for */
-                json_t *b = json_pack("{s:s,s:O}", "model", mr->spec, "messages", json_object_get(o, "messages"));
+            else { /* a fine-tuning line: the chat request it stands for (its final assistant turn is the
+                    * reference answer, not part of the prompt, as spill run reads such lines) */
+                json_t *msgs = json_deep_copy(json_object_get(o, "messages"));
+                size_t nm = json_array_size(msgs);
+                if (nm >= 2 && !strcmp(json_string_value(json_object_get(json_array_get(msgs, nm - 1), "role")) ?: "",
+                                       "assistant"))
+                    json_array_remove(msgs, nm - 1);
+                json_t *b = json_pack("{s:s,s:o}", "model", mr->spec, "messages", msgs);
                 if (b && json_object_get(o, "tools"))
                     json_object_set(b, "tools", json_object_get(o, "tools"));
                 json_t *line = b ? json_pack("{s:s,s:s,s:o,s:O}", "method", "POST", "url", "/v1/chat/completions",

@@ -193,9 +193,12 @@ case("body_unknown_field", [batch(b=body(temprature=0.5))], "invalid_request", 1
      "body.temprature is not a field of a chat-completions request that spill accepts; remove it.")
 case("response_format_json", [batch(b=body(response_format={"type": "json_object"}))], "invalid_request", 1,
      'body.response_format.type is "json_object", which needs constrained decoding that spill does not support yet; use "text" or remove body.response_format.')
-case("tool_choice_required", [batch(b=body(tools=[{"type": "function", "function": {"name": "f"}}],
-                                         tool_choice="required"))], "invalid_request", 1,
-     'body.tool_choice is "required", but forcing a tool call needs constrained decoding, which spill does not support; use "auto", "none" or remove it.')
+case("tool_choice_required_no_tools", [batch(b=body(tool_choice="required"))], "invalid_request", 1,
+     'body.tool_choice is "required", but the request has no tools to call; add tools or remove body.tool_choice.')
+case("tool_choice_unknown_name", [batch(b=body(tools=[{"type": "function", "function": {"name": "f"}}],
+                                             tool_choice={"type": "function", "function": {"name": "g"}}))],
+     "invalid_request", 1,
+     'body.tool_choice.function.name is "g", which is not the name of any of the request\'s tools.')
 case("tool_not_function", [batch(b=body(tools=[{"type": "web_search"}]))], "invalid_request", 1,
      'body.tools[0].type is "web_search", but spill supports only "function" tools.')
 case("tool_name_invalid", [batch(b=body(tools=[{"type": "function", "function": {"name": "get weather"}}]))],
