@@ -682,10 +682,17 @@ static void usage(FILE *f)
     fprintf(f, "usage: spill eval INPUT.jsonl MODEL [MODEL...] --metric M [--metric M2...] [--judge MODEL] [--rerun] "
                "[-o DIR] [run options]\n"
                "  runs (or reuses) each model on INPUT, scores every row against its \"expected\", prints one table\n"
-               "  metrics: exact_match, exact_match:nopunct, contains, regex, regex:PATTERN, json_field:PATH, judge "
-               "(with --judge MODEL), script:CMD\n"
-               "  run options passed to each model's run: --batch N --threads N --prefill-chunk N --mem-budget BYTES "
-               "--kv-mem BYTES --stream --resident --cpu --gpu --gpu-mem BYTES\n");
+               "\noptions:\n"
+               "  --metric M                 a score per row (repeatable): exact_match, exact_match:nopunct, contains, "
+               "regex, regex:PATTERN, json_field:PATH, judge, script:CMD\n"
+               "  --judge MODEL              the model that grades the judge metric\n"
+               "  --rerun                    run every model again, even when a cached run matches\n"
+               "  -o DIR                     where the table, the diff and the per-model runs go\n"
+               "  --quiet, -q                no progress lines\n"
+               "  --help, -h                 this list\n"
+               "\nrun options, passed to each model's run (spill run --help says what each does):\n"
+               "  --batch N\n  --threads N\n  --prefill-chunk N\n  --mem-budget BYTES\n  --kv-mem BYTES\n"
+               "  --stream\n  --resident\n  --cpu\n  --gpu\n  --gpu-mem BYTES\n");
 }
 
 static void ctx_free(eval_ctx *c)

@@ -660,7 +660,7 @@ int output_http_error_line(const out_http_error *e, const out_ids *ids, char **l
     int bad = !inner || !body;
     bad |= json_object_set_new(inner, "message", json_string(e->message));
     bad |= json_object_set_new(inner, "type", json_string(e->type ? e->type : "invalid_request_error"));
-    bad |= json_object_set_new(inner, "param", str_or_null(e->param));
+    bad |= json_object_set_new(inner, "param", str_or_null(e->param && *e->param ? e->param : NULL)); /* "" = none */
     bad |= json_object_set_new(inner, "code", str_or_null(e->code));
     bad |= json_object_set_new(body, "error", inner);
     if (bad) {

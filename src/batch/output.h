@@ -106,7 +106,7 @@ typedef struct out_http_error {
     int status_code;
     const char *message; /* one sentence */
     const char *type;    /* NULL → "invalid_request_error" */
-    const char *param;   /* JSON path of the field, NULL → null */
+    const char *param;   /* JSON path of the field; NULL or "" → null */
     const char *code;    /* e.g. "context_length_exceeded", NULL → null */
     const out_stamp *stamp;
 } out_http_error;

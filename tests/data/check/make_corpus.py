@@ -97,8 +97,10 @@ case("url_embeddings", [batch(url="/v1/embeddings")], "invalid_request", 1,
      'url is "/v1/embeddings", which spill recognises but does not support yet; use "/v1/chat/completions" or "/v1/completions".')
 case("url_moderations", [batch(url="/v1/moderations")], "invalid_request", 1,
      'url is "/v1/moderations", an OpenAI batch endpoint that spill does not serve (it runs text generation); use "/v1/chat/completions" or "/v1/completions".')
-case("url_mismatch", [batch("a"), batch("b", cbody(), url="/v1/completions")], "url_mismatch", 2,
-     'url is "/v1/completions", but line 1 uses "/v1/chat/completions"; every line of a batch must use the same endpoint.')
+# endpoint_*: checked with --endpoint /v1/chat/completions (tests/test_check.c); without it a file may mix
+# chat and completions rows, as `spill run` answers them
+case("endpoint_mismatch", [batch("a"), batch("b", cbody(), url="/v1/completions")], "url_mismatch", 2,
+     'url is "/v1/completions", but --endpoint is "/v1/chat/completions"; every line of this batch must use that endpoint.')
 case("top_level_unknown", [batch(extra=1)], "invalid_request", 1,
      "extra is not a field of a batch line (custom_id, method, url, body, and expected in eval files) that spill accepts; remove it.")
 case("body_string", [batch(b="hi")], "invalid_request", 1, 'body is "hi", but it must be the request object.')
@@ -341,6 +343,8 @@ def gfile(name, lines, rows, kind, model, eol="\n", final=True):
         data += eol
     good.append((name, data.encode(), rows, kind, model))
 
+
+gfile("mixed_endpoints.jsonl", [batch("a"), batch("b", cbody(), url="/v1/completions")], 2, "chat-completion batch", M)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
