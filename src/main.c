@@ -48,7 +48,8 @@ static const struct command {
     {"distill", "spill distill MODEL INPUT [OPTIONS]", "top-K log-probs (--logprobs K, --full-logits), or --score: teacher-forced log-probs of given answers", true},
     {"eval", "spill eval INPUT MODEL [MODEL...] --metric M [--metric M2...] [--judge MODEL] [--rerun] [-o DIR]",
      "run (or reuse) each model on an eval file, score every row, one comparison table", true},
-    {"check", "spill check INPUT.jsonl [--all]", "validate a batch / chat / fine-tuning / eval file", true},
+    {"check", "spill check INPUT.jsonl [--all] [--endpoint URL]", "validate a batch / chat / fine-tuning / eval file",
+     true},
     {"runs", "spill runs [show ID | rm ID... | clean --older-than DAYS [--dry-run]]",
      "list, inspect and clean the run store (every run, distill and eval job)", true},
     {"models", "spill models [show MODEL]", "curated tags, local models, architecture support", true},
@@ -74,14 +75,80 @@ static void usage_all(FILE *f)
                "Data lives in $SPILL_HOME (default ~/.streamweights): models, jobs, runs, calibration.\n");
 }
 
+/* The options of the commands whose own parsers are a few lines (run, resume, distill, bench and eval print
+ * theirs from their parsers' tables): `spill CMD --help` lists them one a line, and an argument that looks
+ * like an option but is none of them is named before the command runs. */
+typedef struct cmd_opt {
+    const char *cmd, *name, *arg, *help;
+} cmd_opt;
+static const cmd_opt cmd_opts[] = {
+    {"check", "--all", NULL, "report every bad line, not only the first"},
+    {"check", "--endpoint", "URL", "every line's url must be URL, as in an OpenAI batch (default: any mix, as run takes)"},
+    {"runs", "--older-than", "DAYS", "clean: remove the runs that ended more than DAYS ago"},
+    {"runs", "--dry-run", NULL, "clean: list what would be removed, remove nothing"},
+    {"probe", "--dir", "PATH", "measure the disk this directory is on (default $SPILL_HOME)"},
+    {"probe", "--bytes", "N", "bytes written and read back for the disk rate (K, M or G suffix)"},
+    {"synth", "--like", "NAME", "the real model whose shapes to copy (llama3-8b, llama3-70b, qwen2.5-7b, smollm2-135m, tiny)"},
+    {"synth", "--layers", "N", "keep the first N layers"},
+    {"synth", "--quant", "f16|bf16|q8|q4", "the weights' type"},
+    {"synth", "--seed", "N", "the random weights' seed"},
+    {"synth", "--sparse", NULL, "leave the layers' matrices as file holes (zeros that take no disk)"},
+    {"synth", "-o", "PATH|DIR", "where the model goes"},
+    {"pack", "--quant", "q8|q4|none", "requantize the weights (none: keep their types)"},
+    {"pack", "-o", "OUT.gguf|DIR", "where the packed model goes"},
+    {"tokenize", "--json", NULL, "print the ids and pieces as JSON"},
+    {"tokenize", "--special", NULL, "apply the tokenizer's post-processor (BOS and the like), as a completions prompt is"},
+    {"template", "--json", NULL, "print the rendered text and its ids as JSON"},
+};
+#define N_CMD_OPTS (sizeof cmd_opts / sizeof cmd_opts[0])
+
+static const cmd_opt *cmd_opt_find(const char *cmd, const char *name)
+{
+    for (size_t i = 0; i < N_CMD_OPTS; i++)
+        if (!strcmp(cmd_opts[i].cmd, cmd) && !strcmp(cmd_opts[i].name, name))
+            return &cmd_opts[i];
+    return NULL;
+}
+
 static int usage_one(const char *name, int code)
 {
+    FILE *f = code ? stderr : stdout;
     for (size_t i = 0; i < N_COMMANDS; i++)
         if (!strcmp(commands[i].name, name)) {
-            fprintf(code ? stderr : stdout, "usage: %s\n", commands[i].usage);
+            fprintf(f, "usage: %s\n", commands[i].usage);
+            if (code)
+                return code;
+            fprintf(f, "  %s\n\noptions:\n", commands[i].what);
+            for (size_t k = 0; k < N_CMD_OPTS; k++) {
+                const cmd_opt *o = &cmd_opts[k];
+                char spell[64];
+                if (strcmp(o->cmd, name))
+                    continue;
+                snprintf(spell, sizeof spell, "%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+                fprintf(f, "  %-26s %s\n", spell, o->help);
+            }
+            fprintf(f, "  %-26s %s\n", "--help, -h", "this list");
             return code;
         }
     return code;
+}
+
+/* An argument of cmd that looks like an option ("--x", or "-" and one letter) but is not one of its options
+ * (the value after an option that takes one is skipped); NULL when there is none. */
+static const char *unknown_option(const char *cmd, int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        bool looks = !strncmp(a, "--", 2) || (a[0] == '-' && ((a[1] >= 'a' && a[1] <= 'z') || (a[1] >= 'A' && a[1] <= 'Z')) && !a[2]);
+        if (!looks)
+            continue;
+        const cmd_opt *o = cmd_opt_find(cmd, a);
+        if (!o)
+            return a;
+        if (o->arg)
+            i++;
+    }
+    return NULL;
 }
 
 static bool wants_help(int argc, char **argv)
@@ -575,6 +642,15 @@ int main(int argc, char **argv)
             return eval_main(1, h);
         }
         return usage_one(cmd, 0);
+    }
+    static const char *const own_parsers[] = {"run", "resume", "distill", "bench", "eval", "serve"};
+    bool own = false;
+    for (size_t i = 0; i < sizeof own_parsers / sizeof own_parsers[0]; i++)
+        own |= !strcmp(cmd, own_parsers[i]);
+    const char *bad = own ? NULL : unknown_option(cmd, argc - 2, argv + 2);
+    if (bad) {
+        fprintf(stderr, "spill: %s is not an option of spill %s; spill %s --help lists them.\n", bad, cmd, cmd);
+        return usage_one(cmd, SPILL_EX_USAGE);
     }
     if (!c->built) {
         fprintf(stderr, "spill: '%s' is not built yet in this version; see `spill --help` for what works now.\n", cmd);

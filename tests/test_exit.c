@@ -231,6 +231,32 @@ static void test_help(void)
           rc);
 }
 
+/* Every other command: --help exits 0 and lists options one a line (at least --help itself), and an option the
+ * command does not have is named in one sentence with exit 2 (issue 16 item 5). */
+static void test_help_all(void)
+{
+    static const char *const cmds[] = {"check", "runs", "models", "adapters", "probe", "synth", "pack",
+                                       "tokenize", "template", "eval", "bench"};
+    for (size_t ci = 0; ci < sizeof cmds / sizeof cmds[0]; ci++) {
+        char cmd[PATH_MAX + 64], line[512];
+        snprintf(cmd, sizeof cmd, "%s %s --help", bin(), cmds[ci]);
+        FILE *f = popen(cmd, "r");
+        CHECK(f != NULL, "popen %s", cmd);
+        if (!f)
+            continue;
+        int listed = 0;
+        while (fgets(line, sizeof line, f))
+            listed += !strncmp(line, "  -", 3);
+        int st = pclose(f);
+        CHECK(st == 0 && listed >= 1, "spill %s --help: exit %d, %d option lines", cmds[ci], st, listed);
+        int rc = RUN(cmds[ci], "--no-such-option");
+        CHECK(rc == 2 && stderr_has("--no-such-option"), "spill %s --no-such-option: exit %d, want 2 naming it",
+              cmds[ci], rc);
+    }
+    int rc = RUN("check", "--endpoint", "/v1/embeddings", "in.jsonl");
+    CHECK(rc == 2 && stderr_has("--endpoint"), "spill check --endpoint /v1/embeddings: exit %d, want 2", rc);
+}
+
 int main(void)
 {
     if (!mkdtemp(root)) {
@@ -239,6 +265,7 @@ int main(void)
     }
     test_bad_arguments();
     test_help();
+    test_help_all();
     test_setup_errors();
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);

@@ -2,7 +2,7 @@
  * check.c — file-level validation of input JSONL (see check.h for the rules,
  * the order errors are reported in, and the exit codes).
  *
- * Owns the cross-line state of one pass: the format, url and model of the
+ * Owns the cross-line state of one pass: the format and model of the
  * first line that set them, and a set of every custom_id seen with its line
  * (open addressing, FNV-1a, grown at half load) so a duplicate names both
  * lines; the runner's input reader uses the same set (check_ids).  Memory is that set plus one line (jsonl_reader) plus one parsed
@@ -98,8 +98,8 @@ typedef struct pass {
     check_report *r;
     FILE *out;
     id_set ids;
-    size_t kind_line, url_line, model_line; /* where the file's format / url / model were set */
-    char *url, *model;                      /* owned copies */
+    size_t kind_line, model_line; /* where the file's format / model were set */
+    char *model;                  /* owned copy */
     bool has_expected;
 } pass;
 
@@ -219,19 +219,12 @@ static int cross_line(pass *p, const request *q, bool report)
                         "custom_id %s is already used on line %lld; every custom_id must be unique.", qs, prev);
         }
     }
-    if (q->url && is_batch(q->kind)) {
-        if (!p->url_line) {
-            if (!(p->url = strdup(q->url)))
-                return -1;
-            p->url_line = ln;
-        } else if (strcmp(p->url, q->url) != 0) {
-            char a[80], b[80];
-            quoted(q->url, a);
-            quoted(p->url, b);
-            CROSS_ERROR("url_mismatch", "url", true,
-                        "url is %s, but line %zu uses %s; every line of a batch must use the same endpoint.", a,
-                        p->url_line, b);
-        }
+    if (q->url && p->o->endpoint && strcmp(p->o->endpoint, q->url) != 0) {
+        char a[80], b[80];
+        quoted(q->url, a);
+        quoted(p->o->endpoint, b);
+        CROSS_ERROR("url_mismatch", is_batch(q->kind) ? "url" : NULL, true,
+                    "url is %s, but --endpoint is %s; every line of this batch must use that endpoint.", a, b);
     }
     if (q->model) {
         if (!p->model_line) {
@@ -257,7 +250,8 @@ static int cross_line(pass *p, const request *q, bool report)
 
 check_opts check_opts_default(void)
 {
-    return (check_opts){.all = false, .max_rows = CHECK_MAX_ROWS, .max_bytes = CHECK_MAX_BYTES, .max_line = 0};
+    return (check_opts){
+        .all = false, .max_rows = CHECK_MAX_ROWS, .max_bytes = CHECK_MAX_BYTES, .max_line = 0, .endpoint = NULL};
 }
 
 /* 50000 → "50,000" */
@@ -372,7 +366,6 @@ int check_stream(FILE *f, const char *name, const check_opts *o, check_report *r
 out_close:
     jsonl_close(&rd);
     check_ids_free(&p.ids);
-    free(p.url);
     free(p.model);
     return rc;
 }
@@ -421,18 +414,29 @@ int check_exit_code(int rc)
 
 int check_main(int argc, char **argv)
 {
-    static const char usage[] = "usage: spill check INPUT.jsonl [--all]   (INPUT \"-\" reads stdin)\n";
+    static const char usage[] =
+        "usage: spill check INPUT.jsonl [--all] [--endpoint URL]   (INPUT \"-\" reads stdin)\n";
     check_opts o = check_opts_default();
     const char *path = NULL;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--all") == 0)
             o.all = true;
-        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+        else if (strcmp(argv[i], "--endpoint") == 0) {
+            const char *u = i + 1 < argc ? argv[++i] : "";
+            if (strcmp(u, "/v1/chat/completions") && strcmp(u, "/v1/completions")) {
+                fprintf(stderr, "spill check: --endpoint takes /v1/chat/completions or /v1/completions, not \"%.60s\".\n",
+                        u);
+                return SPILL_EX_USAGE;
+            }
+            o.endpoint = u;
+        } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             fputs(usage, stdout);
             return 0;
         } else if (!path && (argv[i][0] != '-' || strcmp(argv[i], "-") == 0))
             path = argv[i];
         else {
+            if (argv[i][0] == '-')
+                fprintf(stderr, "spill: %s is not an option of spill check; spill check --help lists them.\n", argv[i]);
             fputs(usage, stderr);
             return SPILL_EX_USAGE;
         }

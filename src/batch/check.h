@@ -52,6 +52,8 @@ typedef struct check_opts {
     size_t max_rows;    /* 0 = no limit */
     uint64_t max_bytes; /* 0 = no limit */
     size_t max_line;    /* bytes per line; 0 = REQ_MAX_LINE_BYTES */
+    const char *endpoint; /* --endpoint: every line's url must be this one, as in an OpenAI batch; NULL = chat
+                             and completions rows may mix, as `spill run` answers them */
 } check_opts;
 
 typedef struct check_report {

@@ -460,8 +460,14 @@ static int shared_input(eval_ctx *c, const int *members, int n, int group, char 
                 bad = 1;
             else if (body)
                 bad |= json_object_set_new(body, "model", json_string(mr->spec));
-            else { /* a fine-tuning line: the chat request it stands for */
-                json_t *b = json_pack("{s:s,s:O}", "model", mr->spec, "messages", json_object_get(o, "messages"));
+            else { /* a fine-tuning line: the chat request it stands for (its final assistant turn is the
+                    * reference answer, not part of the prompt, as spill run reads such lines) */
+                json_t *msgs = json_deep_copy(json_object_get(o, "messages"));
+                size_t nm = json_array_size(msgs);
+                if (nm >= 2 && !strcmp(json_string_value(json_object_get(json_array_get(msgs, nm - 1), "role")) ?: "",
+                                       "assistant"))
+                    json_array_remove(msgs, nm - 1);
+                json_t *b = json_pack("{s:s,s:o}", "model", mr->spec, "messages", msgs);
                 if (b && json_object_get(o, "tools"))
                     json_object_set(b, "tools", json_object_get(o, "tools"));
                 json_t *line = b ? json_pack("{s:s,s:s,s:o,s:O}", "method", "POST", "url", "/v1/chat/completions",
@@ -676,10 +682,17 @@ static void usage(FILE *f)
     fprintf(f, "usage: spill eval INPUT.jsonl MODEL [MODEL...] --metric M [--metric M2...] [--judge MODEL] [--rerun] "
                "[-o DIR] [run options]\n"
                "  runs (or reuses) each model on INPUT, scores every row against its \"expected\", prints one table\n"
-               "  metrics: exact_match, exact_match:nopunct, contains, regex, regex:PATTERN, json_field:PATH, judge "
-               "(with --judge MODEL), script:CMD\n"
-               "  run options passed to each model's run: --quant Q --batch N --threads N --prefill-chunk N --mem-budget BYTES "
-               "--kv-mem BYTES --stream --resident --cpu --gpu --gpu-mem BYTES\n");
+               "\noptions:\n"
+               "  --metric M                 a score per row (repeatable): exact_match, exact_match:nopunct, contains, "
+               "regex, regex:PATTERN, json_field:PATH, judge, script:CMD\n"
+               "  --judge MODEL              the model that grades the judge metric\n"
+               "  --rerun                    run every model again, even when a cached run matches\n"
+               "  -o DIR                     where the table, the diff and the per-model runs go\n"
+               "  --quiet, -q                no progress lines\n"
+               "  --help, -h                 this list\n"
+               "\nrun options, passed to each model's run (spill run --help says what each does):\n"
+               "  --quant Q\n  --batch N\n  --threads N\n  --prefill-chunk N\n  --mem-budget BYTES\n  --kv-mem BYTES\n"
+               "  --stream\n  --resident\n  --cpu\n  --gpu\n  --gpu-mem BYTES\n");
 }
 
 static void ctx_free(eval_ctx *c)

@@ -230,6 +230,11 @@ static int check_lp(float f, const char *where, size_t ci, size_t ti, char *err,
     return 0;
 }
 
+static bool str_ok(const char *s)
+{
+    return s && util_utf8_valid(s, strlen(s));
+}
+
 static int check_result(const out_result *r, bool chat, char *err, size_t errlen)
 {
     if (!r->custom_id || !util_utf8_valid(r->custom_id, strlen(r->custom_id)))
@@ -243,6 +248,15 @@ static int check_result(const out_result *r, bool chat, char *err, size_t errlen
         if ((unsigned)ch->finish > OUT_FINISH_CONTENT_FILTER || (!chat && ch->finish == OUT_FINISH_TOOL_CALLS))
             return util_errf(err, errlen, "output: row \"%.80s\", choice %zu: finish reason %d is not valid for %s.",
                              r->custom_id, c, (int)ch->finish, chat ? "chat completions" : "completions");
+        if (ch->n_tool_calls && (!chat || !ch->tool_calls))
+            return util_errf(err, errlen, "output: row \"%.80s\", choice %zu: tool calls need a chat answer and "
+                             "a call array.", r->custom_id, c);
+        for (size_t t = 0; t < ch->n_tool_calls; t++) {
+            const out_tool_call *tc = &ch->tool_calls[t];
+            if (!str_ok(tc->id) || !str_ok(tc->name) || !str_ok(tc->arguments))
+                return util_errf(err, errlen, "output: row \"%.80s\", choice %zu, tool call %zu: id, name and "
+                                 "arguments must be UTF-8 strings.", r->custom_id, c, t);
+        }
         if (!ch->logprobs)
             continue;
         if (ch->n_tokens && !ch->tokens)
@@ -470,6 +484,21 @@ static json_t *completion_logprobs(const out_choice *ch)
     return o;
 }
 
+/* message.tool_calls: [{"id","type":"function","function":{"name","arguments"}}]. */
+static json_t *tool_calls_json(const out_choice *ch)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < ch->n_tool_calls; i++) {
+        const out_tool_call *t = &ch->tool_calls[i];
+        if (json_array_append_new(a, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", t->id, "type", "function",
+                                               "function", "name", t->name, "arguments", t->arguments))) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
 /* The chat.completion or text_completion body. */
 static json_t *body_json(const out_result *r, bool chat, const char *id)
 {
@@ -489,8 +518,11 @@ static json_t *body_json(const out_result *r, bool chat, const char *id)
             json_t *msg = json_object();
             bad |= !msg;
             bad |= json_object_set_new(msg, "role", json_string("assistant"));
-            bad |= json_object_set_new(msg, "content", json_text(ch->text, ch->len));
+            bad |= json_object_set_new(msg, "content",
+                                       ch->n_tool_calls && !ch->len ? json_null() : json_text(ch->text, ch->len));
             bad |= json_object_set_new(msg, "refusal", json_null());
+            if (ch->n_tool_calls)
+                bad |= json_object_set_new(msg, "tool_calls", tool_calls_json(ch));
             bad |= json_object_set_new(co, "index", json_integer((json_int_t)c));
             bad |= json_object_set_new(co, "message", msg);
         } else {
@@ -546,10 +578,6 @@ int output_completion_line(const out_result *r, const out_ids *ids, char **line,
     return success_line(r, false, ids, line, len, err, errlen);
 }
 
-static bool str_ok(const char *s)
-{
-    return s && util_utf8_valid(s, strlen(s));
-}
 static bool opt_ok(const char *s)
 {
     return !s || util_utf8_valid(s, strlen(s));
@@ -632,7 +660,7 @@ int output_http_error_line(const out_http_error *e, const out_ids *ids, char **l
     int bad = !inner || !body;
     bad |= json_object_set_new(inner, "message", json_string(e->message));
     bad |= json_object_set_new(inner, "type", json_string(e->type ? e->type : "invalid_request_error"));
-    bad |= json_object_set_new(inner, "param", str_or_null(e->param));
+    bad |= json_object_set_new(inner, "param", str_or_null(e->param && *e->param ? e->param : NULL)); /* "" = none */
     bad |= json_object_set_new(inner, "code", str_or_null(e->code));
     bad |= json_object_set_new(body, "error", inner);
     if (bad) {

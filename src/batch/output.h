@@ -46,6 +46,13 @@ typedef struct out_token {
     const out_alt *top; /* (n_top) candidates, best first; may include the chosen token */
 } out_token;
 
+/* One function call of a chat answer (message.tool_calls[i]). */
+typedef struct out_tool_call {
+    const char *id;        /* "call_…" */
+    const char *name;      /* the function's name */
+    const char *arguments; /* its arguments as JSON text */
+} out_tool_call;
+
 typedef struct out_choice {
     const char *text; /* generated text, stop sequence excluded; invalid UTF-8 -> U+FFFD per maximal subpart */
     size_t len;
@@ -59,6 +66,10 @@ typedef struct out_choice {
     size_t echo_len;
     size_t n_echo;
     const out_token *echo_tokens; /* (n_echo) */
+    /* chat: the calls the answer made; text is then the content around them, and "content" is null when it
+     * is empty */
+    size_t n_tool_calls;
+    const out_tool_call *tool_calls; /* (n_tool_calls) */
 } out_choice;
 
 /* Chat logprobs hold at most this many top_logprobs per token (OpenAI's limit); a distillation row's further
@@ -95,7 +106,7 @@ typedef struct out_http_error {
     int status_code;
     const char *message; /* one sentence */
     const char *type;    /* NULL → "invalid_request_error" */
-    const char *param;   /* JSON path of the field, NULL → null */
+    const char *param;   /* JSON path of the field; NULL or "" → null */
     const char *code;    /* e.g. "context_length_exceeded", NULL → null */
     const out_stamp *stamp;
 } out_http_error;

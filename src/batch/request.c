@@ -32,8 +32,7 @@
  * and ignored (user, metadata, store, service_tier, stream:false, …); fields
  * spill cannot honour are rejected with a sentence saying so rather than
  * silently ignored: stream:true, response_format json_object/json_schema,
- * tool_choice "required"/named (all need constrained decoding), non-function
- * tools, image/audio/file content parts, audio output, predicted outputs,
+ * non-function tools, image/audio/file content parts, audio output, predicted outputs,
  * suffix, best_of > 1.  A null value means "use the default" everywhere.
  */
 #ifndef _GNU_SOURCE
@@ -541,8 +540,65 @@ static int check_tools(pctx *c, const json_t *obj, const char *pre, request *out
                 return -1;
         }
     }
-    bool ptc = false;
-    return opt_bool(c, obj, pre, "parallel_tool_calls", &ptc);
+    out->parallel_tool_calls = true;
+    return opt_bool(c, obj, pre, "parallel_tool_calls", &out->parallel_tool_calls);
+}
+
+/*
+ * tool_choice: "auto" | "none" | "required" | {"type":"function","function":{"name":N}}; required and a
+ * named function need tools, and the name must be one of them.  Neither is enforced by constrained decoding
+ * yet (toolcall.h, GRAMMAR HOOK): a named choice shows the template that tool alone.
+ */
+static int parse_tool_choice(pctx *c, const json_t *body, request *out)
+{
+    json_t *tc = json_object_get(body, "tool_choice");
+    jpath p = pkey(c->pre, "tool_choice");
+    if (!tc || json_is_null(tc))
+        return 0;
+    const char *s = json_string_value(tc);
+    if (s && !strcmp(s, "auto"))
+        return 0;
+    if (s && !strcmp(s, "none")) {
+        out->tool_choice = TC_CHOICE_NONE;
+        return 0;
+    }
+    if (s && strcmp(s, "required"))
+        return fail(c, false, "invalid_request", p.s,
+                    "%s is %s, but it must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                    "\"function\": {\"name\": \"…\"}}.",
+                    p.s, show(tc).s);
+    if (!s) {
+        json_t *type = json_object_get(tc, "type"), *fn = json_object_get(tc, "function");
+        json_t *name = json_object_get(fn, "name");
+        static const char *const keys[] = {"type", "function", NULL};
+        if (!json_is_object(tc) || !json_is_string(type) || strcmp(json_string_value(type), "function") ||
+            !json_is_string(name) || json_object_size(fn) != 1)
+            return fail(c, false, "invalid_request", p.s,
+                        "%s is %s, but a named choice must look like {\"type\": \"function\", \"function\": "
+                        "{\"name\": \"…\"}}.",
+                        p.s, show(tc).s);
+        if (only_keys(c, tc, p.s, keys, false, "a named tool choice"))
+            return -1;
+        out->tool_choice_name = json_string_value(name);
+    }
+    out->tool_choice = s ? TC_CHOICE_REQUIRED : TC_CHOICE_NAMED;
+    if (!out->tools || !json_array_size(out->tools))
+        return fail(c, false, "invalid_request", p.s, "%s is %s, but the request has no tools to call; add tools or "
+                    "remove %s.", p.s, show(tc).s, p.s);
+    if (out->tool_choice == TC_CHOICE_NAMED) {
+        size_t i;
+        json_t *t;
+        json_array_foreach(out->tools, i, t)
+        {
+            if (!strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
+                        out->tool_choice_name))
+                return 0;
+        }
+        jpath pn = pkey(pkey(p.s, "function").s, "name");
+        return fail(c, false, "invalid_request", pn.s, "%s is \"%.64s\", which is not the name of any of the "
+                    "request's tools.", pn.s, out->tool_choice_name);
+    }
+    return 0;
 }
 
 /* ---- sampling parameters ----------------------------------------------------------------------------- */
@@ -779,13 +835,8 @@ static int parse_chat_body(pctx *c, const json_t *body, request *out)
 
     if (check_tools(c, body, pre, out) || check_ignored(c, body))
         return -1;
-    json_t *tc = json_object_get(body, "tool_choice");
-    if (tc && !json_is_null(tc) &&
-        !(json_is_string(tc) && (!strcmp(json_string_value(tc), "auto") || !strcmp(json_string_value(tc), "none"))))
-        return fail(c, false, "invalid_request", pkey(pre, "tool_choice").s,
-                    "%s is %s, but forcing a tool call needs constrained decoding, which spill does not support; use "
-                    "\"auto\", \"none\" or remove it.",
-                    pkey(pre, "tool_choice").s, show(tc).s);
+    if (parse_tool_choice(c, body, out))
+        return -1;
     json_t *fc = json_object_get(body, "function_call");
     if (fc && !json_is_null(fc) &&
         !(json_is_string(fc) && (!strcmp(json_string_value(fc), "auto") || !strcmp(json_string_value(fc), "none"))))

@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "toolcall.h"
+
 #define REQ_MAX_LINE_BYTES (16u << 20) /* one request line; longer lines are an error naming the line */
 #define REQ_MAX_STOP 4                 /* OpenAI: stop is a string or up to 4 strings */
 
@@ -87,6 +89,9 @@ typedef struct request {
     json_t *body;      /* batch lines: the body object; fine-tuning lines: root */
     json_t *messages;  /* chat: array (≥ 1) of validated messages */
     json_t *tools;     /* chat: array of function tools, or NULL */
+    tc_choice tool_choice;        /* chat: body.tool_choice (toolcall.h); TC_CHOICE_AUTO when absent */
+    const char *tool_choice_name; /* TC_CHOICE_NAMED: the function's name (one of tools), borrowed */
+    bool parallel_tool_calls;     /* parallel_tool_calls, default true */
     json_t *prompt;    /* completions: string | [string] | [int] | [[int]] */
     size_t n_prompts;  /* completions: 1 for a string or one token list, else the array length */
     json_t *expected;  /* eval kinds: any non-null JSON value; NULL otherwise */

@@ -150,6 +150,9 @@ static int accept_token(runner *r, row *w, choice *c, const sample_result *sr, c
         return -1;
     int m = emit(c, t, tl, err, errlen);
     free(t);
+    for (int k = 0; m == 0 && k < w->tc.n_markers; k++) /* a call marker the detokenizer skips as special */
+        if (w->tc.marker_ids[k] == tok)
+            m = emit(c, w->tc.marker_text[k], strlen(w->tc.marker_text[k]), err, errlen);
     if (m < 0)
         return -1;
     if (m == 1) {
@@ -221,6 +224,61 @@ static int score_line(runner *r, const row *w, const out_stamp *stamp, char **li
     return output_score_line(&sc, line, len, err, errlen);
 }
 
+/* The tool calls of a row's choices (toolcall.h), owned while its answer line is built. */
+typedef struct answer_calls {
+    tc_parsed *parsed;    /* (n_choices) */
+    out_tool_call **out;  /* (n_choices) each (parsed[c].n) */
+    char (**ids)[TC_ID_LEN];
+} answer_calls;
+
+static void answer_calls_free(answer_calls *a, int n_choices)
+{
+    for (int c = 0; a->parsed && c < n_choices; c++) {
+        toolcall_parsed_free(&a->parsed[c]);
+        free(a->out[c]);
+        free(a->ids[c]);
+    }
+    free(a->parsed), free(a->out), free(a->ids);
+    memset(a, 0, sizeof *a);
+}
+
+/* Parses each choice's text by the row's call convention: a choice that holds calls gets them, the text
+ * around them as its content and finish_reason "tool_calls" (a cut-short answer keeps "length"); any other
+ * keeps its text and finish reason.  0, or -1 when memory runs out. */
+static int run_tool_calls(row *w, out_choice *oc, answer_calls *a)
+{
+    size_t n = (size_t)w->n_choices;
+    a->parsed = calloc(n, sizeof *a->parsed);
+    a->out = calloc(n, sizeof *a->out);
+    a->ids = calloc(n, sizeof *a->ids);
+    if (!a->parsed || !a->out || !a->ids)
+        return -1;
+    for (size_t c = 0; c < n; c++) {
+        tc_parsed *p = &a->parsed[c];
+        int rc = toolcall_parse(w->tc.style, oc[c].text, oc[c].len, w->tc.tools, w->tc.parallel, p);
+        if (rc <= 0) {
+            if (rc < 0)
+                return -1;
+            continue;
+        }
+        a->out[c] = calloc(p->n, sizeof *a->out[c]);
+        a->ids[c] = calloc(p->n, sizeof *a->ids[c]);
+        if (!a->out[c] || !a->ids[c])
+            return -1;
+        for (size_t k = 0; k < p->n; k++) {
+            toolcall_id(w->custom_id, (int)c, k, a->ids[c][k]);
+            a->out[c][k] = (out_tool_call){a->ids[c][k], p->calls[k].name, p->calls[k].arguments};
+        }
+        oc[c].text = p->content ? p->content : "";
+        oc[c].len = p->content_len;
+        oc[c].n_tool_calls = p->n;
+        oc[c].tool_calls = a->out[c];
+        if (oc[c].finish == OUT_FINISH_STOP)
+            oc[c].finish = OUT_FINISH_TOOL_CALLS;
+    }
+    return 0;
+}
+
 /* Writes the finished row at s.active[ai] (its answer, or a 500 line when the store refuses it) and retires it. */
 static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
 {
@@ -244,8 +302,14 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
         choice *ch = &w->ch[c];
         calib_finish(&r->cal_run, ch->n_gen, (double)w->max_new);
         oc[c] = (out_choice){ch->text ? ch->text : "", ch->text_len, ch->finish, w->sp.logprobs,
-                             (size_t)ch->n_gen, ch->lp, w->echo, w->echo_len, et ? (size_t)w->n_prompt : 0, et};
+                             (size_t)ch->n_gen, ch->lp, w->echo, w->echo_len, et ? (size_t)w->n_prompt : 0, et,
+                             0, NULL};
         completion += (uint64_t)ch->n_gen;
+    }
+    answer_calls calls = {0};
+    if (w->tc.tools && run_tool_calls(w, oc, &calls) < 0) {
+        free(oc), free(et);
+        return util_errf(err, errlen, "out of memory parsing the tool calls of row %s.", w->custom_id);
     }
     out_stamp stamp = r->stamp; /* the row's adapter's full hash, its latency and passes */
     stamp.adapter = run_adapter_hash(r, w->adapter);
@@ -263,6 +327,7 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
         w->lf = NULL;
         if (rc) {
             free(oc), free(et);
+            answer_calls_free(&calls, w->n_choices);
             return -1; /* the disk failed: the job stops, resumable */
         }
     }
@@ -271,6 +336,7 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
                                       : output_completion_line(&res, NULL, &line, &len, err, errlen);
     free(oc);
     free(et);
+    answer_calls_free(&calls, w->n_choices);
     if (rc == 0) {
         rc = job_append_result(r->j, line, len, err, errlen);
         free(line);

@@ -107,6 +107,52 @@ static int build_scored(runner *r, request *q, row *w, char *msg, size_t msglen)
     return 0;
 }
 
+/* A fine-tuning line's final assistant turn is its reference answer, not part of the prompt: the messages
+ * before it (a new reference); the messages themselves for every other row.  NULL when out of memory. */
+static json_t *prompt_messages(const request *q)
+{
+    size_t nm = json_array_size(q->messages);
+    json_t *last = json_array_get(q->messages, nm - 1);
+    bool ft = q->kind == REQ_KIND_FINETUNE || q->kind == REQ_KIND_EVAL_FINETUNE;
+    if (!ft || nm < 2 || strcmp(json_string_value(json_object_get(last, "role")) ?: "", "assistant"))
+        return json_incref(q->messages);
+    json_t *head = json_array();
+    for (size_t i = 0; head && i + 1 < nm; i++)
+        if (json_array_append(head, json_array_get(q->messages, i)))
+            json_decref(head), head = NULL;
+    return head;
+}
+
+/* The row's function calling: the tools its tool_choice shows the template (into *rendered, a new reference
+ * or NULL) and, when the template teaches a convention spill parses, the row's call state.  0, or -1 when
+ * out of memory. */
+static int tool_state(runner *r, const request *q, row *w, json_t **rendered)
+{
+    bool oom;
+    *rendered = toolcall_rendered_tools(q->tools, q->tool_choice, q->tool_choice_name, &oom);
+    if (oom)
+        return -1;
+    tc_style st = toolcall_style(r->m->chat_template);
+    if (!*rendered || st == TC_STYLE_NONE)
+        return 0;
+    w->tc.style = st;
+    w->tc.tools = json_incref(*rendered);
+    w->tc.parallel = q->parallel_tool_calls;
+    /* GRAMMAR HOOK (tool_choice "required" / named): the call is not forced yet; the structured-output
+     * machinery compiles toolcall_forced_schema(st, *rendered, q->tool_choice, &prefix) into this row's
+     * grammar here.  Until then the template shows the named tool alone and an answer that is not a call is
+     * returned as text with finish_reason "stop". */
+    const char *const *mk = toolcall_markers(st);
+    for (int i = 0; mk[i] && w->tc.n_markers < TC_MAX_MARKERS; i++) {
+        int32_t id = tokenizer_token_id(r->tok, mk[i], strlen(mk[i]));
+        if (id >= 0 && tokenizer_is_special(r->tok, id)) {
+            w->tc.marker_ids[w->tc.n_markers] = id;
+            w->tc.marker_text[w->tc.n_markers++] = mk[i];
+        }
+    }
+    return 0;
+}
+
 static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen, const char **code)
 {
     char err[SPILL_ERRLEN];
@@ -121,7 +167,14 @@ static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen,
                      r->o.model_spec);
             return 1;
         }
-        int rc = prompt_chat(&ps, q->messages, q->tools, true, 0, NULL, NULL, &w->prompt, &n, err, sizeof err);
+        json_t *tools = NULL, *msgs = prompt_messages(q);
+        if (!msgs || tool_state(r, q, w, &tools)) {
+            json_decref(msgs);
+            return snprintf(msg, msglen, "Out of memory."), -1;
+        }
+        int rc = prompt_chat(&ps, msgs, tools, true, 0, NULL, NULL, &w->prompt, &n, err, sizeof err);
+        json_decref(msgs);
+        json_decref(tools);
         if (rc == PROMPT_ERR_TEMPLATE) {
             snprintf(msg, msglen, "The chat template rejected this conversation: %.400s", err);
             return 1;

@@ -75,6 +75,7 @@ void sched_row_free(row *w)
     free(w->plp);
     free(w->palts);
     free(w->echo);
+    toolcall_row_free(&w->tc);
 }
 
 int32_t sched_row_pages(const kv_cache *kv, const row *w)

@@ -41,6 +41,7 @@
 #include "request.h"
 #include "sample.h"
 #include "stop.h"
+#include "toolcall.h"
 
 enum row_state { ROW_PENDING, ROW_ACTIVE, ROW_DONE };
 
@@ -95,6 +96,7 @@ typedef struct row {
     bool full_logits;    /* every answer token's logits go to the job's logits/<id>.npy (distill --full-logits) */
     struct npy_rows *lf; /* full_logits: the row's open logits file (the runner's; npy.h), NULL until written */
     char *echo;          /* completions echo: the prompt's text, put before the answer (owned), or NULL */
+    tc_row tc;           /* chat rows whose template renders tools: the call convention parsed from the answer */
     size_t echo_len;
     enum row_state state;
     choice *ch;          /* (n_choices) while active */

@@ -59,6 +59,90 @@ void prompt_special_tokens(const prompt_src *ps, json_t *extra)
     set_special(ps, extra, "eos_token", TOK_EOS, ps->m->eos_id);
 }
 
+/* A content part's text (its "text", or an assistant refusal's "refusal"); NULL for any other part. */
+static json_t *part_text(json_t *part)
+{
+    json_t *t = json_object_get(part, "text");
+    return json_is_string(t) ? t : json_object_get(part, "refusal");
+}
+
+json_t *prompt_template_messages(json_t *messages)
+{
+    json_t *out = json_array();
+    size_t i;
+    json_t *m;
+    json_array_foreach(messages, i, m)
+    {
+        json_t *c = json_is_object(m) ? json_object_get(m, "content") : NULL;
+        json_t *tc = json_is_object(m) ? json_object_get(m, "tool_calls") : NULL;
+        bool parts = json_is_array(c), calls = json_is_array(tc), none = json_is_object(m) && (!c || json_is_null(c));
+        json_t *copy = parts || calls || none ? json_copy(m) : json_incref(m);
+        if (!out || !copy || json_array_append_new(out, copy))
+            goto oom;
+        if (none && json_object_set_new(copy, "content", json_string("")))
+            goto oom;
+        if (parts) { /* the text parts as one string, "\n" between them (vLLM's flattening) */
+            size_t k, n = 0, at = 0;
+            json_t *part;
+            json_array_foreach(c, k, part)
+                n += json_string_length(part_text(part)) + 1;
+            char *joined = malloc(n + 1);
+            if (!joined)
+                goto oom;
+            json_array_foreach(c, k, part)
+            {
+                json_t *t = part_text(part);
+                if (k)
+                    joined[at++] = '\n';
+                memcpy(joined + at, json_string_value(t) ? json_string_value(t) : "", json_string_length(t));
+                at += json_string_length(t);
+            }
+            int bad = json_object_set_new(copy, "content", json_stringn(joined, at));
+            free(joined);
+            if (bad)
+                goto oom;
+        }
+        if (calls) { /* arguments as the dict the template expects, parsed from OpenAI's JSON text */
+            json_t *ncalls = json_array();
+            if (!ncalls || json_object_set_new(copy, "tool_calls", ncalls))
+                goto oom;
+            size_t k;
+            json_t *call;
+            json_array_foreach(tc, k, call)
+            {
+                json_t *fn = json_object_get(call, "function");
+                json_t *args = json_object_get(fn, "arguments");
+                json_t *parsed = json_is_string(args) ? json_loadb(json_string_value(args), json_string_length(args),
+                                                                     JSON_REJECT_DUPLICATES, NULL)
+                                                      : NULL;
+                if (!json_is_object(parsed)) {
+                    json_decref(parsed);
+                    if (json_array_append(ncalls, call))
+                        goto oom;
+                    continue;
+                }
+                json_t *ncall = json_copy(call), *nfn = json_copy(fn);
+                if (!ncall || !nfn || json_object_set_new(nfn, "arguments", json_incref(parsed))) {
+                    json_decref(ncall), json_decref(nfn), json_decref(parsed);
+                    goto oom;
+                }
+                json_decref(parsed);
+                /* set_new and append_new take their value even when they fail */
+                if (json_object_set_new(ncall, "function", nfn)) {
+                    json_decref(ncall);
+                    goto oom;
+                }
+                if (json_array_append_new(ncalls, ncall))
+                    goto oom;
+            }
+        }
+    }
+    return out;
+oom:
+    json_decref(out);
+    return NULL;
+}
+
 int prompt_chat(const prompt_src *ps, json_t *messages, json_t *tools, bool add_generation_prompt, time_t now,
                 char **text, size_t *text_len, int32_t **ids, size_t *n, char *err, size_t errlen)
 {
@@ -75,11 +159,17 @@ int prompt_chat(const prompt_src *ps, json_t *messages, json_t *tools, bool add_
     json_t *extra = json_object();
     if (!extra)
         return util_errf(err, errlen, "out of memory rendering the chat template.");
+    json_t *msgs = prompt_template_messages(messages);
+    if (!msgs) {
+        json_decref(extra);
+        return util_errf(err, errlen, "out of memory rendering the chat template.");
+    }
     prompt_special_tokens(ps, extra);
     int rc = 0;
-    if (chat_template_apply(ps->tmpl, messages, tools, extra, add_generation_prompt, now, &out, &outlen, err, errlen))
+    if (chat_template_apply(ps->tmpl, msgs, tools, extra, add_generation_prompt, now, &out, &outlen, err, errlen))
         rc = PROMPT_ERR_TEMPLATE;
     json_decref(extra);
+    json_decref(msgs);
     /* a rendered chat already carries its special tokens: no post-processor */
     if (rc == 0)
         rc = tokenizer_encode(ps->tok, out, outlen, false, ids, n, err, errlen);

@@ -54,7 +54,17 @@ int prompt_open_template(const model_desc *m, tmpl_t **out, char *err, size_t er
  * a key is left out when there is no such token. */
 void prompt_special_tokens(const prompt_src *ps, json_t *extra);
 
-/* A chat prompt: renders messages (a JSON array) and tools (NULL: none) through ps->tmpl with
+/* The messages as the template is given them (a new array; NULL when out of memory), as vLLM hands an OpenAI
+ * request to transformers: a content list of text parts becomes one string (the parts' text joined with
+ * "\n"; refusal parts count as text), and a tool call's "arguments" JSON text becomes the object it holds
+ * (templates print arguments with tojson or iterate them; text that is not a JSON object stays as it is), and
+ * a null or missing content (an assistant turn of calls) becomes "" (vLLM's parser makes it an empty list of
+ * parts).
+ * Anything else is shared with `messages`, unchanged. */
+json_t *prompt_template_messages(json_t *messages);
+
+/* A chat prompt: renders messages (a JSON array) and tools (NULL: none) through ps->tmpl — messages as
+ * prompt_template_messages gives them — with
  * prompt_special_tokens, add_generation_prompt and strftime_now's clock `now` (0: the current time), then
  * tokenizes without added specials.  *ids (malloc'd, *n ids) and, when text is not NULL, *text (malloc'd,
  * NUL-terminated, *text_len bytes) are the caller's.  0; PROMPT_ERR_TEMPLATE; or -1 with a sentence (no

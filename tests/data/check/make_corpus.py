@@ -97,8 +97,10 @@ case("url_embeddings", [batch(url="/v1/embeddings")], "invalid_request", 1,
      'url is "/v1/embeddings", which spill recognises but does not support yet; use "/v1/chat/completions" or "/v1/completions".')
 case("url_moderations", [batch(url="/v1/moderations")], "invalid_request", 1,
      'url is "/v1/moderations", an OpenAI batch endpoint that spill does not serve (it runs text generation); use "/v1/chat/completions" or "/v1/completions".')
-case("url_mismatch", [batch("a"), batch("b", cbody(), url="/v1/completions")], "url_mismatch", 2,
-     'url is "/v1/completions", but line 1 uses "/v1/chat/completions"; every line of a batch must use the same endpoint.')
+# endpoint_*: checked with --endpoint /v1/chat/completions (tests/test_check.c); without it a file may mix
+# chat and completions rows, as `spill run` answers them
+case("endpoint_mismatch", [batch("a"), batch("b", cbody(), url="/v1/completions")], "url_mismatch", 2,
+     'url is "/v1/completions", but --endpoint is "/v1/chat/completions"; every line of this batch must use that endpoint.')
 case("top_level_unknown", [batch(extra=1)], "invalid_request", 1,
      "extra is not a field of a batch line (custom_id, method, url, body, and expected in eval files) that spill accepts; remove it.")
 case("body_string", [batch(b="hi")], "invalid_request", 1, 'body is "hi", but it must be the request object.')
@@ -193,9 +195,12 @@ case("body_unknown_field", [batch(b=body(temprature=0.5))], "invalid_request", 1
      "body.temprature is not a field of a chat-completions request that spill accepts; remove it.")
 case("response_format_json", [batch(b=body(response_format={"type": "json_object"}))], "invalid_request", 1,
      'body.response_format.type is "json_object", which needs constrained decoding that spill does not support yet; use "text" or remove body.response_format.')
-case("tool_choice_required", [batch(b=body(tools=[{"type": "function", "function": {"name": "f"}}],
-                                         tool_choice="required"))], "invalid_request", 1,
-     'body.tool_choice is "required", but forcing a tool call needs constrained decoding, which spill does not support; use "auto", "none" or remove it.')
+case("tool_choice_required_no_tools", [batch(b=body(tool_choice="required"))], "invalid_request", 1,
+     'body.tool_choice is "required", but the request has no tools to call; add tools or remove body.tool_choice.')
+case("tool_choice_unknown_name", [batch(b=body(tools=[{"type": "function", "function": {"name": "f"}}],
+                                             tool_choice={"type": "function", "function": {"name": "g"}}))],
+     "invalid_request", 1,
+     'body.tool_choice.function.name is "g", which is not the name of any of the request\'s tools.')
 case("tool_not_function", [batch(b=body(tools=[{"type": "web_search"}]))], "invalid_request", 1,
      'body.tools[0].type is "web_search", but spill supports only "function" tools.')
 case("tool_name_invalid", [batch(b=body(tools=[{"type": "function", "function": {"name": "get weather"}}]))],
@@ -338,6 +343,8 @@ def gfile(name, lines, rows, kind, model, eol="\n", final=True):
         data += eol
     good.append((name, data.encode(), rows, kind, model))
 
+
+gfile("mixed_endpoints.jsonl", [batch("a"), batch("b", cbody(), url="/v1/completions")], 2, "chat-completion batch", M)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
