@@ -117,6 +117,9 @@ typedef struct cctx {
     const json_t **memo; /* (n_memo) schema objects compiled, and their nodes */
     int32_t *memo_node;
     int32_t n_memo, cap_memo;
+    int32_t *alt_node; /* (n_alt_paths) anyOf nodes and their paths (for first_sets' sentence), owned */
+    char **alt_path;
+    int32_t n_alt_paths, cap_alt_paths;
     char *where, *err;
     size_t wlen, errlen;
 } cctx;
@@ -468,6 +471,16 @@ static int compile_node(cctx *c, const json_t *s, const char *path, int depth, i
         spath ap = sub(path, altk);
         if (!json_is_array(alt) || json_array_size(alt) == 0)
             return cfail(c, ap.s, "must be a non-empty list of schemas.");
+        if (grow((void **)&c->alt_node, &c->cap_alt_paths, c->n_alt_paths + 1, sizeof *c->alt_node))
+            return cfail(c, path, "out of memory.");
+        char **np = realloc(c->alt_path, (size_t)c->cap_alt_paths * sizeof *np);
+        if (!np || !(np[c->n_alt_paths] = strdup(ap.s))) {
+            if (np)
+                c->alt_path = np;
+            return cfail(c, path, "out of memory.");
+        }
+        c->alt_path = np;
+        c->alt_node[c->n_alt_paths++] = nd;
         size_t n = json_array_size(alt);
         int32_t alt0 = g->n_alts;
         if (grow((void **)&g->alts, &g->cap_alts, g->n_alts + (int32_t)n, sizeof(int32_t)))
@@ -673,13 +686,15 @@ static int first_sets(cctx *c)
             for (int32_t b = a + 1; b < nd->n_alt; b++)
                 for (int w = 0; w < 4; w++)
                     if (g->nodes[g->alts[nd->alt0 + a]].first[w] & g->nodes[g->alts[nd->alt0 + b]].first[w]) {
-                        if (c->where && c->wlen)
-                            snprintf(c->where, c->wlen, "anyOf");
-                        return util_errf(c->err, c->errlen,
-                                         "an anyOf / oneOf has branches %d and %d that can start with the same "
-                                         "character (two strings, two objects, …); spill's constrained decoding "
-                                         "needs branches of different types, such as a string and null.",
-                                         (int)a, (int)b);
+                        const char *p = "anyOf";
+                        for (int32_t k = 0; k < c->n_alt_paths; k++)
+                            if (c->alt_node[k] == i)
+                                p = c->alt_path[k];
+                        return cfail(c, p,
+                                     "branches %d and %d can start with the same character (two strings, two "
+                                     "objects, …); spill's constrained decoding needs branches of different types, "
+                                     "such as a string and null.",
+                                     (int)a, (int)b);
                     }
     }
     return 0;
@@ -695,7 +710,7 @@ int grammar_compile(const json_t *schema, const char *path, grammar **out, char 
     if (!g)
         return util_errf(err, errlen, "out of memory compiling a schema.");
     g->id = atomic_fetch_add(&g_next_id, 1);
-    cctx c = {g, schema, NULL, NULL, 0, 0, where, err, wlen, errlen};
+    cctx c = {g, schema, NULL, NULL, 0, 0, NULL, NULL, 0, 0, where, err, wlen, errlen};
     int rc = -1;
     int32_t any = new_node(g), lb = new_node(g), ln = new_node(g);
     if (any < 0 || lb < 0 || ln < 0) {
@@ -727,6 +742,10 @@ int grammar_compile(const json_t *schema, const char *path, grammar **out, char 
 out_free:
     free(c.memo);
     free(c.memo_node);
+    for (int32_t i = 0; i < c.n_alt_paths; i++)
+        free(c.alt_path[i]);
+    free(c.alt_path);
+    free(c.alt_node);
     if (rc) {
         grammar_free(g);
         return -1;
