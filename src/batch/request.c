@@ -35,6 +35,9 @@
  * tool_choice "required"/named (all need constrained decoding), non-function
  * tools, image/audio/file content parts, audio output, predicted outputs,
  * suffix, best_of > 1.  A null value means "use the default" everywhere.
+ * response_format json_object / json_schema (and vLLM's guided_json) are honoured by constrained decoding:
+ * the schema is compiled here to judge it (grammar.h), and a keyword the grammar cannot enforce fails the
+ * row with a sentence naming it and its path.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

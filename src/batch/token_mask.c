@@ -274,9 +274,15 @@ void token_mask_apply(const uint64_t *allow, float *logits, int V)
         if (m == ~0ull)
             continue;
         int end = V - w * 64 < 64 ? V - w * 64 : 64;
+        float *l = logits + (size_t)w * 64;
+        if (m == 0) { /* most words outside strings: a plain fill the compiler vectorises */
+            for (int j = 0; j < end; j++)
+                l[j] = -INFINITY;
+            continue;
+        }
         for (int j = 0; j < end; j++)
             if (!(m >> j & 1))
-                logits[w * 64 + j] = -INFINITY;
+                l[j] = -INFINITY;
     }
 }
 
