@@ -17,6 +17,7 @@
 
 #include "base/util.h"
 #include "batch/grammar.h"
+#include "batch/sample.h"
 #include "batch/token_mask.h"
 #include "model/model.h"
 #include "text/prompt.h"
@@ -73,7 +74,7 @@ int main(int argc, char **argv)
     double t0 = now_s();
     if (grammar_compile(NULL, "json_object", &gobj, NULL, 0, err, sizeof err) ||
         grammar_compile(doc, "person", &gper, NULL, 0, err, sizeof err) ||
-        token_mask_open(tok, V, m->stop_ids, m->n_stop, 1, 32u << 20, &tm, err, sizeof err)) {
+        token_mask_open(tok, V, m->stop_ids, m->n_stop, 1, 128u << 20, &tm, err, sizeof err)) {
         fprintf(stderr, "bench_grammar: %s\n", err);
         return 1;
     }
@@ -176,6 +177,23 @@ int main(int argc, char **argv)
            steady_from, P - 1, 1e3 * (steady_get + steady_apply) / ns, (double)steady_miss / ns,
            (unsigned long long)done, (unsigned long long)st.hits, (unsigned long long)st.misses,
            st.misses ? 1e3 * st.miss_s / (double)st.misses : 0.0, (unsigned long long)st.resets);
+    /* reference: the host sampler the same rows pay anyway (temperature 1, one draw per row) */
+    sample_params sp = {.temperature = 1, .top_p = 1};
+    sample_state ss;
+    sample_scratch sc;
+    sample_result res;
+    if (sample_state_init(&ss, &sp, 1, 0, V, 1, err, sizeof err) || sample_scratch_init(&sc, V, err, sizeof err)) {
+        fprintf(stderr, "bench_grammar: %s\n", err);
+        return 1;
+    }
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)(rnd() % 2000) / 100.0f - 10.0f;
+    double q0 = now_s();
+    for (int r = 0; r < B; r++)
+        sample_next(logits, V, &sp, &ss, &sc, &res, err, sizeof err);
+    printf("reference: sample_next at temperature 1 for %d rows: %.2f ms\n", B, 1e3 * (now_s() - q0));
+    sample_state_free(&ss);
+    sample_scratch_free(&sc);
     free(structural), free(s), free(g), free(allow), free(logits), free(ids);
     token_mask_close(tm);
     grammar_free(gobj), grammar_free(gper);

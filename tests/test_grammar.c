@@ -427,6 +427,15 @@ static void test_run(void)
                 json_decref(row);
                 n_rows++;
             }
+    /* vLLM's guided_json on the completions endpoint */
+    json_t *cr = json_pack("{s:s,s:s,s:s,s:{s:s,s:s,s:i,s:i,s:O}}", "custom_id", "k1-completions", "method", "POST",
+                           "url", "/v1/completions", "body", "model", "smollm2:135m", "prompt",
+                           "A customer record as JSON:", "max_tokens", 96, "temperature", 0, "guided_json", person);
+    char *cl = json_dumps(cr, JSON_COMPACT);
+    fprintf(f, "%s\n", cl);
+    free(cl);
+    json_decref(cr);
+    n_rows++;
     /* one row with an unsupported keyword fails alone */
     fprintf(f, "{\"custom_id\":\"bad\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
                "\"smollm2:135m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":{\"type\":"
@@ -453,7 +462,7 @@ static void test_run(void)
         json_t *body = json_object_get(json_object_get(o, "response"), "body");
         json_t *ch = json_array_get(json_object_get(body, "choices"), 0);
         const char *fin = json_string_value(json_object_get(ch, "finish_reason"));
-        const char *text = chat_answer(o);
+        const char *text = chat_answer(o) ? chat_answer(o) : json_string_value(json_object_get(ch, "text"));
         int ntok = (int)json_integer_value(json_object_get(json_object_get(body, "usage"), "completion_tokens"));
         person_rows += id[1] == '1';
         person_stop += id[1] == '1' && fin && !strcmp(fin, "stop");

@@ -864,8 +864,9 @@ static int setup_passes(runner *r, char *err, size_t errlen)
             return -1;
     if (!r->logits || !r->sres || !r->sidx || !r->src || !r->scs || !r->want || !r->cidx || !r->lpos || !r->tgt)
         return util_errf(err, errlen, "out of memory for %zu rows.", r->n_rows);
-    if (r->grams.n) { /* structured output: the vocabulary's masks, 32 MB of cache */
-        if (token_mask_open(r->tok, r->m->vocab, r->m->stop_ids, r->m->n_stop, pool_threads(r->spool), 32u << 20,
+    if (r->grams.n) { /* structured output: the vocabulary's masks; 128 MB of cache address space, resident only as
+                       * states are met (a 500-row job of six schemas met ~3,000 distinct states) */
+        if (token_mask_open(r->tok, r->m->vocab, r->m->stop_ids, r->m->n_stop, pool_threads(r->spool), 128u << 20,
                             &r->tm, err, errlen))
             return -1;
         r->gmask = malloc((size_t)pool_threads(r->spool) * token_mask_words(r->tm) * sizeof *r->gmask);
