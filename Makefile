@@ -76,7 +76,11 @@ build/bench/bench_decode: bench/bench_decode.c $(LIB_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_decode.c $(LIB_SRC) $(LIBS)
 
-bench: build/bench/bench_matmul build/bench/bench_decode
+build/bench/bench_grammar: bench/bench_grammar.c $(LIB_SRC) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_grammar.c $(LIB_SRC) $(LIBS)
+
+bench: build/bench/bench_matmul build/bench/bench_decode build/bench/bench_grammar
 
 # CUDA backend: built when nvcc is on PATH (cuda.mk owns the rules: make cuda, make test-cuda).
 NVCC := $(shell command -v nvcc 2>/dev/null)

@@ -31,9 +31,11 @@
  * request argument").  Fields that change nothing in a batch run are accepted
  * and ignored (user, metadata, store, service_tier, stream:false, …); fields
  * spill cannot honour are rejected with a sentence saying so rather than
- * silently ignored: stream:true, response_format json_object/json_schema,
- * non-function tools, image/audio/file content parts, audio output, predicted outputs,
+ * silently ignored: stream:true, non-function tools, image/audio/file content parts, audio output, predicted outputs,
  * suffix, best_of > 1.  A null value means "use the default" everywhere.
+ * response_format json_object / json_schema (and vLLM's guided_json) are honoured by constrained decoding:
+ * the schema is compiled here to judge it (grammar.h), and a keyword the grammar cannot enforce fails the
+ * row with a sentence naming it and its path.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -47,6 +49,7 @@
 #include <string.h>
 
 #include "../base/util.h"
+#include "grammar.h"
 
 #define JSONL_CHUNK (64u << 10)
 
@@ -777,6 +780,7 @@ static const char *const CHAT_FIELDS[] = {"model",
                                           "functions",
                                           "function_call",
                                           "response_format",
+                                          "guided_json",
                                           "stream",
                                           "stream_options",
                                           "user",
@@ -796,6 +800,83 @@ static const char *const CHAT_REFUSED[][2] = {
     {"prediction", "predicted outputs are not supported"},
     {"web_search_options", "web search is not available in spill"},
 };
+
+/*
+ * response_format (OpenAI: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+ * "strict", "description"}}) and vLLM's guided_json (a schema object): the schema is compiled here once to
+ * judge it (an unsupported keyword fails the row with a sentence naming it); the job compiles it again, once
+ * per distinct schema (grammar_set_get).
+ */
+static int parse_response_format(pctx *c, const json_t *body, request *out)
+{
+    const char *pre = c->pre;
+    json_t *rf = json_object_get(body, "response_format"), *gj = json_object_get(body, "guided_json");
+    jpath p = pkey(pre, "response_format"), pg = pkey(pre, "guided_json");
+    const json_t *schema = NULL;
+    const char *spath = NULL;
+    char sp[sizeof p.s + 32];
+    if (gj && !json_is_null(gj)) {
+        if (rf && !json_is_null(rf))
+            return fail(c, false, "invalid_request", pg.s, "%s and %s are both set; set only one of them.", pg.s, p.s);
+        if (!json_is_object(gj))
+            return fail(c, false, "invalid_request", pg.s, "%s is %s, but it must be a JSON schema object.", pg.s,
+                        show(gj).s);
+        schema = gj;
+        spath = pg.s;
+    } else if (rf && !json_is_null(rf)) {
+        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        const char *ts = json_string_value(t);
+        if (!ts || (strcmp(ts, "text") && strcmp(ts, "json_object") && strcmp(ts, "json_schema")))
+            return fail(c, false, "invalid_request", p.s,
+                        "%s is %s, but it must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                        "{\"type\": \"json_schema\", \"json_schema\": {\"name\": …, \"schema\": {…}}}.",
+                        p.s, show(rf).s);
+        static const char *const RF_KEYS[] = {"type", "json_schema", NULL};
+        if (only_keys(c, rf, p.s, RF_KEYS, false, "a response_format"))
+            return -1;
+        json_t *js = json_object_get(rf, "json_schema");
+        jpath pj = pkey(p.s, "json_schema");
+        if (strcmp(ts, "json_schema")) {
+            if (js)
+                return fail(c, false, "invalid_request", pj.s, "%s is set, but the type is \"%s\"; remove it.", pj.s,
+                            ts);
+            if (!strcmp(ts, "text"))
+                return 0;
+            out->json_out = true; /* json_object: any object */
+            return 0;
+        }
+        if (!json_is_object(js))
+            return fail(c, false, "invalid_request", pj.s,
+                        "%s is %s, but it must be an object like {\"name\": \"answer\", \"schema\": {…}}.", pj.s,
+                        show(js ? js : json_null()).s);
+        static const char *const JS_KEYS[] = {"name", "schema", "strict", "description", NULL};
+        if (only_keys(c, js, pj.s, JS_KEYS, false, "a json_schema"))
+            return -1;
+        json_t *nm = json_object_get(js, "name"), *sc = json_object_get(js, "schema");
+        if (!json_is_string(nm) || !json_string_length(nm))
+            return fail(c, false, "invalid_request", pkey(pj.s, "name").s,
+                        "%s is missing or not a non-empty string; name the schema (letters, digits, _ and -).",
+                        pkey(pj.s, "name").s);
+        if (opt_bool(c, js, pj.s, "strict", &(bool){false}) || opt_str(c, js, pj.s, "description"))
+            return -1;
+        if (!json_is_object(sc))
+            return fail(c, false, "invalid_request", pkey(pj.s, "schema").s,
+                        "%s is %s, but it must be a JSON schema object.", pkey(pj.s, "schema").s,
+                        show(sc ? sc : json_null()).s);
+        schema = sc;
+        snprintf(sp, sizeof sp, "%s.schema", pj.s);
+        spath = sp;
+    } else
+        return 0;
+    grammar *g;
+    char where[200], msg[512];
+    if (grammar_compile(schema, spath, &g, where, sizeof where, msg, sizeof msg))
+        return fail(c, false, "invalid_request", where[0] ? where : spath, "%s", msg);
+    grammar_free(g);
+    out->json_out = true;
+    out->json_schema = (json_t *)schema;
+    return 0;
+}
 
 static int parse_chat_body(pctx *c, const json_t *body, request *out)
 {
@@ -844,19 +925,8 @@ static int parse_chat_body(pctx *c, const json_t *body, request *out)
                     "%s is %s, but forcing a function call needs constrained decoding, which spill does not support; "
                     "use \"auto\", \"none\" or remove it.",
                     pkey(pre, "function_call").s, show(fc).s);
-    json_t *rf = json_object_get(body, "response_format");
-    if (rf && !json_is_null(rf)) {
-        jpath p = pkey(pre, "response_format");
-        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_string(t))
-            return fail(c, false, "invalid_request", p.s,
-                        "%s is %s, but it must be an object like {\"type\": \"text\"}.", p.s, show(rf).s);
-        if (strcmp(json_string_value(t), "text") != 0)
-            return fail(c, false, "invalid_request", pkey(p.s, "type").s,
-                        "%s is %s, which needs constrained decoding that spill does not support yet; use \"text\" or "
-                        "remove %s.",
-                        pkey(p.s, "type").s, show(t).s, p.s);
-    }
+    if (parse_response_format(c, body, out))
+        return -1;
     json_t *mod = json_object_get(body, "modalities");
     if (mod && !json_is_null(mod)) {
         json_t *m0 = json_array_get(mod, 0);
@@ -895,6 +965,7 @@ static const char *const COMPLETION_FIELDS[] = {"model",
                                                 "frequency_penalty",
                                                 "presence_penalty",
                                                 "logit_bias",
+                                                "guided_json",
                                                 "stream",
                                                 "stream_options",
                                                 "user",
@@ -983,7 +1054,7 @@ static int parse_completions_body(pctx *c, const json_t *body, request *out)
         return fail(c, false, "invalid_request", pkey(pre, "best_of").s,
                     "%s is %lld, but spill does not support best_of above 1; use n to get several choices.",
                     pkey(pre, "best_of").s, (long long)best_of);
-    return 0;
+    return parse_response_format(c, body, out); /* vLLM's guided_json */
 }
 
 /* ---- line → request ---------------------------------------------------------------------------------- */

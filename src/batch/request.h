@@ -96,6 +96,10 @@ typedef struct request {
     size_t n_prompts;  /* completions: 1 for a string or one token list, else the array length */
     json_t *expected;  /* eval kinds: any non-null JSON value; NULL otherwise */
     req_sampling s;
+    /* Structured output (response_format json_object / json_schema, vLLM's guided_json): the answer is
+     * constrained to JSON (grammar.h).  json_schema is borrowed from root; NULL with json_out = any object. */
+    bool json_out;
+    json_t *json_schema;
 
     /* Set by request_parse_line on failure (static strings / fixed buffer). */
     const char *err_code; /* OpenAI error code: "invalid_json_line", "invalid_request", … */

@@ -28,6 +28,7 @@
 #include "request.h"
 #include "sample.h"
 #include "sched.h"
+#include "token_mask.h"
 #include "stop.h"
 #include "../text/template.h"
 #include "../text/tokenizer.h"
@@ -111,6 +112,11 @@ typedef struct runner {
     char logits_dir[4096]; /* --full-logits: DIR/logits */
     int *cidx;           /* (max_seqs) logits rows sampled here */
     float *logits;       /* (max_seqs, V) */
+    /* structured output: the job's grammars (one per distinct schema), the vocabulary's masks (opened when a
+     * row has a grammar), one mask per sampling thread */
+    grammar_set grams;
+    token_mask *tm;
+    uint64_t *gmask;     /* (threads, token_mask_words) */
 
     /* calibration: the stored fit for this model|backend|machine, and this run's passes */
     calib cal_stored, cal_run;

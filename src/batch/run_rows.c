@@ -299,6 +299,10 @@ static int take_request(runner *r, request *q, row *w, char *msg, size_t msglen)
     }
     q->s.n_logit_bias = 0;
     char err[SPILL_ERRLEN];
+    if (q->json_out && grammar_set_get(&r->grams, q->json_schema, "response_format", &w->grammar, err, sizeof err)) {
+        snprintf(msg, msglen, "%s", err);
+        return 1;
+    }
     if (sample_params_check(&w->sp, r->m->vocab, err, sizeof err)) {
         snprintf(msg, msglen, "%s", err);
         return 1;

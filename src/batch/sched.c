@@ -49,6 +49,7 @@ static void choice_free(choice *c, kv_cache *kv)
     free(c->text);
     free(c->lp);
     free(c->alts);
+    free(c->gs);
     memset(c, 0, sizeof *c);
 }
 
@@ -121,6 +122,11 @@ static int start_row(sched *s, row *w, char *err, size_t errlen)
             tok_stream_init(s->cfg.tok, true, &ch->ts, err, errlen) ||
             stop_init(&ch->sm, sp, w->stop_len, w->n_stop, err, errlen))
             return -1;
+        if (w->grammar) {
+            if (!(ch->gs = malloc(sizeof *ch->gs)))
+                return util_errf(err, errlen, "out of memory admitting row %s.", w->custom_id);
+            gstate_init(w->grammar, ch->gs);
+        }
         if (w->sp.logprobs) { /* grown by sched_lp_room as tokens arrive: a batch of unbounded rows holds
                                  what they generated, not max_new each */
             ch->lp_cap = (size_t)(w->max_new > 64 ? 64 : w->max_new > 0 ? w->max_new : 1);

@@ -37,6 +37,7 @@
 #include "../engine/kv.h"
 #include "../text/tokenizer.h"
 #include "calib.h"
+#include "grammar.h"
 #include "output.h"
 #include "request.h"
 #include "sample.h"
@@ -61,6 +62,7 @@ typedef struct choice {
     size_t lp_cap;       /* entries lp and alts hold: grown geometrically up to max_new */
     bool done;
     out_finish finish;
+    gstate *gs;          /* structured output: where the answer is in its row's grammar (owned), or NULL */
 } choice;
 
 /* One request line of the job. */
@@ -83,6 +85,7 @@ typedef struct row {
     size_t stop_len[REQ_MAX_STOP];
     int32_t *bias_id;
     float *bias;
+    const grammar *grammar; /* structured output: the answer's grammar (the runner's grammar_set), or NULL */
     int adapter;         /* LoRA: fwd_seq.adapter of the row's sequences (0 = the bare base) */
     double t_admit;      /* the runner's: job clock when the row first ran (latency_s), 0 before */
     int passes, last_pass; /* the runner's: passes the row took part in, and the last one's number */

@@ -193,8 +193,10 @@ case("stream_true", [batch(b=body(stream=True))], "invalid_request", 1,
      "body.stream is true, but batch rows cannot stream; remove it or set it to false.")
 case("body_unknown_field", [batch(b=body(temprature=0.5))], "invalid_request", 1,
      "body.temprature is not a field of a chat-completions request that spill accepts; remove it.")
-case("response_format_json", [batch(b=body(response_format={"type": "json_object"}))], "invalid_request", 1,
-     'body.response_format.type is "json_object", which needs constrained decoding that spill does not support yet; use "text" or remove body.response_format.')
+case("response_format_keyword", [batch(b=body(response_format={"type": "json_schema", "json_schema": {
+        "name": "code", "schema": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}}}))],
+     "invalid_request", 1,
+     'body.response_format.json_schema.schema.properties.code.pattern: the keyword "pattern" is not supported by spill\'s constrained decoding; remove it.')
 case("tool_choice_required_no_tools", [batch(b=body(tool_choice="required"))], "invalid_request", 1,
      'body.tool_choice is "required", but the request has no tools to call; add tools or remove body.tool_choice.')
 case("tool_choice_unknown_name", [batch(b=body(tools=[{"type": "function", "function": {"name": "f"}}],
@@ -286,7 +288,7 @@ case("metadata_number_value", [batch(b=body(metadata={"k": 1}))], "invalid_reque
      "body.metadata.k is 1, but metadata values must be strings.")
 case("user_number", [batch(b=body(user=5))], "invalid_request", 1, "body.user is 5, but it must be a string.")
 case("response_format_string", [batch(b=body(response_format="json"))], "invalid_request", 1,
-     'body.response_format is "json", but it must be an object like {"type": "text"}.')
+     'body.response_format is "json", but it must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name": …, "schema": {…}}}.')
 case("modalities_audio", [batch(b=body(modalities=["text", "audio"]))], "invalid_request", 1,
      'body.modalities is an array, but spill only produces text; use ["text"] or remove it.')
 case("store_string", [batch(b=body(store="yes"))], "invalid_request", 1,
