@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -580,20 +581,22 @@ static void progress_draw(progress *p, bool final)
     size_human(p->done, have, sizeof have);
     size_human(p->total, total, sizeof total);
     size_human((uint64_t)rate, r, sizeof r);
-    if (rate > 0 && p->done < p->total) {
+    if (final)
+        snprintf(eta, sizeof eta, "%.1fs", t - p->t0);
+    else if (rate > 0 && p->done < p->total) {
         double s = (double)(p->total - p->done) / rate;
         snprintf(eta, sizeof eta, s >= 3600 ? "%.0fh%02.0fm" : "%.0fm%02.0fs", s >= 3600 ? s / 3600 : s / 60,
                  s >= 3600 ? (double)((long)s % 3600 / 60) : (double)((long)s % 60));
     }
     int pct = (int)(100.0 * (double)p->done / (double)p->total);
     if (p->tty) {
-        fprintf(stderr, "\r  %s  %3d%%  %s / %s  %s/s  ETA %s\x1b[K%s", p->label, pct, have, total, r, eta,
-                final ? "\n" : "");
+        fprintf(stderr, "\r  %s  %3d%%  %s / %s  %s/s  %s %s\x1b[K%s", p->label, pct, have, total, r,
+                final ? "in" : "ETA", eta, final ? "\n" : "");
         fflush(stderr);
     } else if (final || pct / 25 > p->quarter) {
         p->quarter = pct / 25;
-        fprintf(stderr, "spill: %s: %d%%, %s of %s, %s/s%s%s\n", p->label, pct, have, total, r,
-                final ? "" : ", ETA ", final ? "" : eta);
+        fprintf(stderr, "spill: %s: %d%%, %s of %s, %s/s, %s %s\n", p->label, pct, have, total, r,
+                final ? "in" : "ETA", eta);
     }
 }
 
@@ -683,6 +686,10 @@ static int xfer_open(hub_ctx *h, xfer *x, char *err, size_t errlen)
     if (x->fd < 0)
         return fail(MODEL_ERR_DISK, err, errlen, "%s: cannot create: %s; check the permissions of %s or set SPILL_HOME.",
                          x->part, strerror(errno), h->r->dir);
+    if (flock(x->fd, LOCK_EX | LOCK_NB) != 0) /* two downloads of one file would interleave their bytes */
+        return fail(MODEL_ERR_DISK, err, errlen,
+                    "%s is being downloaded by another spill process; wait for it to finish, then run again.",
+                    x->part);
     if (!(x->md = EVP_MD_CTX_new()))
         return fail(MODEL_ERR_DISK, err, errlen, "out of memory hashing %s.", x->f->name);
     md_restart(x);
