@@ -578,6 +578,66 @@ int output_completion_line(const out_result *r, const out_ids *ids, char **line,
     return success_line(r, false, ids, line, len, err, errlen);
 }
 
+static int add_int(json_t *dst, json_t *src, const char *key)
+{
+    json_t *a = json_object_get(dst, key), *b = json_object_get(src, key);
+    if (!json_is_integer(a) || !json_is_integer(b))
+        return -1;
+    return json_integer_set(a, json_integer_value(a) + json_integer_value(b));
+}
+
+static int max_num(json_t *dst, json_t *src, const char *key)
+{
+    json_t *a = json_object_get(dst, key), *b = json_object_get(src, key);
+    if (!b)
+        return 0;
+    if (!a || json_number_value(b) > json_number_value(a))
+        return json_object_set(dst, key, b);
+    return 0;
+}
+
+int output_merge_lines(char *const *lines, const size_t *lens, size_t n, char **line, size_t *len, char *err,
+                       size_t errlen)
+{
+    *line = NULL;
+    json_t *m = NULL, *choices = NULL, *usage = NULL;
+    int bad = n == 0;
+    for (size_t k = 0; !bad && k < n; k++) {
+        json_t *o = json_loadb(lines[k], lens[k], JSON_ALLOW_NUL, NULL);
+        json_t *body = json_object_get(json_object_get(o, "response"), "body");
+        json_t *ch = json_object_get(body, "choices"), *us = json_object_get(body, "usage");
+        bad |= !json_is_array(ch) || !json_is_object(us);
+        if (bad) {
+            json_decref(o);
+            break;
+        }
+        if (k == 0) {
+            m = o, choices = ch, usage = us;
+            continue;
+        }
+        size_t i;
+        json_t *c;
+        json_array_foreach(ch, i, c) bad |= json_array_append(choices, c);
+        bad |= add_int(usage, us, "prompt_tokens") || add_int(usage, us, "completion_tokens") ||
+               add_int(usage, us, "total_tokens");
+        json_t *st = json_object_get(m, "spill"), *so = json_object_get(o, "spill");
+        if (!bad && json_is_object(st) && json_is_object(so))
+            bad |= max_num(st, so, "latency_s") || max_num(st, so, "passes");
+        if (o != m)
+            json_decref(o);
+    }
+    size_t i;
+    json_t *c;
+    json_array_foreach(choices, i, c) bad |= json_object_set_new(c, "index", json_integer((json_int_t)i));
+    char *text = bad ? NULL : dump_line(m);
+    json_decref(m);
+    if (!text)
+        return util_errf(err, errlen, "output: the answers of a prompt list could not be joined into one line.");
+    *line = text;
+    *len = strlen(text);
+    return 0;
+}
+
 static bool opt_ok(const char *s)
 {
     return !s || util_utf8_valid(s, strlen(s));

@@ -132,6 +132,14 @@ int output_chat_line(const out_result *r, const out_ids *ids, char **line, size_
 /* /v1/completions success line (body object "text_completion", id "cmpl-…", legacy logprobs). */
 int output_completion_line(const out_result *r, const out_ids *ids, char **line, size_t *len, char *err, size_t errlen);
 
+/*
+ * One completions line for a prompt list: lines[k] is prompt k's success line (its own n choices); the result is
+ * lines[0] with every member's choices in order, indexed k*n + c as OpenAI numbers them, usage summed, and the
+ * spill stamp's latency_s and passes the largest of the members'.  *line is malloc'd.  0, or -1 with a sentence.
+ */
+int output_merge_lines(char *const *lines, const size_t *lens, size_t n, char **line, size_t *len, char *err,
+                       size_t errlen);
+
 /* One `spill distill --score` row: the teacher-forced log-probs of its answer. */
 typedef struct out_score {
     const char *custom_id;

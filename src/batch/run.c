@@ -288,6 +288,63 @@ static int run_tool_calls(row *w, out_choice *oc, answer_calls *a)
     return 0;
 }
 
+/* An answer the store refuses (or that cannot be built, err) fails its row alone: the next pass, and a resume,
+ * must not meet it again.  0, or -1 when errors.jsonl cannot be written either. */
+static int refuse_row(runner *r, const char *custom_id, char *err, size_t errlen)
+{
+    char msg[SPILL_ERRLEN + 64];
+    snprintf(msg, sizeof msg, "spill could not write this row's answer: %s", err);
+    return run_append_status_line(r, custom_id, 500, msg, NULL, "output_refused", err, errlen);
+}
+
+/* A member of a completions prompt list is done (line: its answer line, owned; NULL when it could not be built,
+ * the reason in err): kept until the line's last member, which writes the joined line.  One failed member fails
+ * the line (once, in errors.jsonl).  Retires the row. */
+static int finish_member(runner *r, size_t ai, char *line, size_t len, char *err, size_t errlen)
+{
+    row *w = &r->rows[r->s.active[ai]];
+    row *g = &r->rows[w->group_first];
+    int rc = 0;
+    if (!line && !g->group_failed) {
+        g->group_failed = true;
+        rc = refuse_row(r, g->custom_id, err, errlen);
+    }
+    w->gline = line, w->glen = len;
+    if (--g->group_left == 0 && !g->group_failed) {
+        size_t n = (size_t)g->group_n;
+        char **lines = malloc(n * sizeof *lines), *joined = NULL;
+        size_t *lens = malloc(n * sizeof *lens), jl = 0;
+        int mrc = !lines || !lens ? util_errf(err, errlen, "out of memory joining the answers of row %s.",
+                                              g->custom_id)
+                                  : 0;
+        for (size_t k = 0; !mrc && k < n; k++)
+            lines[k] = r->rows[w->group_first + k].gline, lens[k] = r->rows[w->group_first + k].glen;
+        if (!mrc)
+            mrc = output_merge_lines(lines, lens, n, &joined, &jl, err, errlen);
+        free(lines), free(lens);
+        if (!mrc) {
+            rc = job_append_result(r->j, joined, jl, err, errlen);
+            free(joined);
+            if (rc == -1) /* the write failed: the job is broken and stops */
+                return -1;
+        }
+        if (mrc || rc) /* refused by the store, or not joined: the line fails, the job goes on */
+            rc = refuse_row(r, g->custom_id, err, errlen);
+        else
+            r->rows_done++;
+    }
+    if (g->group_failed || g->group_left == 0)
+        for (size_t k = 0; k < (size_t)g->group_n; k++) {
+            row *m = &r->rows[w->group_first + k];
+            if (m->state == ROW_DONE || m == w) {
+                free(m->gline);
+                m->gline = NULL;
+            }
+        }
+    sched_retire_row(&r->s, ai);
+    return rc;
+}
+
 /* Writes the finished row at s.active[ai] (its answer, or a 500 line when the store refuses it) and retires it. */
 static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
 {
@@ -346,6 +403,8 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
     free(oc);
     free(et);
     answer_calls_free(&calls, w->n_choices);
+    if (w->group_n > 1)
+        return finish_member(r, ai, rc == 0 ? line : NULL, len, err, errlen);
     if (rc == 0) {
         rc = job_append_result(r->j, line, len, err, errlen);
         free(line);
@@ -353,11 +412,7 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
             return -1;
     }
     if (rc) {
-        /* An answer the store refuses (or that cannot be built) fails this row alone: the next pass, and a
-         * resume, must not meet it again. */
-        char msg[SPILL_ERRLEN + 64];
-        snprintf(msg, sizeof msg, "spill could not write this row's answer: %s", err);
-        if (run_append_status_line(r, w->custom_id, 500, msg, NULL, "output_refused", err, errlen))
+        if (refuse_row(r, w->custom_id, err, errlen))
             return -1;
     } else
         r->rows_done++;
@@ -1019,6 +1074,14 @@ static int setup_passes(runner *r, char *err, size_t errlen)
                  "This row needs %d KV pages to finish but the cache holds %d; raise --kv-mem or lower max_tokens.",
                  need, kv->n_pages);
         w->state = ROW_DONE;
+        if (w->group_n > 1) { /* a prompt list's line fails whole, once */
+            row *g = &r->rows[w->group_first];
+            if (g->group_failed)
+                continue;
+            g->group_failed = true;
+            for (int k = 0; k < g->group_n; k++)
+                r->rows[w->group_first + (size_t)k].state = ROW_DONE;
+        }
         if (run_append_error_line(r, w->custom_id, msg, NULL, "insufficient_memory", err, errlen))
             return -1;
     }

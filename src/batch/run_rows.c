@@ -153,7 +153,8 @@ static int tool_state(runner *r, const request *q, row *w, json_t **rendered)
     return 0;
 }
 
-static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen, const char **code)
+/* prompt: a completions row's prompt (the request's, or one element of its prompt list). */
+static int build_prompt(runner *r, request *q, json_t *prompt, row *w, char *msg, size_t msglen, const char **code)
 {
     char err[SPILL_ERRLEN];
     size_t n = 0;
@@ -184,12 +185,7 @@ static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen,
             return 1;
         }
     } else {
-        if (q->n_prompts != 1) {
-            snprintf(msg, msglen, "A /v1/completions row with %zu prompts is not supported yet; give one prompt per row.",
-                     q->n_prompts);
-            return 1;
-        }
-        if (prompt_completion(&ps, q->prompt, &w->prompt, &n, err, sizeof err)) {
+        if (prompt_completion(&ps, prompt, &w->prompt, &n, err, sizeof err)) {
             snprintf(msg, msglen, "%s", err);
             return 1;
         }
@@ -213,8 +209,7 @@ static int build_prompt(runner *r, request *q, row *w, char *msg, size_t msglen,
     if (q->endpoint == REQ_EP_COMPLETIONS && q->s.echo) {
         /* echo: the prompt's text goes before the answer; with logprobs, every prompt token after the first
          * gets its log-prob from the prefill (the first has none) */
-        json_t *p = json_is_array(q->prompt) && json_array_size(q->prompt) == 1 ? json_array_get(q->prompt, 0)
-                                                                               : q->prompt;
+        json_t *p = json_is_array(prompt) && json_array_size(prompt) == 1 ? json_array_get(prompt, 0) : prompt;
         if (json_is_string(p))
             w->echo = strndup(json_string_value(p), json_string_length(p)), w->echo_len = json_string_length(p);
         else if (tokenizer_decode(r->tok, w->prompt, n, false, &w->echo, &w->echo_len, err, sizeof err))
@@ -335,6 +330,22 @@ int run_count_rows(const char *path, uint64_t *n, char *err, size_t errlen)
     return rc;
 }
 
+/* A zeroed row at r->rows[r->n_rows] (not counted yet), the array grown when full; NULL when memory runs out. */
+static row *grow_rows(runner *r, size_t *cap)
+{
+    if (r->n_rows == *cap) {
+        size_t nc = *cap ? *cap * 2 : 256;
+        row *nr = realloc(r->rows, nc * sizeof *nr);
+        if (!nr)
+            return NULL;
+        r->rows = nr;
+        *cap = nc;
+    }
+    row *w = &r->rows[r->n_rows];
+    memset(w, 0, sizeof *w);
+    return w;
+}
+
 /* Reads the whole input: parses, templates and tokenizes every row not done yet;
  * bad rows go to errors.jsonl at once. */
 int run_load_rows(runner *r, char *err, size_t errlen)
@@ -362,17 +373,11 @@ int run_load_rows(runner *r, char *err, size_t errlen)
         }
         if (st == JSONL_LINE && len == 0)
             continue; /* blank lines carry no row */
-        if (r->n_rows == cap) {
-            cap = cap ? cap * 2 : 256;
-            row *nr = realloc(r->rows, cap * sizeof *nr);
-            if (!nr) {
-                rc = util_errf(err, errlen, "out of memory reading %s.", r->o.input);
-                break;
-            }
-            r->rows = nr;
+        row *w = grow_rows(r, &cap);
+        if (!w) {
+            rc = util_errf(err, errlen, "out of memory reading %s.", r->o.input);
+            break;
         }
-        row *w = &r->rows[r->n_rows];
-        memset(w, 0, sizeof *w);
         w->line = rd.lineno;
         char msg[SPILL_ERRLEN], cid[64], pbuf[sizeof ((request *)0)->err_param];
         const char *code = "invalid_request", *param = NULL;
@@ -415,15 +420,58 @@ int run_load_rows(runner *r, char *err, size_t errlen)
             request_free(&q);
             continue;
         }
-        if (!bad)
+        /* A completions prompt list becomes one row per prompt (the line's members, answered as one line with
+         * choices k*n .. k*n+n-1 from member k); the first member holds the line's custom_id and state. */
+        size_t first = r->n_rows - 1, members = !bad && q.endpoint == REQ_EP_COMPLETIONS && q.n_prompts > 1
+                                                    ? q.n_prompts : 1;
+        json_t *plist = members > 1 ? q.prompt : NULL;
+        if (members > 1 && r->o.full_logits) {
+            snprintf(msg, sizeof msg, "--full-logits writes one logits file per row, but this row's prompt is a list of "
+                                      "%zu prompts; give one prompt per row.", members);
+            bad = 1;
+        }
+        for (size_t k = 0; !bad && k < members; k++) {
+            if (k > 0) { /* the next member: the line parsed again (take_request moves what it keeps out of q) */
+                if (!(w = grow_rows(r, &cap))) {
+                    bad = -1, snprintf(msg, sizeof msg, "out of memory reading %s.", r->o.input);
+                    break;
+                }
+                request_free(&q);
+                if (request_parse_line(line, len, rd.lineno, r->o.input, &q, msg, sizeof msg) ||
+                    !(w->custom_id = strdup(r->rows[first].custom_id))) {
+                    bad = -1, snprintf(msg, sizeof msg, "out of memory reading %s.", r->o.input);
+                    break;
+                }
+                w->line = rd.lineno;
+                r->n_rows++;
+                plist = q.prompt;
+            }
             bad = take_request(r, &q, w, msg, sizeof msg);
-        if (!bad)
-            bad = build_prompt(r, &q, w, msg, sizeof msg, &code);
-        if (!bad) { /* repetition_penalty counts the prompt's tokens too (vLLM) */
-            w->sp.prompt = w->prompt;
-            w->sp.n_prompt = (size_t)w->n_prompt;
+            if (!bad)
+                bad = build_prompt(r, &q, plist ? json_array_get(plist, k) : q.prompt, w, msg, sizeof msg, &code);
+            if (!bad) { /* repetition_penalty counts the prompt's tokens too (vLLM) */
+                w->sp.prompt = w->prompt;
+                w->sp.n_prompt = (size_t)w->n_prompt;
+            }
+            if (!bad && members > 1) {
+                w->choice_base = (int)k * w->n_choices;
+                w->group_n = (int)members;
+                w->group_first = first;
+            }
+            if (bad > 0 && members > 1) { /* name the prompt of the list that failed */
+                char m2[sizeof msg];
+                snprintf(m2, sizeof m2, "body.prompt[%zu]: %.470s", k, msg);
+                memcpy(msg, m2, sizeof msg);
+            }
         }
         request_free(&q);
+        if (members > 1 && bad) { /* one prompt of the list fails the line: its members go, the first stays */
+            for (size_t i = first + 1; i < r->n_rows; i++)
+                sched_row_free(&r->rows[i]);
+            r->n_rows = first + 1;
+            w = &r->rows[first];
+            w->group_n = 0;
+        }
         if (bad < 0) {
             rc = util_errf(err, errlen, "%s", msg);
             break;
@@ -436,8 +484,11 @@ int run_load_rows(runner *r, char *err, size_t errlen)
             }
             continue;
         }
-        w->state = ROW_PENDING;
-        r->prompt_tokens += (uint64_t)w->n_prompt;
+        r->rows[first].group_left = (int)members;
+        for (size_t i = first; i < r->n_rows; i++) {
+            r->rows[i].state = ROW_PENDING;
+            r->prompt_tokens += (uint64_t)r->rows[i].n_prompt;
+        }
     }
     check_ids_free(&ids);
     jsonl_close(&rd);

@@ -76,6 +76,7 @@ void sched_row_free(row *w)
     free(w->plp);
     free(w->palts);
     free(w->echo);
+    free(w->gline);
     toolcall_row_free(&w->tc);
 }
 
@@ -114,7 +115,8 @@ static int start_row(sched *s, row *w, char *err, size_t errlen)
         ch->next = -1;
         /* Seeded rows key the RNG by (seed, choice); unseeded rows by the job seed and (line, choice). */
         uint64_t seed = w->has_seed ? (uint64_t)w->seed : s->cfg.job_seed;
-        uint64_t stream = w->has_seed ? (uint64_t)c : ((uint64_t)w->line << 8) ^ (uint64_t)c;
+        uint64_t k = (uint64_t)(w->choice_base + c);
+        uint64_t stream = w->has_seed ? k : ((uint64_t)w->line << 8) ^ k;
         const char *sp[REQ_MAX_STOP];
         for (int i = 0; i < w->n_stop; i++)
             sp[i] = w->stop[i];

@@ -77,6 +77,14 @@ typedef struct row {
     int64_t expect_new;  /* new tokens the memory plan expects of each choice: max_tokens when the request set it,
                             else the smaller of the context room and RUN_EXPECT_NEW; 0 = max_new */
     int n_choices;
+    int choice_base;     /* completions prompt lists: the row is member k of its line, its choices are the line's
+                            choices k*n .. k*n+n-1 (RNG streams and output index); 0 otherwise */
+    int group_n;         /* completions prompt lists: members of this line (one row per prompt), 0 or 1 = alone */
+    size_t group_first;  /* the line's first member (r->rows index); its group_left counts members not written */
+    int group_left;
+    bool group_failed;   /* first member: one member's answer failed, so the line went to errors.jsonl */
+    char *gline;         /* a finished member's answer line, kept until the line's last member is done */
+    size_t glen;
     sample_params sp;
     bool has_seed;
     int64_t seed;
