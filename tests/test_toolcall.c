@@ -21,12 +21,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batch/grammar.h"
 #include "batch/output.h"
 #include "batch/request.h"
 #include "batch/toolcall.h"
 #include "text/prompt.h"
 #include "text/template.h"
 #include "cli.h"
+#include "schema_check.h"
 #include "test.h"
 
 #define FIXTURES "tests/data/toolcall/fixtures.json"
@@ -336,25 +338,106 @@ static void test_ids_and_schema(json_t *tools)
         alnum = (a[i] >= 'a' && a[i] <= 'z') || (a[i] >= 'A' && a[i] <= 'Z') || (a[i] >= '0' && a[i] <= '9');
     CHECK(alnum && !strcmp(a, b) && strcmp(a, c), "ids %s %s %s", a, b, c);
 
-    const char *prefix;
-    CHECK(!toolcall_forced_schema(TC_STYLE_HERMES, tools, TC_CHOICE_AUTO, &prefix), "auto has no forced schema");
+    const char *prefix, *suffix;
+    CHECK(!toolcall_forced_schema(TC_STYLE_HERMES, tools, TC_CHOICE_AUTO, true, &prefix, &suffix),
+          "auto has no forced schema");
     bool oom;
     json_t *named = toolcall_rendered_tools(tools, TC_CHOICE_NAMED, "add", &oom);
     CHECK(json_array_size(named) == 1, "named: %zu tools rendered", json_array_size(named));
-    json_t *s = toolcall_forced_schema(TC_STYLE_HERMES, named, TC_CHOICE_NAMED, &prefix);
-    CHECK(s && !strcmp(prefix, "<tool_call>\n") &&
+    json_t *s = toolcall_forced_schema(TC_STYLE_HERMES, named, TC_CHOICE_NAMED, true, &prefix, &suffix);
+    CHECK(s && !strcmp(prefix, "<tool_call>\n") && !strcmp(suffix, "\n</tool_call>") &&
               !strcmp(json_string_value(json_object_get(
                           json_object_get(json_object_get(s, "properties"), "name"), "const")),
                       "add") &&
               json_object_get(json_object_get(s, "properties"), "arguments"),
           "named schema");
     json_decref(s);
-    s = toolcall_forced_schema(TC_STYLE_LLAMA3, tools, TC_CHOICE_REQUIRED, &prefix);
-    CHECK(s && json_array_size(json_object_get(s, "anyOf")) == 2 && !strcmp(prefix, ""), "required schema");
+    s = toolcall_forced_schema(TC_STYLE_LLAMA3, tools, TC_CHOICE_REQUIRED, true, &prefix, &suffix);
+    CHECK(s && json_array_size(json_object_get(s, "anyOf")) == 2 && !strcmp(prefix, "") && !strcmp(suffix, ""),
+          "required schema");
     CHECK(json_object_get(json_object_get(json_array_get(json_object_get(s, "anyOf"), 0), "properties"), "parameters"),
           "llama's schema names parameters");
+    json_decref(s);
+    s = toolcall_forced_schema(TC_STYLE_MISTRAL, named, TC_CHOICE_NAMED, false, &prefix, &suffix);
+    CHECK(s && !strcmp(prefix, "[TOOL_CALLS]") && !strcmp(json_string_value(json_object_get(s, "type")), "array") &&
+              json_integer_value(json_object_get(s, "maxItems")) == 1,
+          "mistral's schema is a list of calls, one without parallel_tool_calls");
     json_decref(s), json_decref(named);
     CHECK(!toolcall_rendered_tools(tools, TC_CHOICE_NONE, NULL, &oom) && !oom, "none renders no tools");
+}
+
+/* The forced grammar (required, and named for the call's own tool) of each convention accepts the real
+ * template's text of one call (tests/data/toolcall/fixtures.json's parses; Qwen3's empty thought before it
+ * dropped: a forced answer starts with the call; nested_args skipped: its keys are outside the tool's
+ * parameters, which the grammar never writes) whole and closed, and refuses a call of another tool, an extra
+ * key, a second call where one is allowed. */
+static void test_forced_grammar(json_t *fx)
+{
+    json_t *tools = fixture_tools(fx);
+    size_t i, n_ok = 0;
+    json_t *c;
+    json_array_foreach(json_object_get(fx, "parses"), i, c)
+    {
+        json_t *t = fixture_template(fx, json_string_value(json_object_get(c, "template")));
+        tc_style st = toolcall_style(json_string_value(json_object_get(t, "template")));
+        json_t *calls = json_object_get(c, "calls");
+        const char *text = json_string_value(json_object_get(c, "text"));
+        if (st == TC_STYLE_NONE || json_array_size(calls) != 1 || !json_is_null(json_object_get(c, "content")) ||
+            !strcmp(json_string_value(json_object_get(c, "id")), "nested_args")) /* keys outside the tool's schema */
+            continue;
+        const char *think = strstr(text, "</think>\n\n");
+        if (!strncmp(text, "<think>", 7) && think)
+            text = think + strlen("</think>\n\n");
+        const char *name = json_string_value(json_object_get(json_array_get(calls, 0), "name"));
+        for (int named = 0; named < 2; named++) {
+            bool oom;
+            json_t *shown = toolcall_rendered_tools(tools, named ? TC_CHOICE_NAMED : TC_CHOICE_REQUIRED, name, &oom);
+            grammar_wrap gw = {NULL, NULL, toolcall_markers(st)};
+            json_t *schema = toolcall_forced_schema(st, shown, named ? TC_CHOICE_NAMED : TC_CHOICE_REQUIRED, false,
+                                                    &gw.prefix, &gw.suffix);
+            grammar *g = NULL;
+            char err[512];
+            CHECK(schema && grammar_compile_wrapped(schema, &gw, "forced", &g, NULL, 0, err, sizeof err) == 0,
+                  "%s: the forced grammar does not compile: %s", json_string_value(json_object_get(c, "id")), err);
+            if (g) {
+                gstate s;
+                gstate_init(g, &s);
+                int rc = gstate_feed_bytes(g, &s, (const uint8_t *)text, strlen(text));
+                CHECK(rc == 0 && gstate_done(&s) && gstate_can_end(g, &s), "%s / %s (%s): the call's own text is not "
+                      "a whole forced answer: %s", json_string_value(json_object_get(c, "template")),
+                      json_string_value(json_object_get(c, "id")), named ? "named" : "required", text);
+                n_ok += rc == 0 && gstate_done(&s);
+                /* the prefix alone is not an answer; the call of another tool or a second call is refused */
+                gstate_init(g, &s);
+                CHECK(!gstate_can_end(g, &s), "an empty forced answer can end");
+                char other[512];
+                const char *at = strstr(text, name);
+                if (named && at && (size_t)(at - text) + 40 < sizeof other) {
+                    snprintf(other, sizeof other, "%.*sXX%s", (int)(at - text), text, at);
+                    gstate_init(g, &s);
+                    CHECK(gstate_feed_bytes(g, &s, (const uint8_t *)other, strlen(other)) != 0,
+                          "a call of another tool is accepted: %s", other);
+                }
+                const char *argk = strstr(text, st == TC_STYLE_LLAMA3 ? "\"parameters\"" : "\"arguments\"");
+                if (argk && (size_t)(argk - text) + 40 < sizeof other) {
+                    snprintf(other, sizeof other, "%.*s\"x\": 1, %s", (int)(argk - text), text, argk);
+                    gstate_init(g, &s);
+                    CHECK(gstate_feed_bytes(g, &s, (const uint8_t *)other, strlen(other)) != 0,
+                          "an extra key is accepted: %s", other);
+                }
+                if (st == TC_STYLE_MISTRAL) { /* parallel_tool_calls false: one call in the list */
+                    snprintf(other, sizeof other, "%.*s, %s", (int)(strlen(text) - 1), text, text + strlen("[TOOL_CALLS]["));
+                    gstate_init(g, &s);
+                    CHECK(gstate_feed_bytes(g, &s, (const uint8_t *)other, strlen(other)) != 0,
+                          "a second call is accepted without parallel_tool_calls: %s", other);
+                }
+            }
+            grammar_free(g);
+            json_decref(schema), json_decref(shown);
+        }
+    }
+    CHECK(n_ok >= 12, "only %zu fixture calls checked against the forced grammars", n_ok);
+    fprintf(stderr, "forced grammars: %zu fixture calls accepted whole\n", n_ok);
 }
 
 /* The answer line of a choice that made calls: content null, tool_calls, finish_reason tool_calls. */
@@ -485,6 +568,7 @@ int main(void)
         test_parses(fx);
         test_edges(fixture_tools(fx));
         test_ids_and_schema(fixture_tools(fx));
+        test_forced_grammar(fx);
     }
     test_request();
     test_messages();

@@ -53,7 +53,7 @@
 enum { T_NULL = 1, T_BOOL = 2, T_INT = 4, T_NUM = 8, T_STR = 16, T_OBJ = 32, T_ARR = 64, T_ALL = 127 };
 enum { FMT_NONE, FMT_DATE, FMT_TIME, FMT_DATETIME, FMT_UUID, FMT_COUNT };
 enum { FR_ROOT, FR_OBJ, FR_ARR, FR_KEY, FR_STR, FR_NUM, FR_LIT };
-enum { RT_VAL, RT_DONE };
+enum { RT_PREFIX, RT_VAL, RT_SUFFIX, RT_DONE };
 enum { OB_OPEN, OB_COMMA, OB_KEY, OB_COLON, OB_AFTER_COLON, OB_VAL, OB_AFTER_VAL };
 enum { AR_OPEN, AR_COMMA, AR_VAL, AR_AFTER_VAL };
 enum { ST_CHAR, ST_UTF8, ST_ESC, ST_U1, ST_U2, ST_U3, ST_U4 };
@@ -84,6 +84,8 @@ typedef struct gnode {
     uint8_t format; /* FMT_* */
     int32_t lit0, n_lit;          /* enum / const: sorted literals lit0 … lit0+n_lit-1 (n_lit > 0: only those) */
     int32_t alt0, n_alt;          /* anyOf: branch nodes in g->alts (n_alt > 0: only those) */
+    int32_t disc0;                /* a discriminated anyOf of objects (n_disc > 0): its one property is the tag, */
+    int32_t n_disc;               /* g->alts[disc0 + j] the branch of the tag's literal lit0 + j */
     int32_t prop0, n_prop, extra; /* object: properties, and the node of extra keys' values (-1: none) */
     int32_t items, min_items, max_items; /* array (max -1: unbounded) */
     int32_t min_len, max_len;            /* string, in code points (max -1: unbounded) */
@@ -105,6 +107,15 @@ struct grammar {
     char *text;
     size_t text_len, text_cap;
     int32_t root, any, lit_bool, lit_null;
+    /* a wrapped grammar (grammar_compile_wrapped): literal text before and after the value, and the marker
+     * spans inside them (the root frame's n counts the bytes matched) */
+    char *wrap[2]; /* [0] prefix, [1] suffix, NUL-terminated, or NULL */
+    uint32_t wrap_len[2];
+    int32_t n_marks;
+    struct {
+        uint8_t part;      /* 0 prefix, 1 suffix */
+        uint32_t pos, len; /* where the marker starts in its part */
+    } marks[GRAMMAR_MAX_MARKS];
 };
 
 static _Atomic uint64_t g_next_id = 1;
@@ -402,6 +413,72 @@ static int compile_object(cctx *c, const json_t *s, const char *path, int depth,
     return 0;
 }
 
+/*
+ * anyOf whose branches are all objects whose first property has the same name, is required, and is an
+ * enum / const whose values no two branches share (a discriminated union: the call objects of a `required`
+ * tool_choice, {"type": "circle", …} | {"type": "square", …}): node nd becomes an object with that one
+ * property, whose literal value picks the branch — value_done switches the open object's node to it, with
+ * the tag written.  0 (converted or left as it is: first_sets judges an anyOf that stays), -1 out of memory.
+ */
+static int discriminate(grammar *g, int32_t nd)
+{
+    int32_t alt0 = g->nodes[nd].alt0, n = g->nodes[nd].n_alt, total = 0;
+    const gprop *k0 = NULL;
+    for (int32_t i = 0; i < n; i++) {
+        const gnode *b = &g->nodes[g->alts[alt0 + i]];
+        if (b->types != T_OBJ || b->n_lit || b->n_alt || b->n_disc || b->n_prop < 1)
+            return 0;
+        const gprop *k = &g->props[b->prop0];
+        if (!k->required || k->node < 0 || !g->nodes[k->node].n_lit)
+            return 0;
+        if (k0 && (k->len != k0->len || memcmp(g->text + k->off, g->text + k0->off, k->len)))
+            return 0;
+        k0 = k;
+        total += g->nodes[k->node].n_lit;
+    }
+    int32_t lnode = new_node(g), lit0 = g->n_lits;
+    if (lnode < 0 || grow((void **)&g->lits, &g->cap_lits, g->n_lits + total, sizeof(glit)) ||
+        grow((void **)&g->alts, &g->cap_alts, g->n_alts + total, sizeof(int32_t)) ||
+        grow((void **)&g->props, &g->cap_props, g->n_props + 1, sizeof(gprop)))
+        return -1;
+    int32_t disc0 = g->n_alts;
+    for (int32_t i = 0; i < n; i++) { /* insertion into the sorted list; the table moves with it */
+        int32_t br = g->alts[alt0 + i];
+        const gnode *tag = &g->nodes[g->props[g->nodes[br].prop0].node];
+        for (int32_t j = 0; j < tag->n_lit; j++) {
+            glit l = g->lits[tag->lit0 + j];
+            int32_t at = lit0;
+            while (at < g->n_lits && lit_cmp(g, &g->lits[at], &l) < 0)
+                at++;
+            if (at < g->n_lits && lit_cmp(g, &g->lits[at], &l) == 0) {
+                g->n_lits = lit0; /* two branches share a tag value: left as an anyOf */
+                return 0;
+            }
+            memmove(g->lits + at + 1, g->lits + at, (size_t)(g->n_lits - at) * sizeof *g->lits);
+            memmove(g->alts + disc0 + (at - lit0) + 1, g->alts + disc0 + (at - lit0),
+                    (size_t)(g->n_lits - at) * sizeof *g->alts);
+            g->lits[at] = l;
+            g->alts[disc0 + (at - lit0)] = br;
+            g->n_lits++;
+        }
+    }
+    g->n_alts += total;
+    g->nodes[lnode].lit0 = lit0;
+    g->nodes[lnode].n_lit = total;
+    gprop key = *k0;
+    key.node = lnode;
+    g->props[g->n_props] = key;
+    gnode *u = &g->nodes[nd];
+    u->types = T_OBJ;
+    u->n_alt = 0;
+    u->prop0 = g->n_props++;
+    u->n_prop = 1;
+    u->extra = -1;
+    u->disc0 = disc0;
+    u->n_disc = total;
+    return 0;
+}
+
 static int compile_node(cctx *c, const json_t *s, const char *path, int depth, int32_t *out)
 {
     grammar *g = c->g;
@@ -494,6 +571,8 @@ static int compile_node(cctx *c, const json_t *s, const char *path, int depth, i
                 return -1;
             g->alts[alt0 + (int32_t)i] = child;
         }
+        if (n > 1 && discriminate(g, nd))
+            return cfail(c, path, "out of memory.");
         return 0;
     }
 
@@ -703,6 +782,43 @@ static int first_sets(cctx *c)
 int grammar_compile(const json_t *schema, const char *path, grammar **out, char *where, size_t wlen, char *err,
                     size_t errlen)
 {
+    return grammar_compile_wrapped(schema, NULL, path, out, where, wlen, err, errlen);
+}
+
+/* The wrap's prefix and suffix, and where its markers occur in them (each occurrence, left to right). */
+static int set_wrap(grammar *g, const grammar_wrap *w)
+{
+    const char *part[2] = {w->prefix, w->suffix};
+    for (int k = 0; k < 2; k++) {
+        if (!part[k] || !*part[k])
+            continue;
+        size_t n = strlen(part[k]);
+        if (n > UINT32_MAX / 2 || !(g->wrap[k] = strdup(part[k])))
+            return -1;
+        g->wrap_len[k] = (uint32_t)n;
+        for (size_t at = 0; at < n;) {
+            size_t best = n, blen = 0;
+            for (const char *const *m = w->markers; m && *m; m++) {
+                const char *hit = **m ? strstr(part[k] + at, *m) : NULL;
+                if (hit && (size_t)(hit - part[k]) < best)
+                    best = (size_t)(hit - part[k]), blen = strlen(*m);
+            }
+            if (best == n)
+                break;
+            if (g->n_marks == GRAMMAR_MAX_MARKS)
+                return -1;
+            g->marks[g->n_marks].part = (uint8_t)k;
+            g->marks[g->n_marks].pos = (uint32_t)best;
+            g->marks[g->n_marks++].len = (uint32_t)blen;
+            at = best + blen;
+        }
+    }
+    return 0;
+}
+
+int grammar_compile_wrapped(const json_t *schema, const grammar_wrap *wrap, const char *path, grammar **out,
+                            char *where, size_t wlen, char *err, size_t errlen)
+{
     *out = NULL;
     if (where && wlen)
         where[0] = 0;
@@ -738,6 +854,11 @@ int grammar_compile(const json_t *schema, const char *path, grammar **out, char 
         goto out_free;
     if (first_sets(&c))
         goto out_free;
+    if (wrap && set_wrap(g, wrap)) {
+        util_errf(err, errlen, "%s: the text around the value has more than %d markers (or memory ran out).", path,
+                  GRAMMAR_MAX_MARKS);
+        goto out_free;
+    }
     rc = 0;
 out_free:
     free(c.memo);
@@ -763,6 +884,8 @@ void grammar_free(grammar *g)
     free(g->alts);
     free(g->lits);
     free(g->text);
+    free(g->wrap[0]);
+    free(g->wrap[1]);
     free(g);
 }
 
@@ -787,7 +910,37 @@ void gstate_init(const grammar *g, gstate *s)
 {
     s->depth = 0;
     s->pad = 0;
-    push(s, g->root, FR_ROOT, RT_VAL);
+    push(s, g->root, FR_ROOT, g->wrap[0] ? RT_PREFIX : RT_VAL);
+}
+
+int gstate_marker(const grammar *g, const gstate *s, const uint8_t **text, size_t *len)
+{
+    if (s->depth != 1 || (s->f[0].phase != RT_PREFIX && s->f[0].phase != RT_SUFFIX))
+        return 0;
+    int part = s->f[0].phase == RT_SUFFIX;
+    for (int32_t i = 0; i < g->n_marks; i++)
+        if (g->marks[i].part == part && g->marks[i].pos == s->f[0].n) {
+            *text = (const uint8_t *)g->wrap[part] + g->marks[i].pos;
+            *len = g->marks[i].len;
+            return 1;
+        }
+    return 0;
+}
+
+bool grammar_has_markers(const grammar *g)
+{
+    return g->n_marks > 0;
+}
+
+/* The root's literal text (phase RT_PREFIX or RT_SUFFIX, n bytes matched): 0 when c is its next byte. */
+static int wrap_feed(const grammar *g, gframe *f, uint8_t c)
+{
+    int part = f->phase == RT_SUFFIX;
+    if (f->n >= g->wrap_len[part] || (uint8_t)g->wrap[part][f->n] != c)
+        return -1;
+    if (++f->n == g->wrap_len[part])
+        f->phase = part ? RT_DONE : RT_VAL, f->n = 0;
+    return 0;
 }
 
 bool gstate_done(const gstate *s)
@@ -800,9 +953,15 @@ static void value_done(const grammar *g, gstate *s)
 {
     gframe *p = TOP(s);
     if (p->kind == FR_ROOT)
-        p->phase = RT_DONE;
-    else if (p->kind == FR_OBJ)
+        p->phase = g->wrap[1] ? RT_SUFFIX : RT_DONE;
+    else if (p->kind == FR_OBJ) {
+        const gnode *nd = &g->nodes[p->node];
+        if (nd->n_disc && p->m == 1) { /* a discriminated anyOf's tag: its literal picks the branch */
+            const gframe *lit = &s->f[s->depth]; /* the frame just popped */
+            p->node = g->alts[nd->disc0 + ((int32_t)lit->m - g->nodes[g->props[nd->prop0].node].lit0)];
+        }
         p->phase = OB_AFTER_VAL;
+    }
     else { /* FR_ARR: count items only as far as a bound needs */
         const gnode *nd = &g->nodes[p->node];
         uint32_t cap = (uint32_t)(nd->max_items >= 0 ? nd->max_items : nd->min_items);
@@ -1272,7 +1431,10 @@ int gstate_feed(const grammar *g, gstate *s, uint8_t c)
         gframe *f = TOP(s);
         int rc;
         switch (f->kind) {
-        case FR_ROOT: return f->phase == RT_VAL ? value_start(g, s, g->root, c) : -1;
+        case FR_ROOT:
+            if (f->phase == RT_PREFIX || f->phase == RT_SUFFIX)
+                return wrap_feed(g, f, c);
+            return f->phase == RT_VAL ? value_start(g, s, g->root, c) : -1;
         case FR_OBJ: return obj_feed(g, s, f, c);
         case FR_ARR: return arr_feed(g, s, f, c);
         case FR_KEY: return key_feed(g, s, f, c);
@@ -1302,7 +1464,7 @@ bool gstate_can_end(const grammar *g, const gstate *s)
 {
     if (gstate_done(s))
         return true;
-    return s->depth == 2 && scalar_can_end(g, &s->f[1]);
+    return s->depth == 2 && !g->wrap[1] && scalar_can_end(g, &s->f[1]);
 }
 
 /* ---------------------------------------------------------------- the job's set */
@@ -1310,7 +1472,36 @@ bool gstate_can_end(const grammar *g, const gstate *s)
 int grammar_set_get(grammar_set *set, const json_t *schema, const char *path, const grammar **out, char *err,
                     size_t errlen)
 {
-    char *key = schema ? json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY) : strdup("");
+    return grammar_set_get_wrapped(set, schema, NULL, path, out, err, errlen);
+}
+
+/* The set's key: the canonical schema text, after the wrap's parts (each NUL-separated, so no two wraps or
+ * schemas share a key); "" for json_object. */
+static char *set_key(const json_t *schema, const grammar_wrap *w)
+{
+    char *t = schema ? json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY) : strdup("");
+    if (!t || !w)
+        return t;
+    size_t n = strlen(t) + 8;
+    n += w->prefix ? strlen(w->prefix) : 0;
+    n += w->suffix ? strlen(w->suffix) : 0;
+    for (const char *const *m = w->markers; m && *m; m++)
+        n += strlen(*m) + 1;
+    char *k = malloc(n);
+    if (k) {
+        int at = snprintf(k, n, "\x01%s\x02%s\x02", w->prefix ? w->prefix : "", w->suffix ? w->suffix : "");
+        for (const char *const *m = w->markers; m && *m; m++)
+            at += snprintf(k + at, n - (size_t)at, "%s\x03", *m);
+        snprintf(k + at, n - (size_t)at, "%s", t);
+    }
+    free(t);
+    return k;
+}
+
+int grammar_set_get_wrapped(grammar_set *set, const json_t *schema, const grammar_wrap *wrap, const char *path,
+                            const grammar **out, char *err, size_t errlen)
+{
+    char *key = set_key(schema, wrap);
     if (!key)
         return util_errf(err, errlen, "out of memory reading a schema.");
     for (size_t i = 0; i < set->n; i++)
@@ -1334,7 +1525,7 @@ int grammar_set_get(grammar_set *set, const json_t *schema, const char *path, co
         set->cap = nc;
     }
     grammar *g;
-    if (grammar_compile(schema, path, &g, NULL, 0, err, errlen)) {
+    if (grammar_compile_wrapped(schema, wrap, path, &g, NULL, 0, err, errlen)) {
         free(key);
         return -1;
     }

@@ -27,6 +27,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -45,6 +46,7 @@ typedef struct tm_key {
 } tm_key;
 
 struct token_mask {
+    const tokenizer *tok; /* borrowed: marker lookups (grammar_wrap) */
     int V;
     size_t words;
     tm_tok *toks;    /* (n_toks) sorted by bytes */
@@ -79,6 +81,7 @@ int token_mask_open(const tokenizer *tok, int V, const int32_t *stop_ids, size_t
     if (!tm)
         return util_errf(err, errlen, "out of memory for the token masks.");
     pthread_mutex_init(&tm->mu, NULL);
+    tm->tok = tok;
     tm->V = V;
     tm->words = ((size_t)V + 63) / 64;
     tm->threads = threads > 0 ? threads : 1;
@@ -169,9 +172,33 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The token whose bytes are exactly the marker state s stands at (special or not, never a stop id), or -1
+ * when s is at no marker or the vocabulary spells it only in pieces. */
+static int32_t marker_token(const token_mask *tm, const grammar *g, const gstate *s)
+{
+    const uint8_t *mt;
+    size_t ml, bl;
+    if (!gstate_marker(g, s, &mt, &ml))
+        return -1;
+    int32_t id = tokenizer_token_id(tm->tok, (const char *)mt, ml);
+    const uint8_t *b = id >= 0 && id < tm->V ? tokenizer_token_bytes(tm->tok, id, &bl) : NULL;
+    if (!b || bl != ml || memcmp(b, mt, ml))
+        return -1;
+    for (size_t k = 0; k < tm->n_stop; k++)
+        if (tm->stop[k] == id)
+            return -1;
+    return id;
+}
+
 int32_t token_mask_compute(token_mask *tm, int tid, const grammar *g, const gstate *s, uint64_t *allow)
 {
     memset(allow, 0, tm->words * sizeof *allow);
+    bool marks = grammar_has_markers(g);
+    int32_t mid = marks ? marker_token(tm, g, s) : -1;
+    if (mid >= 0) { /* a marker the vocabulary has as one token: that token alone (it may be special) */
+        allow[mid >> 6] |= 1ull << (mid & 63);
+        return 1;
+    }
     gstate *st = tm->walk[tid];
     gstate_copy(&st[0], s);
     uint32_t rej = UINT32_MAX; /* the depth where the last walked token's bytes were refused */
@@ -182,6 +209,8 @@ int32_t token_mask_compute(token_mask *tm, int tid, const grammar *g, const gsta
         if (d > rej)
             continue; /* shares the refused prefix */
         for (; d < t->len; d++) {
+            if (marks && d > 0 && marker_token(tm, g, &st[d]) >= 0)
+                break; /* the token would spell, in pieces, a marker that has its own token */
             gstate_copy(&st[d + 1], &st[d]);
             if (gstate_feed(g, &st[d + 1], t->b[d]))
                 break;
