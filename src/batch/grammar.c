@@ -35,7 +35,13 @@
  *    contiguous range): any JSON value may be listed.  true / false / null are two such built-in lists.
  *  - anyOf / oneOf: allowed when the branches start with different bytes (string vs null, object vs array,
  *    …), which covers nullable fields; the first byte picks the branch, so no state ever holds two branches.
- *    With disjoint first bytes at most one branch matches, so oneOf is anyOf.
+ *    With disjoint first bytes at most one branch matches, so oneOf is anyOf.  Objects that all start with
+ *    the same required property holding an enum / const, with no value in two branches (a discriminated
+ *    union, such as the call objects of a forced tool_choice), are one object whose tag's value picks the
+ *    branch (discriminate): still one branch per state, decided by the first key's value.
+ *  - A wrap (grammar_compile_wrapped): literal text before and after the value, matched in the root frame
+ *    byte by byte; the text ends with the suffix.  Its markers ("<tool_call>", "[TOOL_CALLS]") are bytes
+ *    here like any others; that a marker must be one token is token_mask.c's rule (gstate_marker).
  *  - formats: date (YYYY-MM-DD, the day within its month), time (hh:mm:ssZ), date-time (the two joined by
  *    T), uuid; others are refused.  Formats take no escapes and ignore length bounds (refused together).
  *  - Depth: GRAMMAR_MAX_DEPTH frames; free values (json_object) cannot open a container beyond it.

@@ -19,6 +19,11 @@
  * copy of V/8 bytes per row.  Hits copy the mask out under the lock, so an entry may be evicted at any time;
  * misses compute outside the lock (two threads may compute the same state once each: harmless).
  *
+ * Markers (a wrap's "<tool_call>", "[TOOL_CALLS]"): where the state stands at one and the vocabulary has a
+ * token of exactly its bytes, that token alone is allowed (even a special one, which the walk otherwise
+ * never allows), and along the walk no token may reach a marker's start with bytes left, so the marker is
+ * never spelled in pieces: the model sees the token its template taught it.
+ *
  * Left out: splitting tokens into context-independent and context-dependent sets per automaton position
  * (XGrammar's scheme) — it makes misses cheaper, and misses are not what a pass pays for here (measured:
  * tests/test_grammar.c's timing lines, bench in the report).

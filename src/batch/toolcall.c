@@ -405,8 +405,8 @@ json_t *toolcall_forced_schema(tc_style st, const json_t *tools, tc_choice choic
     json_array_foreach(tools, i, t)
     {
         json_t *params = json_object_get(json_object_get(t, "function"), "parameters"), *any_object = NULL;
-        if (!params)
-            params = any_object = json_pack("{s:s}", "type", "object");
+        if (!params) /* OpenAI: omitting parameters defines a function with an empty parameter list */
+            params = any_object = json_pack("{s:s, s:{}, s:b}", "type", "object", "properties", "additionalProperties", 0);
         json_t *one = json_pack("{s:s, s:{s:{s:s}, s:O}, s:[s, s], s:b}", "type", "object", "properties", "name",
                                 "const", tool_name(t), akey, params, "required", "name", akey,
                                 "additionalProperties", 0);
