@@ -52,12 +52,15 @@ typedef struct gstate {
 /*
  * Compiles schema (a JSON Schema object; NULL = response_format json_object: any JSON object) into *out.
  * path names the schema in error sentences ("body.response_format.json_schema.schema").  Supported: type
- * (one or a list), properties, required, additionalProperties (false, true or a schema), items, minItems,
- * maxItems, enum, const, minLength, maxLength, format (date, time, date-time, uuid), minimum / maximum /
- * exclusiveMinimum / exclusiveMaximum on integers, anyOf whose branches start with different bytes, $ref
- * into the same document ($defs, definitions, "#"), and annotations (title, description, default, examples,
- * $schema, $id, $comment, deprecated, readOnly, writeOnly), which are ignored.  Anything else fails with one
- * sentence naming the keyword and its path; where (wlen bytes, may be NULL) gets the JSON path alone.
+ * (one or a list), properties, required, additionalProperties (false, true or a schema), items, prefixItems,
+ * minItems, maxItems, uniqueItems (over enum / const items), enum, const, minLength, maxLength, pattern (a
+ * regex subset: regex.h), format (date, time, date-time, uuid, email, ipv4, ipv6, hostname), minimum /
+ * maximum / exclusiveMinimum / exclusiveMaximum (integers and numbers), multipleOf (integers), anyOf / oneOf
+ * whose branches start with different bytes or are objects told apart by a first const property, allOf of
+ * object schemas, $ref into the same document ($defs, definitions, "#"), and annotations (title,
+ * description, default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly), which are
+ * ignored.  Anything else fails with one sentence naming the keyword and its path; where (wlen bytes, may
+ * be NULL) gets the JSON path alone.
  * Returns 0, or -1 (*out NULL).
  */
 int grammar_compile(const json_t *schema, const char *path, grammar **out, char *where, size_t wlen, char *err,
