@@ -179,7 +179,8 @@ typedef struct cctx {
     int32_t n_alt_paths, cap_alt_paths;
     char *where, *err;
     size_t wlen, errlen;
-    json_t *temps; /* schemas made while compiling (allOf merges), alive to the end */
+    json_t *temps;    /* schemas made while compiling (allOf merges), alive to the end */
+    const char *root; /* the document's path (a $ref target's sentences start with it) */
 } cctx;
 
 __attribute__((format(printf, 3, 4))) static int cfail(cctx *c, const char *path, const char *fmt, ...)
@@ -904,7 +905,12 @@ static int compile_node(cctx *c, const json_t *s, const char *path, int depth, i
                          json_string_value(ref));
         if (t == s)
             return cfail(c, sub(path, "$ref").s, "refers to itself.");
-        return compile_node(c, t, json_string_value(ref), depth + 1, out);
+        spath tp; /* the target's own path: the document's root path and the pointer ("#/$defs/n" → ROOT.$defs.n) */
+        int tn = snprintf(tp.s, sizeof tp.s, "%s", c->root);
+        for (const char *q = json_string_value(ref) + 1; *q && tn > 0 && (size_t)tn + 1 < sizeof tp.s; q++)
+            tp.s[tn++] = *q == '/' ? '.' : *q;
+        tp.s[tn > 0 && (size_t)tn < sizeof tp.s ? tn : 0] = 0;
+        return compile_node(c, t, tp.s, depth + 1, out);
     }
     json_object_foreach((json_t *)s, k, v)
     {
@@ -1178,7 +1184,7 @@ int grammar_compile_wrapped(const json_t *schema, const grammar_wrap *wrap, cons
     if (!g)
         return util_errf(err, errlen, "out of memory compiling a schema.");
     g->id = atomic_fetch_add(&g_next_id, 1);
-    cctx c = {g, schema, NULL, NULL, 0, 0, NULL, NULL, 0, 0, where, err, wlen, errlen, json_array()};
+    cctx c = {g, schema, NULL, NULL, 0, 0, NULL, NULL, 0, 0, where, err, wlen, errlen, json_array(), path};
     int rc = -1;
     int32_t any = new_node(g), lb = new_node(g), ln = new_node(g);
     if (any < 0 || lb < 0 || ln < 0 || !c.temps) {
