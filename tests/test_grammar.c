@@ -496,6 +496,10 @@ static void test_masks(void)
     CHECK(token_mask_open(tok, m->vocab, m->stop_ids, m->n_stop, 1, 8u << 20, &tm, err, sizeof err) == 0, "open: %s",
           err);
     size_t words = token_mask_words(tm);
+    /* the plan's figure bounds what the masks hold, and the cap bounds the cache */
+    CHECK(token_mask_bytes(tm) <= token_mask_plan_bytes(m->vocab, 1, 8u << 20) &&
+              token_mask_plan_bytes(m->vocab, 1, 8u << 20) < (8u << 20) + (4u << 20),
+          "mask bytes %zu, planned %zu (cap 8 MB)", token_mask_bytes(tm), token_mask_plan_bytes(m->vocab, 1, 8u << 20));
     uint64_t *a = malloc(words * 8), *b = malloc(words * 8);
     const char *schemas[] = {NULL, PERSON, MISC};
     const char *texts[] = {
@@ -593,7 +597,7 @@ static void test_run(void)
     /* one row with an unsupported keyword fails alone */
     fprintf(f, "{\"custom_id\":\"bad\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
                "\"smollm2:135m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":{\"type\":"
-               "\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}}\n");
+               "\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"not\":{}}}}}}\n");
     fclose(f);
     int code = sh("%s run smollm2:135m %s -o %s --quiet >%s/log 2>&1", bin(), in, out, tmp);
     CHECK(code == 0, "spill run exited %d (see %s/log)", code, tmp);
@@ -605,7 +609,7 @@ static void test_run(void)
     json_t *e0 = json_array_get(elines, 0);
     const char *emsg = json_string_value(json_object_get(
         json_object_get(json_object_get(json_object_get(e0, "response"), "body"), "error"), "message"));
-    CHECK(emsg && strstr(emsg, "\"pattern\""), "the bad row's error names the keyword: %s", emsg ? emsg : "(none)");
+    CHECK(emsg && strstr(emsg, "\"not\""), "the bad row's error names the keyword: %s", emsg ? emsg : "(none)");
     int stop = 0, parsed = 0, valid = 0, person_rows = 0, person_stop = 0;
     long tokens_stop = 0;
     size_t i;

@@ -78,6 +78,31 @@ static int tok_cmp(const void *pa, const void *pb)
     return a->len != b->len ? (a->len > b->len) - (a->len < b->len) : (a->id > b->id) - (a->id < b->id);
 }
 
+/* Cache slots for cache_bytes: a power of two, at least 64, whose entries fit in cache_bytes. */
+static size_t cache_slots(size_t words, size_t cache_bytes)
+{
+    size_t per = sizeof(tm_key) + sizeof(gstate) + words * sizeof(uint64_t), cap = 64;
+    while (cap * 2 * per <= cache_bytes)
+        cap *= 2;
+    return cap;
+}
+
+size_t token_mask_plan_bytes(int V, int threads, size_t cache_bytes)
+{
+    size_t words = ((size_t)(V > 0 ? V : 0) + 63) / 64, t = (size_t)(threads > 0 ? threads : 1);
+    size_t per = sizeof(tm_key) + sizeof(gstate) + words * sizeof(uint64_t);
+    return cache_slots(words, cache_bytes) * per + (size_t)V * (sizeof(tm_tok) + sizeof(uint32_t)) +
+           t * (257 * sizeof(gstate) + words * sizeof(uint64_t)) + sizeof(token_mask);
+}
+
+size_t token_mask_bytes(const token_mask *tm)
+{
+    size_t per = sizeof(tm_key) + sizeof(gstate) + tm->words * sizeof(uint64_t);
+    return tm->cap * per + (size_t)tm->n_toks * (sizeof(tm_tok) + sizeof(uint32_t)) +
+           (size_t)tm->threads * ((size_t)(tm->max_len + 1) * sizeof(gstate) + tm->words * sizeof(uint64_t)) +
+           sizeof *tm;
+}
+
 int token_mask_open(const tokenizer *tok, int V, const int32_t *stop_ids, size_t n_stop, int threads,
                     size_t cache_bytes, token_mask **out, char *err, size_t errlen)
 {
@@ -129,10 +154,7 @@ int token_mask_open(const tokenizer *tok, int V, const int32_t *stop_ids, size_t
     for (int t = 0; t < tm->threads; t++)
         if (!(tm->walk[t] = malloc(((size_t)tm->max_len + 1) * sizeof(gstate))))
             goto out_oom;
-    size_t per = sizeof(tm_key) + sizeof(gstate) + tm->words * sizeof(uint64_t);
-    tm->cap = 64;
-    while (tm->cap * 2 * per <= cache_bytes)
-        tm->cap *= 2;
+    tm->cap = cache_slots(tm->words, cache_bytes);
     tm->keys = calloc(tm->cap, sizeof *tm->keys);
     tm->states = malloc(tm->cap * sizeof *tm->states);
     tm->masks = malloc(tm->cap * tm->words * sizeof *tm->masks);
