@@ -103,21 +103,43 @@ static void expect_compile_error(const char *schema_text, const char *want_where
 
 static void test_compile_errors(void)
 {
-    expect_compile_error("{\"type\":\"string\",\"pattern\":\"^a+$\"}", "schema.pattern", "\"pattern\"");
-    expect_compile_error("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"multipleOf\":3}}}",
-                         "schema.properties.n.multipleOf", "\"multipleOf\"");
-    expect_compile_error("{\"allOf\":[{\"type\":\"string\"}]}", "schema.allOf", "\"allOf\"");
-    expect_compile_error("{\"type\":\"array\",\"uniqueItems\":true}", "schema.uniqueItems", "\"uniqueItems\"");
+    expect_compile_error("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "schema.pattern", "backreferences");
+    expect_compile_error("{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", "schema.pattern", "lookarounds");
+    expect_compile_error("{\"type\":\"string\",\"pattern\":\"\\\\bx\"}", "schema.pattern", "word boundaries");
+    expect_compile_error("{\"type\":\"string\",\"pattern\":\"a^b\"}", "schema.pattern", "^");
+    expect_compile_error("{\"type\":\"string\",\"pattern\":\"[é]\"}", "schema.pattern", "ASCII");
+    expect_compile_error("{\"type\":\"string\",\"pattern\":\"^\\\"$\"}", "schema.pattern", "without escapes");
+    expect_compile_error("{\"type\":\"string\",\"pattern\":\"^a{5}$\",\"maxLength\":3}", "schema.pattern",
+                         "maxLength");
+    expect_compile_error("{\"type\":\"string\",\"pattern\":\"a\",\"minLength\":3}", "schema.pattern", "minLength");
+    expect_compile_error("{\"type\":\"string\",\"pattern\":\"a\",\"format\":\"uuid\"}", "schema.pattern", "format");
+    expect_compile_error("{\"type\":\"number\",\"multipleOf\":0.5}", "schema.multipleOf", "integer");
+    expect_compile_error("{\"type\":\"integer\",\"multipleOf\":10,\"minimum\":1,\"maximum\":9}", "schema.multipleOf",
+                         "no integer");
+    expect_compile_error("{\"allOf\":[{\"type\":\"string\"}]}", "schema.allOf[0].type", "object schemas");
+    expect_compile_error("{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"string\"}}},{\"properties\":{\"a\":{\"type\":"
+                         "\"integer\"}}}]}",
+                         "schema.allOf[1].properties.a", "different schema");
+    expect_compile_error("{\"allOf\":[{\"properties\":{\"a\":{}},\"additionalProperties\":false},{\"properties\":{\"b\":"
+                         "{}},\"required\":[\"b\"]}]}",
+                         "schema.allOf", "no object fits");
+    expect_compile_error("{\"type\":\"array\",\"uniqueItems\":true}", "schema.uniqueItems", "enum or const");
+    expect_compile_error("{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"uniqueItems\":true,\"minItems\":3}",
+                         "schema.uniqueItems", "distinct");
+    expect_compile_error("{\"type\":\"array\",\"items\":[{\"type\":\"string\"}]}", "schema.items", "prefixItems");
+    expect_compile_error("{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}", "schema.items",
+                         "fewer items");
+    expect_compile_error("{\"type\":\"number\",\"minimum\":1,\"exclusiveMaximum\":1}", "schema", "leave no value");
+    expect_compile_error("{\"type\":\"string\",\"format\":\"uri\"}", "schema.format", "uri");
+    expect_compile_error("{\"not\":{}}", "schema.not", "\"not\"");
     expect_compile_error("{\"type\":\"object\",\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":"
                          "\"string\",\"maxLength\":2}]}}}",
                          "schema.properties.a.anyOf", "same character");
     expect_compile_error("{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}", "schema.required[0]",
                          "\"b\"");
-    expect_compile_error("{\"type\":\"number\",\"minimum\":0.5}", "schema.minimum", "integers");
-    expect_compile_error("{\"type\":\"string\",\"format\":\"email\"}", "schema.format", "email");
     expect_compile_error("{\"$ref\":\"#/$defs/missing\"}", "schema.$ref", "#/$defs/missing");
     expect_compile_error("{\"type\":\"strnig\"}", "schema.type", "one of null");
-    expect_compile_error("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "schema.maxItems", "below minItems");
+    expect_compile_error("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "schema.maxItems", "fewer items than minItems");
     expect_compile_error("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "schema", "leave no value");
     expect_compile_error("{\"type\":\"integer\",\"enum\":[\"a\"]}", "schema.enum", "no value");
 }
@@ -292,6 +314,138 @@ static void test_random_walks(void)
     free(buf);
 }
 
+/* The keywords past the basic set (issue 16): each schema with texts the automaton must take whole, and
+ * texts it must refuse at one byte (prefix accepted, the next byte refused). */
+static const struct kw_case {
+    const char *schema;
+    const char *good[5];
+    const char *bad[5][2]; /* prefix, the rest (its first byte refused) */
+} KW[] = {
+    {"{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"number\",\"minimum\":-2.5,\"exclusiveMaximum\":3.75},"
+     "\"q\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":0.001},\"r\":{\"type\":\"number\",\"minimum\":0.1,"
+     "\"maximum\":0.1},\"m\":{\"type\":\"integer\",\"multipleOf\":7,\"minimum\":-30,\"maximum\":30},\"f\":{\"type\":"
+     "\"number\"}},\"required\":[\"p\",\"q\",\"r\",\"m\"],\"additionalProperties\":false}",
+     {"{\"p\":-2.5,\"q\":0.001,\"r\":0.1,\"m\":-28}", "{\"p\":3.74999,\"q\":0.0000001,\"r\":0.10,\"m\":0,\"f\":-0.5}",
+      "{\"p\":0, \"q\":0.0005, \"r\":0.1000, \"m\":28}"},
+     {{"{\"p\":3.7", "5"}, {"{\"p\":-2.", "6"}, {"{\"p\":1,\"q\":0", ","}, {"{\"p\":1,\"q\":0.001", "1"},
+      {"{\"p\":1,\"q\":0.001,\"r\":0.1,\"m\":", "5"}}},
+    {"{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-[0-9]{3,5}$\"},"
+     "\"tag\":{\"type\":\"string\",\"pattern\":\"[0-9]|^x(y|z)+$\"},\"u\":{\"type\":\"string\",\"pattern\":\"^.é[^a-z]$\","
+     "\"maxLength\":3},\"s\":{\"type\":\"string\",\"pattern\":\"^a+$\",\"maxLength\":3}},\"required\":[\"code\",\"tag\","
+     "\"u\"],\"additionalProperties\":false}",
+     {"{\"code\":\"AB-123\",\"tag\":\"ab1yy\",\"u\":\"ZéZ\"}", "{\"code\":\"QQ-12345\",\"tag\":\"xyzzy\",\"u\":\"€é€\","
+      "\"s\":\"aaa\"}"},
+     {{"{\"code\":\"A", "1"}, {"{\"code\":\"AB-12", "\""}, {"{\"code\":\"AB-12345", "6"},
+      {"{\"code\":\"AB-123\",\"tag\":\"xyq", "\""}, {"{\"code\":\"AB-123\",\"tag\":\"7\",\"u\":\"aéZ\",\"s\":\"aaa", "a"}}},
+    {"{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"ab\",1]},\"uniqueItems\":true,\"minItems\":2}",
+     {"[\"a\",\"ab\"]", "[1, \"b\", \"a\", \"ab\"]"},
+     {{"[\"a\",\"a", "\""}, {"[\"ab\",\"a\",\"b\",1", ","}, {"[1,", "1"}, {"[\"a\"", "]"}}},
+    {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},{\"properties\":"
+     "{\"b\":{\"type\":\"string\",\"maxLength\":3}},\"required\":[\"b\"]},{\"$ref\":\"#/$defs/c\"}],\"$defs\":{\"c\":{"
+     "\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\",\"maxLength\":3},\"c\":"
+     "{\"type\":\"boolean\"}},\"additionalProperties\":false}}}",
+     {"{\"a\":1,\"b\":\"x\"}", "{\"a\":-1, \"b\":\"\", \"c\":true}"},
+     {{"{\"a\":1", "}"}, {"{\"a\":1,\"b\":\"x\",\"", "d"}}},
+    {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\",\"format\":\"ipv4\"},{\"type\":"
+     "\"boolean\"}],\"items\":false,\"minItems\":2}",
+     {"[1,\"10.0.0.255\"]", "[-3, \"192.168.1.1\", false]"},
+     {{"[", "\""}, {"[1", "]"}, {"[1,\"25", "6"}, {"[1,\"1.2.3.4\",true", ","}, {"[1,\"0", "1"}}},
+    {"{\"type\":\"object\",\"properties\":{\"e\":{\"type\":\"string\",\"format\":\"email\"},\"h\":{\"type\":\"string\","
+     "\"format\":\"hostname\"},\"v6\":{\"type\":\"string\",\"format\":\"ipv6\"}},\"required\":[\"e\",\"h\",\"v6\"],"
+     "\"additionalProperties\":false}",
+     {"{\"e\":\"a.b+c@example.com\",\"h\":\"x-1.example\",\"v6\":\"2001:db8:0:0:0:0:0:1\"}"},
+     {{"{\"e\":\"a", "\""}, {"{\"e\":\"a@", "-"}, {"{\"e\":\"a@b.c\",\"h\":\"x", "_"}, {"{\"e\":\"a@b.c\",\"h\":\"", "-"},
+      {"{\"e\":\"a@b.c\",\"h\":\"x\",\"v6\":\"1:2:3:4:5:6:7:8", ":"}}},
+    {"{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"circle\"},\"r\":{\"type\":\"number\","
+     "\"minimum\":0}},\"required\":[\"kind\",\"r\"],\"additionalProperties\":false},{\"type\":\"object\",\"properties\":{"
+     "\"kind\":{\"enum\":[\"square\",\"rect\"]},\"side\":{\"type\":\"integer\"}},\"required\":[\"kind\",\"side\"],"
+     "\"additionalProperties\":false}]}",
+     {"{\"kind\":\"circle\",\"r\":0.5}", "{\"kind\": \"rect\", \"side\": 3}"},
+     {{"{\"kind\":\"circle\",\"", "s"}, {"{\"kind\":\"square\",\"side\":0", "."}, {"{\"", "r"}}},
+};
+
+/* Every good text is taken whole, every bad one refused exactly at its byte; 300 random walks per schema;
+ * all of them (good texts, walks, and the bad texts completed by hand as invalid documents) checked by
+ * Python's jsonschema (tools/structured_check.py --docs). */
+static void test_keywords(void)
+{
+    char path[] = "/tmp/spill_kw_XXXXXX";
+    int fd = mkstemp(path);
+    FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
+    CHECK(out != NULL, "cannot write %s", path);
+    char *buf = malloc(1 << 16);
+    size_t n_docs = 0;
+    for (size_t k = 0; out && k < sizeof KW / sizeof KW[0]; k++) {
+        json_t *doc;
+        grammar *g = compile_text(KW[k].schema, &doc);
+        if (!g)
+            continue;
+        char *sch = json_dumps(doc, JSON_COMPACT);
+        for (int i = 0; i < 5 && KW[k].good[i]; i++) {
+            gstate st;
+            gstate_init(g, &st);
+            int rc = gstate_feed_bytes(g, &st, (const uint8_t *)KW[k].good[i], strlen(KW[k].good[i]));
+            CHECK(rc == 0 && gstate_can_end(g, &st), "keyword schema %zu: %s is not taken whole", k, KW[k].good[i]);
+            json_t *line = json_pack("{s:s, s:s, s:b}", "doc", KW[k].good[i], "schema", "", "valid", 1);
+            json_object_set_new(line, "schema", json_loads(sch, 0, NULL));
+            char *l = json_dumps(line, JSON_COMPACT);
+            fprintf(out, "%s\n", l);
+            free(l), json_decref(line), n_docs++;
+        }
+        for (int i = 0; i < 5 && KW[k].bad[i][0]; i++) {
+            gstate st;
+            gstate_init(g, &st);
+            const char *pre = KW[k].bad[i][0], *rest = KW[k].bad[i][1];
+            int rc = gstate_feed_bytes(g, &st, (const uint8_t *)pre, strlen(pre));
+            CHECK(rc == 0, "keyword schema %zu: the prefix %s is refused", k, pre);
+            if (rc == 0 && rest[0])
+                CHECK(gstate_feed(g, &st, (uint8_t)rest[0]) != 0, "keyword schema %zu: %s then '%c' is accepted", k,
+                      pre, rest[0]);
+            else if (rc == 0)
+                CHECK(!gstate_can_end(g, &st), "keyword schema %zu: %s can end", k, pre);
+        }
+        int walks = 0;
+        for (int w = 0; w < 300; w++) {
+            size_t n = random_walk(g, buf, 1 << 16);
+            if (!n)
+                continue;
+            walks++;
+            json_t *line = json_pack("{s:s%, s:b}", "doc", buf, n, "valid", 1);
+            json_object_set_new(line, "schema", json_loads(sch, 0, NULL));
+            char *l = json_dumps(line, JSON_COMPACT);
+            fprintf(out, "%s\n", l);
+            free(l), json_decref(line), n_docs++;
+        }
+        CHECK(walks >= 200, "keyword schema %zu: only %d of 300 walks closed", k, walks);
+        free(sch);
+        grammar_free(g);
+        json_decref(doc);
+    }
+    /* and what the bad prefixes meant: the validator refuses them too, completed as the grammar would not */
+    static const struct {
+        int k;
+        const char *doc;
+    } INVALID[] = {{0, "{\"p\":3.75,\"q\":0.001,\"r\":0.1,\"m\":0}"}, {0, "{\"p\":1,\"q\":0,\"r\":0.1,\"m\":0}"},
+                   {0, "{\"p\":1,\"q\":0.0011,\"r\":0.1,\"m\":0}"}, {0, "{\"p\":1,\"q\":0.001,\"r\":0.1,\"m\":5}"},
+                   {1, "{\"code\":\"AB-123456\",\"tag\":\"a1\",\"u\":\"aéZ\"}"}, {1, "{\"code\":\"AB-123\",\"tag\":\"xyq\",\"u\":\"aéZ\"}"}, {2, "[\"a\",\"a\"]"},
+                   {4, "[1,\"256.1.1.1\"]"}, {4, "[1,\"1.2.3.4\",true,1]"}, {5, "{\"e\":\"a\",\"h\":\"x\",\"v6\":\"::1\"}"},
+                   {5, "{\"e\":\"a@b.c\",\"h\":\"x_y\",\"v6\":\"::1\"}"}, {6, "{\"kind\":\"circle\",\"side\":1}"}};
+    for (size_t i = 0; out && i < sizeof INVALID / sizeof INVALID[0]; i++) {
+        json_t *line = json_pack("{s:s, s:b}", "doc", INVALID[i].doc, "valid", 0);
+        json_object_set_new(line, "schema", json_loads(KW[INVALID[i].k].schema, 0, NULL));
+        char *l = json_dumps(line, JSON_COMPACT);
+        fprintf(out, "%s\n", l);
+        free(l), json_decref(line);
+    }
+    if (out)
+        fclose(out);
+    free(buf);
+    CHECK(sh("python3 tools/structured_check.py --docs %s >%s.log 2>&1", path, path) == 0,
+          "jsonschema disagrees with the grammar on the keyword documents (%s.log)", path);
+    fprintf(stderr, "keywords: %zu accepted documents checked by jsonschema\n", n_docs);
+    sh("rm -f %s %s.log", path, path);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -342,6 +496,10 @@ static void test_masks(void)
     CHECK(token_mask_open(tok, m->vocab, m->stop_ids, m->n_stop, 1, 8u << 20, &tm, err, sizeof err) == 0, "open: %s",
           err);
     size_t words = token_mask_words(tm);
+    /* the plan's figure bounds what the masks hold, and the cap bounds the cache */
+    CHECK(token_mask_bytes(tm) <= token_mask_plan_bytes(m->vocab, 1, 8u << 20) &&
+              token_mask_plan_bytes(m->vocab, 1, 8u << 20) < (8u << 20) + (4u << 20),
+          "mask bytes %zu, planned %zu (cap 8 MB)", token_mask_bytes(tm), token_mask_plan_bytes(m->vocab, 1, 8u << 20));
     uint64_t *a = malloc(words * 8), *b = malloc(words * 8);
     const char *schemas[] = {NULL, PERSON, MISC};
     const char *texts[] = {
@@ -439,7 +597,7 @@ static void test_run(void)
     /* one row with an unsupported keyword fails alone */
     fprintf(f, "{\"custom_id\":\"bad\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
                "\"smollm2:135m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":{\"type\":"
-               "\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}}\n");
+               "\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"not\":{}}}}}}\n");
     fclose(f);
     int code = sh("%s run smollm2:135m %s -o %s --quiet >%s/log 2>&1", bin(), in, out, tmp);
     CHECK(code == 0, "spill run exited %d (see %s/log)", code, tmp);
@@ -451,7 +609,7 @@ static void test_run(void)
     json_t *e0 = json_array_get(elines, 0);
     const char *emsg = json_string_value(json_object_get(
         json_object_get(json_object_get(json_object_get(e0, "response"), "body"), "error"), "message"));
-    CHECK(emsg && strstr(emsg, "\"pattern\""), "the bad row's error names the keyword: %s", emsg ? emsg : "(none)");
+    CHECK(emsg && strstr(emsg, "\"not\""), "the bad row's error names the keyword: %s", emsg ? emsg : "(none)");
     int stop = 0, parsed = 0, valid = 0, person_rows = 0, person_stop = 0;
     long tokens_stop = 0;
     size_t i;
@@ -497,6 +655,7 @@ int main(void)
     test_compile_errors();
     test_accept();
     test_random_walks();
+    test_keywords();
     test_masks();
     test_run();
     return test_finish("test_grammar");

@@ -13,6 +13,10 @@
  * that is not a call), tool_choice validation, ids, the forced-choice schema, the answer line (checked with
  * the openai types), and one job through the spill binary on the tiny SmolLM2 GGUF (its template has no tool
  * section: tools are accepted and ignored, nothing is parsed; every line validates).
+ * Forced choices (required, named): the forced grammar of each convention accepts the templates' own call
+ * texts; end to end on tiny models with the Qwen2.5 / Llama 3.2 / Mistral Nemo templates and their marker
+ * tokens (tools/gen_tiny_tool_gguf.py, written into the test's directory), greedy and sampled rows all
+ * finish tool_calls with arguments valid against the tool's parameters (schema_check.h).
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -21,12 +25,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batch/grammar.h"
 #include "batch/output.h"
 #include "batch/request.h"
 #include "batch/toolcall.h"
 #include "text/prompt.h"
 #include "text/template.h"
 #include "cli.h"
+#include "schema_check.h"
 #include "test.h"
 
 #define FIXTURES "tests/data/toolcall/fixtures.json"
@@ -336,25 +342,106 @@ static void test_ids_and_schema(json_t *tools)
         alnum = (a[i] >= 'a' && a[i] <= 'z') || (a[i] >= 'A' && a[i] <= 'Z') || (a[i] >= '0' && a[i] <= '9');
     CHECK(alnum && !strcmp(a, b) && strcmp(a, c), "ids %s %s %s", a, b, c);
 
-    const char *prefix;
-    CHECK(!toolcall_forced_schema(TC_STYLE_HERMES, tools, TC_CHOICE_AUTO, &prefix), "auto has no forced schema");
+    const char *prefix, *suffix;
+    CHECK(!toolcall_forced_schema(TC_STYLE_HERMES, tools, TC_CHOICE_AUTO, true, &prefix, &suffix),
+          "auto has no forced schema");
     bool oom;
     json_t *named = toolcall_rendered_tools(tools, TC_CHOICE_NAMED, "add", &oom);
     CHECK(json_array_size(named) == 1, "named: %zu tools rendered", json_array_size(named));
-    json_t *s = toolcall_forced_schema(TC_STYLE_HERMES, named, TC_CHOICE_NAMED, &prefix);
-    CHECK(s && !strcmp(prefix, "<tool_call>\n") &&
+    json_t *s = toolcall_forced_schema(TC_STYLE_HERMES, named, TC_CHOICE_NAMED, true, &prefix, &suffix);
+    CHECK(s && !strcmp(prefix, "<tool_call>\n") && !strcmp(suffix, "\n</tool_call>") &&
               !strcmp(json_string_value(json_object_get(
                           json_object_get(json_object_get(s, "properties"), "name"), "const")),
                       "add") &&
               json_object_get(json_object_get(s, "properties"), "arguments"),
           "named schema");
     json_decref(s);
-    s = toolcall_forced_schema(TC_STYLE_LLAMA3, tools, TC_CHOICE_REQUIRED, &prefix);
-    CHECK(s && json_array_size(json_object_get(s, "anyOf")) == 2 && !strcmp(prefix, ""), "required schema");
+    s = toolcall_forced_schema(TC_STYLE_LLAMA3, tools, TC_CHOICE_REQUIRED, true, &prefix, &suffix);
+    CHECK(s && json_array_size(json_object_get(s, "anyOf")) == 2 && !strcmp(prefix, "") && !strcmp(suffix, ""),
+          "required schema");
     CHECK(json_object_get(json_object_get(json_array_get(json_object_get(s, "anyOf"), 0), "properties"), "parameters"),
           "llama's schema names parameters");
+    json_decref(s);
+    s = toolcall_forced_schema(TC_STYLE_MISTRAL, named, TC_CHOICE_NAMED, false, &prefix, &suffix);
+    CHECK(s && !strcmp(prefix, "[TOOL_CALLS]") && !strcmp(json_string_value(json_object_get(s, "type")), "array") &&
+              json_integer_value(json_object_get(s, "maxItems")) == 1,
+          "mistral's schema is a list of calls, one without parallel_tool_calls");
     json_decref(s), json_decref(named);
     CHECK(!toolcall_rendered_tools(tools, TC_CHOICE_NONE, NULL, &oom) && !oom, "none renders no tools");
+}
+
+/* The forced grammar (required, and named for the call's own tool) of each convention accepts the real
+ * template's text of one call (tests/data/toolcall/fixtures.json's parses; Qwen3's empty thought before it
+ * dropped: a forced answer starts with the call; nested_args skipped: its keys are outside the tool's
+ * parameters, which the grammar never writes) whole and closed, and refuses a call of another tool, an extra
+ * key, a second call where one is allowed. */
+static void test_forced_grammar(json_t *fx)
+{
+    json_t *tools = fixture_tools(fx);
+    size_t i, n_ok = 0;
+    json_t *c;
+    json_array_foreach(json_object_get(fx, "parses"), i, c)
+    {
+        json_t *t = fixture_template(fx, json_string_value(json_object_get(c, "template")));
+        tc_style st = toolcall_style(json_string_value(json_object_get(t, "template")));
+        json_t *calls = json_object_get(c, "calls");
+        const char *text = json_string_value(json_object_get(c, "text"));
+        if (st == TC_STYLE_NONE || json_array_size(calls) != 1 || !json_is_null(json_object_get(c, "content")) ||
+            !strcmp(json_string_value(json_object_get(c, "id")), "nested_args")) /* keys outside the tool's schema */
+            continue;
+        const char *think = strstr(text, "</think>\n\n");
+        if (!strncmp(text, "<think>", 7) && think)
+            text = think + strlen("</think>\n\n");
+        const char *name = json_string_value(json_object_get(json_array_get(calls, 0), "name"));
+        for (int named = 0; named < 2; named++) {
+            bool oom;
+            json_t *shown = toolcall_rendered_tools(tools, named ? TC_CHOICE_NAMED : TC_CHOICE_REQUIRED, name, &oom);
+            grammar_wrap gw = {NULL, NULL, toolcall_markers(st)};
+            json_t *schema = toolcall_forced_schema(st, shown, named ? TC_CHOICE_NAMED : TC_CHOICE_REQUIRED, false,
+                                                    &gw.prefix, &gw.suffix);
+            grammar *g = NULL;
+            char err[512];
+            CHECK(schema && grammar_compile_wrapped(schema, &gw, "forced", &g, NULL, 0, err, sizeof err) == 0,
+                  "%s: the forced grammar does not compile: %s", json_string_value(json_object_get(c, "id")), err);
+            if (g) {
+                gstate s;
+                gstate_init(g, &s);
+                int rc = gstate_feed_bytes(g, &s, (const uint8_t *)text, strlen(text));
+                CHECK(rc == 0 && gstate_done(&s) && gstate_can_end(g, &s), "%s / %s (%s): the call's own text is not "
+                      "a whole forced answer: %s", json_string_value(json_object_get(c, "template")),
+                      json_string_value(json_object_get(c, "id")), named ? "named" : "required", text);
+                n_ok += rc == 0 && gstate_done(&s);
+                /* the prefix alone is not an answer; the call of another tool or a second call is refused */
+                gstate_init(g, &s);
+                CHECK(!gstate_can_end(g, &s), "an empty forced answer can end");
+                char other[512];
+                const char *at = strstr(text, name);
+                if (named && at && (size_t)(at - text) + 40 < sizeof other) {
+                    snprintf(other, sizeof other, "%.*sXX%s", (int)(at - text), text, at);
+                    gstate_init(g, &s);
+                    CHECK(gstate_feed_bytes(g, &s, (const uint8_t *)other, strlen(other)) != 0,
+                          "a call of another tool is accepted: %s", other);
+                }
+                const char *argk = strstr(text, st == TC_STYLE_LLAMA3 ? "\"parameters\"" : "\"arguments\"");
+                if (argk && (size_t)(argk - text) + 40 < sizeof other) {
+                    snprintf(other, sizeof other, "%.*s\"x\": 1, %s", (int)(argk - text), text, argk);
+                    gstate_init(g, &s);
+                    CHECK(gstate_feed_bytes(g, &s, (const uint8_t *)other, strlen(other)) != 0,
+                          "an extra key is accepted: %s", other);
+                }
+                if (st == TC_STYLE_MISTRAL) { /* parallel_tool_calls false: one call in the list */
+                    snprintf(other, sizeof other, "%.*s, %s", (int)(strlen(text) - 1), text, text + strlen("[TOOL_CALLS]["));
+                    gstate_init(g, &s);
+                    CHECK(gstate_feed_bytes(g, &s, (const uint8_t *)other, strlen(other)) != 0,
+                          "a second call is accepted without parallel_tool_calls: %s", other);
+                }
+            }
+            grammar_free(g);
+            json_decref(schema), json_decref(shown);
+        }
+    }
+    CHECK(n_ok >= 12, "only %zu fixture calls checked against the forced grammars", n_ok);
+    fprintf(stderr, "forced grammars: %zu fixture calls accepted whole\n", n_ok);
 }
 
 /* The answer line of a choice that made calls: content null, tool_calls, finish_reason tool_calls. */
@@ -470,6 +557,155 @@ static void test_binary(const char *dir)
     json_decref(ok), json_decref(bad);
 }
 
+/* The tools of the forced rows: strings bounded, so a random-weight model closes its call well within
+ * max_tokens. */
+static const char *FORCED_TOOLS =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":16},\"unit\":{\"enum\":[\"celsius\","
+    "\"fahrenheit\"]}},\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"add\","
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":-100,"
+    "\"maximum\":100},\"b\":{\"type\":\"number\"}},\"required\":[\"a\",\"b\"]}}},{\"type\":\"function\","
+    "\"function\":{\"name\":\"noop\"}}]";
+
+/* Every call of a forced choice: names a shown tool (the named one), arguments valid against its parameters
+ * (schema_check.h); *n_calls gets the count. */
+static bool forced_calls_ok(json_t *tools, const char *want, json_t *msg, size_t *n_calls, char *why, size_t wl)
+{
+    json_t *calls = json_object_get(msg, "tool_calls");
+    *n_calls = json_array_size(calls);
+    if (!*n_calls)
+        return snprintf(why, wl, "no tool_calls"), false;
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c)
+    {
+        const char *name = json_string_value(json_object_get(json_object_get(c, "function"), "name"));
+        const char *args = json_string_value(json_object_get(json_object_get(c, "function"), "arguments"));
+        const json_t *params = NULL;
+        size_t k;
+        json_t *t;
+        json_array_foreach(tools, k, t)
+        {
+            if (name && !strcmp(name, json_string_value(json_object_get(json_object_get(t, "function"), "name"))))
+                params = json_object_get(json_object_get(t, "function"), "parameters");
+        }
+        json_t *a = args ? json_loads(args, 0, NULL) : NULL;
+        const char *r = "not an object";
+        bool ok = name && (!want || !strcmp(name, want)) && json_is_object(a) &&
+                  (!params || sc_valid(params, params, a, &r));
+        json_decref(a);
+        if (!ok)
+            return snprintf(why, wl, "call %zu (%s %s): %s", i, name ? name : "?", args ? args : "?", r), false;
+    }
+    return true;
+}
+
+/* tool_choice required / named forced end to end on tiny random-weight models that teach each convention
+ * (tools/gen_tiny_tool_gguf.py: the real templates, the markers as tokens — Mistral's [TOOL_CALLS] special,
+ * Qwen's <tool_call> / </tool_call> added but not special), greedy and sampled: every choice finishes
+ * tool_calls with calls of the shown tools whose arguments validate; the marker is one token (the first
+ * log-prob entry; Hermes' closing one the last); parallel_tool_calls false keeps Mistral's list to one call;
+ * none never calls and auto is not forced (both answer as text); every line passes the openai types. */
+static void test_forced_binary(const char *dir)
+{
+    static const char *const styles[] = {"hermes", "llama3", "mistral"};
+    json_t *tools = json_loads(FORCED_TOOLS, 0, NULL);
+    for (size_t si = 0; si < 3; si++) {
+        const char *st = styles[si];
+        char model[600], in[600], out[600], res[700], errs[700];
+        snprintf(model, sizeof model, "%s/tiny-%s.gguf", dir, st);
+        snprintf(in, sizeof in, "%s/forced-%s.jsonl", dir, st);
+        snprintf(out, sizeof out, "%s/forced-%s", dir, st);
+        int grc = sh(".venv/bin/python tools/gen_tiny_tool_gguf.py %s %s >%s/gen.log 2>&1", st, model, dir);
+        CHECK(grc == 0, "tools/gen_tiny_tool_gguf.py %s failed (see %s/gen.log)", st, dir);
+        FILE *f = grc == 0 ? fopen(in, "w") : NULL;
+        if (!f)
+            continue;
+        const char *named = ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"add\"}}";
+        const char *rows[][2] = {
+            {"req_greedy", ",\"tool_choice\":\"required\",\"temperature\":0,\"logprobs\":true"},
+            {"req_sampled", ",\"tool_choice\":\"required\",\"temperature\":1,\"seed\":5,\"n\":4"},
+            {"named_greedy", ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}},"
+                             "\"temperature\":0,\"logprobs\":true"},
+            {"named_sampled", ",\"temperature\":1.3,\"seed\":9,\"n\":3"},
+            {"one_call", ",\"tool_choice\":\"required\",\"parallel_tool_calls\":false,\"temperature\":1,\"seed\":2,"
+                         "\"n\":3"},
+            {"none", ",\"tool_choice\":\"none\",\"temperature\":1,\"seed\":1,\"n\":2"},
+            {"auto", ",\"temperature\":0"},
+        };
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+            fprintf(f,
+                    "{\"custom_id\":\"%s\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{"
+                    "\"model\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris, or 2+3?\"}],"
+                    "\"tools\":%s%s%s,\"max_tokens\":%d}}\n",
+                    rows[i][0], FORCED_TOOLS, !strcmp(rows[i][0], "named_sampled") ? named : "", rows[i][1],
+                    i < 5 ? 400 : 8);
+        fprintf(f, "{\"custom_id\":\"bad_params\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{"
+                   "\"model\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"tools\":[{\"type\":"
+                   "\"function\",\"function\":{\"name\":\"f\"}},{\"type\":\"function\",\"function\":{\"name\":\"g\","
+                   "\"parameters\":{\"type\":\"object\",\"not\":{}}}}],\"tool_choice\":\"required\"}}\n");
+        fclose(f);
+        CHECK(sh("%s run %s %s -o %s --quiet --batch 8 >%s.log 2>&1", bin(), model, in, out, out) == 0,
+              "%s: the forced job failed (%s.log)", st, out);
+        snprintf(res, sizeof res, "%s/results.jsonl", out);
+        snprintf(errs, sizeof errs, "%s/errors.jsonl", out);
+        json_t *ok = read_lines(res), *bad = read_lines(errs);
+        CHECK(json_array_size(ok) == 7, "%s: %zu results (want 7)", st, json_array_size(ok));
+        const char *bm = json_string_value(json_object_get(
+            json_object_get(json_object_get(json_object_get(json_array_get(bad, 0), "response"), "body"), "error"),
+            "message"));
+        CHECK(json_array_size(bad) == 1 && bm && strstr(bm, "body.tools[1].function.parameters.not"),
+              "%s: a forced call of a tool whose parameters cannot be enforced: %s", st, bm ? bm : "no error line");
+        for (size_t i = 0; i < 5; i++) {
+            json_t *ch = json_object_get(json_object_get(json_object_get(by_id(ok, rows[i][0]), "response"), "body"),
+                                         "choices");
+            size_t k;
+            json_t *c;
+            CHECK(json_array_size(ch) >= 1, "%s / %s: no choices", st, rows[i][0]);
+            json_array_foreach(ch, k, c)
+            {
+                char why[600] = "";
+                size_t n_calls = 0;
+                const char *want = !strncmp(rows[i][0], "named_greedy", 12) ? "get_weather"
+                                   : !strncmp(rows[i][0], "named", 5)       ? "add"
+                                                                            : NULL;
+                const char *fin = json_string_value(json_object_get(c, "finish_reason"));
+                bool good = fin && !strcmp(fin, "tool_calls") &&
+                            forced_calls_ok(tools, want, json_object_get(c, "message"), &n_calls, why, sizeof why);
+                CHECK(good, "%s / %s choice %zu: finish %s, %s", st, rows[i][0], k, fin ? fin : "?", why);
+                CHECK(!good || n_calls == 1 || (!strcmp(st, "mistral") && strcmp(rows[i][0], "one_call")),
+                      "%s / %s choice %zu: %zu calls, want 1", st, rows[i][0], k, n_calls);
+            }
+            json_t *lp = json_object_get(json_object_get(json_array_get(ch, 0), "logprobs"), "content");
+            if (json_array_size(lp) && strcmp(st, "llama3")) {
+                const char *first = json_string_value(json_object_get(json_array_get(lp, 0), "token"));
+                const char *last = json_string_value(json_object_get(json_array_get(lp, json_array_size(lp) - 1), "token"));
+                const char *want = !strcmp(st, "hermes") ? "<tool_call>" : "[TOOL_CALLS]";
+                CHECK(first && !strcmp(first, want), "%s / %s: the first token is '%s', want the marker %s", st,
+                      rows[i][0], first ? first : "?", want);
+                CHECK(strcmp(st, "hermes") || (last && !strcmp(last, "</tool_call>")),
+                      "%s / %s: the last token is '%s', want </tool_call>", st, rows[i][0], last ? last : "?");
+            }
+        }
+        for (size_t i = 5; i < 7; i++) {
+            json_t *ch = json_object_get(json_object_get(json_object_get(by_id(ok, rows[i][0]), "response"), "body"),
+                                         "choices");
+            size_t k;
+            json_t *c;
+            json_array_foreach(ch, k, c)
+            {
+                const char *fin = json_string_value(json_object_get(c, "finish_reason"));
+                CHECK(!json_object_get(json_object_get(c, "message"), "tool_calls") && fin && strcmp(fin, "tool_calls"),
+                      "%s / %s choice %zu: a call (finish %s)", st, rows[i][0], k, fin ? fin : "?");
+            }
+        }
+        CHECK(sh(".venv/bin/python tools/check_output_schema.py %s %s >%s.check 2>&1", res, errs, out) == 0,
+              "%s: the forced job's lines fail the openai types (%s.check)", st, out);
+        json_decref(ok), json_decref(bad);
+    }
+    json_decref(tools);
+}
+
 int main(void)
 {
     setenv("TZ", "UTC", 1);
@@ -485,11 +721,13 @@ int main(void)
         test_parses(fx);
         test_edges(fixture_tools(fx));
         test_ids_and_schema(fixture_tools(fx));
+        test_forced_grammar(fx);
     }
     test_request();
     test_messages();
     test_output(dir);
     test_binary(dir);
+    test_forced_binary(dir);
     json_decref(fx);
     sh("rm -rf %s", dir);
     return test_finish("test_toolcall");

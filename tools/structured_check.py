@@ -10,10 +10,11 @@ that finished `stop` does not parse or validate, or a `length` row stopped short
 
     .venv/bin/python tools/structured_check.py [--rows 500] [--model smollm2:135m] [--spill ./spill]
         [--out DIR] [--max-tokens 256] [--temperature 1] [--validate-only DIR] [-- extra spill run options]
+    python3 tools/structured_check.py --docs FILE     (tests/test_grammar.c: documents the grammar accepted)
 
 Needs: pip install jsonschema rfc3339-validator (the venv tools/setup.sh makes).
 """
-import argparse, json, os, subprocess, sys, tempfile
+import argparse, json, os, re, subprocess, sys, tempfile
 
 import jsonschema
 
@@ -76,7 +77,39 @@ def make_rows(n, max_tokens, temperature):
     return rows
 
 
+HOST_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+
+def is_hostname(s):
+    """RFC 1123 host names (jsonschema checks "hostname" only with the fqdn package, which may be absent)."""
+    return isinstance(s, str) and 0 < len(s) <= 253 and all(HOST_LABEL.match(x) for x in s.split("."))
+
+
+def check_docs(path):
+    """--docs FILE: lines {"schema": S, "doc": TEXT, "valid": bool}; each TEXT must parse, and validate under S
+    (Draft 2020-12, formats checked; hostname by is_hostname) exactly when valid is true.  Exit 1 otherwise."""
+    fc = jsonschema.FormatChecker()
+    fc.checks("hostname")(is_hostname)
+    n = bad = 0
+    for line in open(path):
+        o = json.loads(line)
+        n += 1
+        try:
+            v = json.loads(o["doc"])
+            jsonschema.Draft202012Validator(o["schema"], format_checker=fc).validate(v)
+            ok, why = True, ""
+        except (ValueError, jsonschema.ValidationError) as e:
+            ok, why = False, getattr(e, "message", str(e))
+        if ok != o.get("valid", True):
+            bad += 1
+            print(f"line {n}: {'valid' if ok else 'invalid'} ({why}), want {'valid' if o.get('valid', True) else 'invalid'}: {o['doc'][:300]!r}")
+    print(f"docs: {n} checked, {bad} problems")
+    sys.exit(1 if bad else 0)
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--docs":
+        check_docs(sys.argv[2])
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=500)
     ap.add_argument("--model", default="smollm2:135m")

@@ -44,7 +44,7 @@ typedef struct gframe {
 } gframe;
 
 typedef struct gstate {
-    int32_t depth; /* frames in use, >= 1 (frame 0 is the root) */
+    int32_t depth; /* frames in use, >= 1 (frame 0 is the root; its n: bytes of a wrap's prefix or suffix) */
     int32_t pad;   /* always 0: keeps f aligned and the bytes canonical */
     gframe f[GRAMMAR_MAX_DEPTH];
 } gstate;
@@ -52,19 +52,45 @@ typedef struct gstate {
 /*
  * Compiles schema (a JSON Schema object; NULL = response_format json_object: any JSON object) into *out.
  * path names the schema in error sentences ("body.response_format.json_schema.schema").  Supported: type
- * (one or a list), properties, required, additionalProperties (false, true or a schema), items, minItems,
- * maxItems, enum, const, minLength, maxLength, format (date, time, date-time, uuid), minimum / maximum /
- * exclusiveMinimum / exclusiveMaximum on integers, anyOf whose branches start with different bytes, $ref
- * into the same document ($defs, definitions, "#"), and annotations (title, description, default, examples,
- * $schema, $id, $comment, deprecated, readOnly, writeOnly), which are ignored.  Anything else fails with one
- * sentence naming the keyword and its path; where (wlen bytes, may be NULL) gets the JSON path alone.
+ * (one or a list), properties, required, additionalProperties (false, true or a schema), items, prefixItems,
+ * minItems, maxItems, uniqueItems (over enum / const items), enum, const, minLength, maxLength, pattern (a
+ * regex subset: regex.h), format (date, time, date-time, uuid, email, ipv4, ipv6, hostname), minimum /
+ * maximum / exclusiveMinimum / exclusiveMaximum (integers and numbers), multipleOf (integers), anyOf / oneOf
+ * whose branches start with different bytes or are objects told apart by a first const property, allOf of
+ * object schemas, $ref into the same document ($defs, definitions, "#"), and annotations (title,
+ * description, default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly), which are
+ * ignored.  Anything else fails with one sentence naming the keyword and its path; where (wlen bytes, may
+ * be NULL) gets the JSON path alone.
  * Returns 0, or -1 (*out NULL).
  */
 int grammar_compile(const json_t *schema, const char *path, grammar **out, char *where, size_t wlen, char *err,
                     size_t errlen);
 
+/*
+ * A value with literal text around it: a forced tool call is prefix + the call's JSON + suffix
+ * ("<tool_call>\n" … "\n</tool_call>").  markers (NULL-terminated, may be NULL) are strings that, where they
+ * occur in prefix or suffix, are written as one token when the vocabulary has a token of exactly those
+ * bytes (special or not): token_mask.c allows only that token where a marker starts and no token that would
+ * spell the marker in pieces (gstate_marker).
+ */
+#define GRAMMAR_MAX_MARKS 4
+typedef struct grammar_wrap {
+    const char *prefix, *suffix; /* NULL or "": none */
+    const char *const *markers;
+} grammar_wrap;
+
+/* grammar_compile, wrapped: the text must be prefix, a value valid against schema, then suffix, then end. */
+int grammar_compile_wrapped(const json_t *schema, const grammar_wrap *wrap, const char *path, grammar **out,
+                            char *where, size_t wlen, char *err, size_t errlen);
+
 /* Safe on NULL. */
 void grammar_free(grammar *g);
+
+/* 1 when s stands at the start of a marker of the wrap (*text, *len: its bytes, owned by g), else 0. */
+int gstate_marker(const grammar *g, const gstate *s, const uint8_t **text, size_t *len);
+
+/* The wrap has markers (so token_mask.c checks gstate_marker along its walk). */
+bool grammar_has_markers(const grammar *g);
 
 /* A number unique to this grammar in the process (token_mask.c keys its cache by it). */
 uint64_t grammar_id(const grammar *g);
@@ -110,6 +136,9 @@ typedef struct grammar_set {
  * with grammar_compile's sentence (or out of memory). */
 int grammar_set_get(grammar_set *set, const json_t *schema, const char *path, const grammar **out, char *err,
                     size_t errlen);
+/* The same for a wrapped grammar (wrap NULL: grammar_set_get); the wrap is part of the key. */
+int grammar_set_get_wrapped(grammar_set *set, const json_t *schema, const grammar_wrap *wrap, const char *path,
+                            const grammar **out, char *err, size_t errlen);
 void grammar_set_free(grammar_set *set);
 
 #endif

@@ -26,6 +26,7 @@
 #include "../base/util.h"
 #include "../engine/kv.h"
 #include "calib.h"
+#include "token_mask.h"
 
 uint64_t plan_slack(uint64_t budget)
 {
@@ -268,6 +269,9 @@ int plan_job(mem_job *mj, const mem_job_in *in, bool gpu, char *err, size_t errl
     engine_mem_estimate(m, &eo, threads, &w_str, &ring_str, &pass_str);
     /* the runner's share of a pass: logits of every sequence, sampling scratch per thread */
     uint64_t V = (uint64_t)m->vocab, runner_pass = (uint64_t)in->max_seqs * V * 4 + (uint64_t)(threads + 1) * V * 16;
+    /* structured output: the token masks' cache (capped, emptied whole when full) and walks, on the host */
+    if (in->masks)
+        runner_pass += token_mask_plan_bytes(m->vocab, threads, TOKEN_MASK_CACHE_BYTES);
     mem_need n = {in->budget, plan_rss_now(), w_res, w_str + ring_str, pass_res + runner_pass, 0,
                   mj->page_bytes, want, min_pages, in->mode, in->kv_cap};
     if (fit_path(in->fingerprint, mj->path, sizeof mj->path) != 0 || mem_fit_load(mj->path, &mj->stored) != 0)

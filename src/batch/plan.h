@@ -106,6 +106,7 @@ typedef struct mem_job_in {
     int kv_dtype;            /* GPU: KV_I8, or 0 for the backend's default (bf16) */
     int max_seqs;            /* sequences per pass: the runner's logits rows */
     int32_t want_pages, min_pages; /* plan_kv_want over the pending rows */
+    bool masks;              /* rows with structured output: the token masks (token_mask.h) are counted */
 } mem_job_in;
 
 /* One job's memory: the plan, this run's observations of it, the stored fit of the excess. */

@@ -966,7 +966,7 @@ static int make_plan(runner *r, const engine_opts *eo, bool gpu, char *err, size
     plan_kv_want(need, nn, r->batch, &want, &min_pages);
     free(need);
     mem_job_in in = {r->m, eo, r->fingerprint, r->o.mem_budget, r->o.kv_bytes, r->o.threads, r->o.mode,
-                     r->o.page_tokens, r->o.kv_dtype, r->max_logit_rows, want, min_pages};
+                     r->o.page_tokens, r->o.kv_dtype, r->max_logit_rows, want, min_pages, r->grams.n > 0};
     return plan_job(&r->mem, &in, gpu, err, errlen);
 }
 
@@ -1053,10 +1053,9 @@ static int setup_passes(runner *r, char *err, size_t errlen)
             return -1;
     if (!r->logits || !r->sres || !r->sidx || !r->src || !r->scs || !r->want || !r->cidx || !r->lpos || !r->tgt)
         return util_errf(err, errlen, "out of memory for %zu rows.", r->n_rows);
-    if (r->grams.n) { /* structured output: the vocabulary's masks; 128 MB of cache address space, resident only as
-                       * states are met (a 500-row job of six schemas met ~3,000 distinct states) */
-        if (token_mask_open(r->tok, r->m->vocab, r->m->stop_ids, r->m->n_stop, pool_threads(r->spool), 128u << 20,
-                            &r->tm, err, errlen))
+    if (r->grams.n) { /* structured output: the vocabulary's masks, their cache capped (the plan counts it) */
+        if (token_mask_open(r->tok, r->m->vocab, r->m->stop_ids, r->m->n_stop, pool_threads(r->spool),
+                            TOKEN_MASK_CACHE_BYTES, &r->tm, err, errlen))
             return -1;
         r->gmask = malloc((size_t)pool_threads(r->spool) * token_mask_words(r->tm) * sizeof *r->gmask);
         if (!r->gmask)
@@ -1176,9 +1175,10 @@ static void print_done(runner *r, const char *dir, double el)
         token_mask_stats ms;
         token_mask_get_stats(r->tm, &ms);
         printf("grammar: %zu schemas, %llu masks from the cache, %llu computed in %.2f s (%.1f ms each), %llu cache "
-               "resets\n",
+               "resets, masks %.0f MB at most\n",
                r->grams.n, (unsigned long long)ms.hits, (unsigned long long)ms.misses, ms.miss_s,
-               ms.misses ? 1e3 * ms.miss_s / (double)ms.misses : 0.0, (unsigned long long)ms.resets);
+               ms.misses ? 1e3 * ms.miss_s / (double)ms.misses : 0.0, (unsigned long long)ms.resets,
+               (double)token_mask_bytes(r->tm) / 1e6);
     }
     bool scored = r->tokens_generated == 0 && r->tokens_scored > 0; /* --score, echo with max_tokens 0 */
     uint64_t toks = scored ? r->tokens_scored : r->tokens_generated;

@@ -124,9 +124,11 @@ static json_t *prompt_messages(const request *q)
 }
 
 /* The row's function calling: the tools its tool_choice shows the template (into *rendered, a new reference
- * or NULL) and, when the template teaches a convention spill parses, the row's call state.  0, or -1 when
- * out of memory. */
-static int tool_state(runner *r, const request *q, row *w, json_t **rendered)
+ * or NULL) and, when the template teaches a convention spill parses, the row's call state; a `required` or
+ * named choice becomes the row's grammar (the convention's prefix, the call's JSON, its suffix), replacing a
+ * response_format.  0; 1 with a per-row message when a tool's parameters cannot be enforced; -1 when out of
+ * memory. */
+static int tool_state(runner *r, const request *q, row *w, json_t **rendered, char *msg, size_t msglen)
 {
     bool oom;
     *rendered = toolcall_rendered_tools(q->tools, q->tool_choice, q->tool_choice_name, &oom);
@@ -138,10 +140,6 @@ static int tool_state(runner *r, const request *q, row *w, json_t **rendered)
     w->tc.style = st;
     w->tc.tools = json_incref(*rendered);
     w->tc.parallel = q->parallel_tool_calls;
-    /* GRAMMAR HOOK (tool_choice "required" / named): the call is not forced yet; the structured-output
-     * machinery compiles toolcall_forced_schema(st, *rendered, q->tool_choice, &prefix) into this row's
-     * grammar here.  Until then the template shows the named tool alone and an answer that is not a call is
-     * returned as text with finish_reason "stop". */
     const char *const *mk = toolcall_markers(st);
     for (int i = 0; mk[i] && w->tc.n_markers < TC_MAX_MARKERS; i++) {
         int32_t id = tokenizer_token_id(r->tok, mk[i], strlen(mk[i]));
@@ -150,7 +148,35 @@ static int tool_state(runner *r, const request *q, row *w, json_t **rendered)
             w->tc.marker_text[w->tc.n_markers++] = mk[i];
         }
     }
-    return 0;
+    if (q->tool_choice != TC_CHOICE_REQUIRED && q->tool_choice != TC_CHOICE_NAMED)
+        return 0;
+    grammar_wrap gw = {NULL, NULL, mk};
+    json_t *schema = toolcall_forced_schema(st, *rendered, q->tool_choice, q->parallel_tool_calls, &gw.prefix,
+                                            &gw.suffix);
+    if (!schema)
+        return -1;
+    char err[SPILL_ERRLEN];
+    int rc = grammar_set_get_wrapped(&r->grams, schema, &gw, "body.tool_choice", &w->grammar, err, sizeof err);
+    json_decref(schema);
+    if (rc == 0)
+        return 0;
+    /* name the tool whose parameters the grammar refused, by its own path */
+    size_t i;
+    json_t *t;
+    json_array_foreach(q->tools, i, t)
+    {
+        const char *name = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+        json_t *params = json_object_get(json_object_get(t, "function"), "parameters");
+        grammar *g = NULL;
+        char path[64];
+        snprintf(path, sizeof path, "body.tools[%zu].function.parameters", i);
+        if (params && (q->tool_choice == TC_CHOICE_REQUIRED || !strcmp(name ?: "", q->tool_choice_name ?: "")) &&
+            grammar_compile(params, path, &g, NULL, 0, err, sizeof err))
+            break;
+        grammar_free(g);
+    }
+    snprintf(msg, msglen, "tool_choice forces a call, which spill enforces by constrained decoding, but %.400s", err);
+    return 1;
 }
 
 /* prompt: a completions row's prompt (the request's, or one element of its prompt list). */
@@ -169,9 +195,11 @@ static int build_prompt(runner *r, request *q, json_t *prompt, row *w, char *msg
             return 1;
         }
         json_t *tools = NULL, *msgs = prompt_messages(q);
-        if (!msgs || tool_state(r, q, w, &tools)) {
+        int trc = msgs ? tool_state(r, q, w, &tools, msg, msglen) : -1;
+        if (trc) {
             json_decref(msgs);
-            return snprintf(msg, msglen, "Out of memory."), -1;
+            json_decref(tools);
+            return trc < 0 ? (snprintf(msg, msglen, "Out of memory."), -1) : 1;
         }
         int rc = prompt_chat(&ps, msgs, tools, true, 0, NULL, NULL, &w->prompt, &n, err, sizeof err);
         json_decref(msgs);

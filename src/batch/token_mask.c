@@ -19,6 +19,11 @@
  * copy of V/8 bytes per row.  Hits copy the mask out under the lock, so an entry may be evicted at any time;
  * misses compute outside the lock (two threads may compute the same state once each: harmless).
  *
+ * Markers (a wrap's "<tool_call>", "[TOOL_CALLS]"): where the state stands at one and the vocabulary has a
+ * token of exactly its bytes, that token alone is allowed (even a special one, which the walk otherwise
+ * never allows), and along the walk no token may reach a marker's start with bytes left, so the marker is
+ * never spelled in pieces: the model sees the token its template taught it.
+ *
  * Left out: splitting tokens into context-independent and context-dependent sets per automaton position
  * (XGrammar's scheme) — it makes misses cheaper, and misses are not what a pass pays for here (measured:
  * tests/test_grammar.c's timing lines, bench in the report).
@@ -27,6 +32,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -45,6 +51,7 @@ typedef struct tm_key {
 } tm_key;
 
 struct token_mask {
+    const tokenizer *tok; /* borrowed: marker lookups (grammar_wrap) */
     int V;
     size_t words;
     tm_tok *toks;    /* (n_toks) sorted by bytes */
@@ -71,6 +78,31 @@ static int tok_cmp(const void *pa, const void *pb)
     return a->len != b->len ? (a->len > b->len) - (a->len < b->len) : (a->id > b->id) - (a->id < b->id);
 }
 
+/* Cache slots for cache_bytes: a power of two, at least 64, whose entries fit in cache_bytes. */
+static size_t cache_slots(size_t words, size_t cache_bytes)
+{
+    size_t per = sizeof(tm_key) + sizeof(gstate) + words * sizeof(uint64_t), cap = 64;
+    while (cap * 2 * per <= cache_bytes)
+        cap *= 2;
+    return cap;
+}
+
+size_t token_mask_plan_bytes(int V, int threads, size_t cache_bytes)
+{
+    size_t words = ((size_t)(V > 0 ? V : 0) + 63) / 64, t = (size_t)(threads > 0 ? threads : 1);
+    size_t per = sizeof(tm_key) + sizeof(gstate) + words * sizeof(uint64_t);
+    return cache_slots(words, cache_bytes) * per + (size_t)V * (sizeof(tm_tok) + sizeof(uint32_t)) +
+           t * (257 * sizeof(gstate) + words * sizeof(uint64_t)) + sizeof(token_mask);
+}
+
+size_t token_mask_bytes(const token_mask *tm)
+{
+    size_t per = sizeof(tm_key) + sizeof(gstate) + tm->words * sizeof(uint64_t);
+    return tm->cap * per + (size_t)tm->n_toks * (sizeof(tm_tok) + sizeof(uint32_t)) +
+           (size_t)tm->threads * ((size_t)(tm->max_len + 1) * sizeof(gstate) + tm->words * sizeof(uint64_t)) +
+           sizeof *tm;
+}
+
 int token_mask_open(const tokenizer *tok, int V, const int32_t *stop_ids, size_t n_stop, int threads,
                     size_t cache_bytes, token_mask **out, char *err, size_t errlen)
 {
@@ -79,6 +111,7 @@ int token_mask_open(const tokenizer *tok, int V, const int32_t *stop_ids, size_t
     if (!tm)
         return util_errf(err, errlen, "out of memory for the token masks.");
     pthread_mutex_init(&tm->mu, NULL);
+    tm->tok = tok;
     tm->V = V;
     tm->words = ((size_t)V + 63) / 64;
     tm->threads = threads > 0 ? threads : 1;
@@ -121,10 +154,7 @@ int token_mask_open(const tokenizer *tok, int V, const int32_t *stop_ids, size_t
     for (int t = 0; t < tm->threads; t++)
         if (!(tm->walk[t] = malloc(((size_t)tm->max_len + 1) * sizeof(gstate))))
             goto out_oom;
-    size_t per = sizeof(tm_key) + sizeof(gstate) + tm->words * sizeof(uint64_t);
-    tm->cap = 64;
-    while (tm->cap * 2 * per <= cache_bytes)
-        tm->cap *= 2;
+    tm->cap = cache_slots(tm->words, cache_bytes);
     tm->keys = calloc(tm->cap, sizeof *tm->keys);
     tm->states = malloc(tm->cap * sizeof *tm->states);
     tm->masks = malloc(tm->cap * tm->words * sizeof *tm->masks);
@@ -169,9 +199,33 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The token whose bytes are exactly the marker state s stands at (special or not, never a stop id), or -1
+ * when s is at no marker or the vocabulary spells it only in pieces. */
+static int32_t marker_token(const token_mask *tm, const grammar *g, const gstate *s)
+{
+    const uint8_t *mt;
+    size_t ml, bl;
+    if (!gstate_marker(g, s, &mt, &ml))
+        return -1;
+    int32_t id = tokenizer_token_id(tm->tok, (const char *)mt, ml);
+    const uint8_t *b = id >= 0 && id < tm->V ? tokenizer_token_bytes(tm->tok, id, &bl) : NULL;
+    if (!b || bl != ml || memcmp(b, mt, ml))
+        return -1;
+    for (size_t k = 0; k < tm->n_stop; k++)
+        if (tm->stop[k] == id)
+            return -1;
+    return id;
+}
+
 int32_t token_mask_compute(token_mask *tm, int tid, const grammar *g, const gstate *s, uint64_t *allow)
 {
     memset(allow, 0, tm->words * sizeof *allow);
+    bool marks = grammar_has_markers(g);
+    int32_t mid = marks ? marker_token(tm, g, s) : -1;
+    if (mid >= 0) { /* a marker the vocabulary has as one token: that token alone (it may be special) */
+        allow[mid >> 6] |= 1ull << (mid & 63);
+        return 1;
+    }
     gstate *st = tm->walk[tid];
     gstate_copy(&st[0], s);
     uint32_t rej = UINT32_MAX; /* the depth where the last walked token's bytes were refused */
@@ -182,6 +236,8 @@ int32_t token_mask_compute(token_mask *tm, int tid, const grammar *g, const gsta
         if (d > rej)
             continue; /* shares the refused prefix */
         for (; d < t->len; d++) {
+            if (marks && d > 0 && marker_token(tm, g, &st[d]) >= 0)
+                break; /* the token would spell, in pieces, a marker that has its own token */
             gstate_copy(&st[d + 1], &st[d]);
             if (gstate_feed(g, &st[d + 1], t->b[d]))
                 break;

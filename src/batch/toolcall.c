@@ -391,9 +391,11 @@ void toolcall_id(const char *custom_id, int choice, size_t k, char out[TC_ID_LEN
     out[29] = 0;
 }
 
-json_t *toolcall_forced_schema(tc_style st, const json_t *tools, tc_choice choice, const char **prefix)
+json_t *toolcall_forced_schema(tc_style st, const json_t *tools, tc_choice choice, bool parallel, const char **prefix,
+                               const char **suffix)
 {
     *prefix = st == TC_STYLE_HERMES ? "<tool_call>\n" : st == TC_STYLE_MISTRAL ? "[TOOL_CALLS]" : "";
+    *suffix = st == TC_STYLE_HERMES ? "\n</tool_call>" : "";
     if (st == TC_STYLE_NONE || !tools || (choice != TC_CHOICE_REQUIRED && choice != TC_CHOICE_NAMED))
         return NULL;
     const char *akey = st == TC_STYLE_LLAMA3 ? "parameters" : "arguments";
@@ -403,23 +405,33 @@ json_t *toolcall_forced_schema(tc_style st, const json_t *tools, tc_choice choic
     json_array_foreach(tools, i, t)
     {
         json_t *params = json_object_get(json_object_get(t, "function"), "parameters"), *any_object = NULL;
-        if (!params)
-            params = any_object = json_pack("{s:s}", "type", "object");
+        if (!params) /* OpenAI: omitting parameters defines a function with an empty parameter list */
+            params = any_object = json_pack("{s:s, s:{}, s:b}", "type", "object", "properties", "additionalProperties", 0);
         json_t *one = json_pack("{s:s, s:{s:{s:s}, s:O}, s:[s, s], s:b}", "type", "object", "properties", "name",
                                 "const", tool_name(t), akey, params, "required", "name", akey,
                                 "additionalProperties", 0);
         json_decref(any_object);
+        if (one && st == TC_STYLE_MISTRAL) /* Mistral's calls may carry a 9-character id (the template's own) */
+            json_object_set_new(json_object_get(one, "properties"), "id",
+                                json_pack("{s:s, s:i, s:i}", "type", "string", "minLength", 9, "maxLength", 9));
         if (!one || json_array_append_new(any, one)) {
             json_decref(any);
             return NULL;
         }
     }
+    json_t *call;
     if (json_array_size(any) == 1) {
-        json_t *one = json_incref(json_array_get(any, 0));
+        call = json_incref(json_array_get(any, 0));
         json_decref(any);
-        return one;
-    }
-    return json_pack("{s:o}", "anyOf", any);
+    } else
+        call = json_pack("{s:o}", "anyOf", any);
+    if (st != TC_STYLE_MISTRAL || !call)
+        return call;
+    /* Mistral v0.3 / Nemo: a list of calls after [TOOL_CALLS] (v11 tokenizers read it too) */
+    json_t *list = json_pack("{s:s, s:o, s:i}", "type", "array", "items", call, "minItems", 1);
+    if (list && !parallel && json_object_set_new(list, "maxItems", json_integer(1)))
+        json_decref(list), list = NULL;
+    return list;
 }
 
 void toolcall_row_free(tc_row *t)

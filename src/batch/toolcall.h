@@ -77,17 +77,17 @@ void toolcall_parsed_free(tc_parsed *p);
 void toolcall_id(const char *custom_id, int choice, size_t k, char out[TC_ID_LEN]);
 
 /*
- * What a `required` or named tool_choice wants the answer to be, as a JSON Schema of the call object
- * {"name": N, "arguments": {…}} (anyOf over the rendered tools for `required`), plus the text the convention
- * opens a call with (*prefix: "<tool_call>\n", "[TOOL_CALLS]", "" for Llama's bare JSON).  NULL for auto /
- * none, a style without a convention, or out of memory.
- *
- * GRAMMAR HOOK: spill does not constrain decoding yet, so a forced choice is rendered (only the named tool
- * shown) and parsed like auto — an answer that is not a call keeps its text with finish_reason "stop".  The
- * structured-output machinery compiles this schema (after *prefix) into the row's grammar; run_rows.c marks
- * the one place it plugs in.
+ * What a `required` or named tool_choice forces the answer to be: *prefix, then a JSON value valid against the
+ * returned schema, then *suffix (both static).  The schema is the call object {"name": N, "arguments": {…}}
+ * ("parameters" for Llama), anyOf over the rendered tools for `required` (one object per tool, its name a
+ * const); for Mistral a list of them (minItems 1, maxItems 1 unless parallel).  Prefix and suffix:
+ * "<tool_call>\n" … "\n</tool_call>" (Hermes), "[TOOL_CALLS]" … "" (Mistral), "" … "" (Llama's bare JSON).
+ * run_rows.c compiles them into the row's grammar (grammar_compile_wrapped, the convention's markers as
+ * single tokens), so the answer parses as a call and finishes "tool_calls".  NULL for auto / none, a style
+ * without a convention, or out of memory.
  */
-json_t *toolcall_forced_schema(tc_style st, const json_t *rendered_tools, tc_choice choice, const char **prefix);
+json_t *toolcall_forced_schema(tc_style st, const json_t *rendered_tools, tc_choice choice, bool parallel,
+                               const char **prefix, const char **suffix);
 
 /* A row's function-calling state, kept by the runner from the row's build to its answer. */
 #define TC_MAX_MARKERS 4
