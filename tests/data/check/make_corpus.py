@@ -194,9 +194,9 @@ case("stream_true", [batch(b=body(stream=True))], "invalid_request", 1,
 case("body_unknown_field", [batch(b=body(temprature=0.5))], "invalid_request", 1,
      "body.temprature is not a field of a chat-completions request that spill accepts; remove it.")
 case("response_format_keyword", [batch(b=body(response_format={"type": "json_schema", "json_schema": {
-        "name": "code", "schema": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}}}))],
+        "name": "code", "schema": {"type": "object", "properties": {"code": {"type": "string", "not": {"const": "x"}}}}}}))],
      "invalid_request", 1,
-     'body.response_format.json_schema.schema.properties.code.pattern: the keyword "pattern" is not supported by spill\'s constrained decoding; remove it.')
+     'body.response_format.json_schema.schema.properties.code.not: the keyword "not" is not supported by spill\'s constrained decoding; remove it.')
 case("tool_choice_required_no_tools", [batch(b=body(tool_choice="required"))], "invalid_request", 1,
      'body.tool_choice is "required", but the request has no tools to call; add tools or remove body.tool_choice.')
 case("tool_choice_unknown_name", [batch(b=body(tools=[{"type": "function", "function": {"name": "f"}}],
