@@ -549,8 +549,9 @@ static int check_tools(pctx *c, const json_t *obj, const char *pre, request *out
 
 /*
  * tool_choice: "auto" | "none" | "required" | {"type":"function","function":{"name":N}}; required and a
- * named function need tools, and the name must be one of them.  Neither is enforced by constrained decoding
- * yet (toolcall.h, GRAMMAR HOOK): a named choice shows the template that tool alone.
+ * named function need tools, and the name must be one of them.  Both are enforced by constrained decoding: the
+ * row's grammar is the family's call text around the forced tool's arguments (run_rows.c's tool_state,
+ * toolcall_forced_schema); a named choice shows the template that tool alone.
  */
 static int parse_tool_choice(pctx *c, const json_t *body, request *out)
 {

@@ -200,10 +200,73 @@ __global__ void dequant_kernel(uint32_t type, const uint8_t *w, size_t row_bytes
     }
 }
 
+/*
+ * The block formats' dequantizer: one thread per 8 consecutive elements of a row (always inside one quant block,
+ * whose sizes are 32 or 256), the type a template constant so dq_elem's switch folds away, rows from the grid's
+ * y dimension and chunks from x — no 64-bit divide or modulo per element (the generic kernel above pays one of
+ * each), and the 8 outputs leave as one 16-byte bf16 store (two float4 for fp32).  The values are dq_elem's, so
+ * they equal quant_dequant_row's bit for bit like the generic kernel's.  SPILL_DEQUANT=generic picks the generic
+ * kernel (for A/B runs on the device).
+ */
+template <uint32_t TYPE>
+__global__ void dequant8_kernel(const uint8_t *w, size_t row_bytes, int64_t N, int32_t K, bf16 *out_b, float *out_f)
+{
+    int32_t k0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (k0 >= K)
+        return;
+    for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+        const uint8_t *row = w + n * row_bytes;
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = dq_elem(TYPE, row, k0 + j);
+        int64_t o = n * (int64_t)K + k0;
+        if (out_b) {
+            __align__(16) bf16 b[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                b[j] = __float2bfloat16_rn(v[j]);
+            *(uint4 *)(out_b + o) = *(const uint4 *)b;
+        } else {
+            *(float4 *)(out_f + o) = make_float4(v[0], v[1], v[2], v[3]);
+            *(float4 *)(out_f + o + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        }
+    }
+}
+
+static int dequant_generic_forced = -1;
+
 cudaError_t k_dequant(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, bf16 *out_b, float *out_f,
                       cudaStream_t s)
 {
-    dequant_kernel<<<grid_for(N * K, 256), 256, 0, s>>>(type, (const uint8_t *)w, row_bytes, N, K, out_b, out_f);
+    if (dequant_generic_forced < 0) {
+        const char *e = getenv("SPILL_DEQUANT");
+        dequant_generic_forced = e && !strcmp(e, "generic");
+    }
+    const uint8_t *wb = (const uint8_t *)w;
+    bool aligned = K % 8 == 0 && K <= INT32_MAX && (uintptr_t)(out_b ? (void *)out_b : (void *)out_f) % 16 == 0;
+    if (!dequant_generic_forced && aligned && N > 0) {
+        dim3 grid((unsigned)((K / 8 + 255) / 256), (unsigned)(N < 65535 ? N : 65535));
+        switch (type) {
+#define DQ8(T)                                                                                                         \
+    case T:                                                                                                            \
+        dequant8_kernel<T><<<grid, 256, 0, s>>>(wb, row_bytes, N, (int32_t)K, out_b, out_f);                           \
+        return cudaGetLastError();
+            DQ8(T_Q8_0)
+            DQ8(T_Q4_0)
+            DQ8(T_Q4_1)
+            DQ8(T_Q5_0)
+            DQ8(T_Q5_1)
+            DQ8(T_Q4_K)
+            DQ8(T_Q5_K)
+            DQ8(T_Q6_K)
+            DQ8(T_F16)
+#undef DQ8
+        default:
+            break;
+        }
+    }
+    dequant_kernel<<<grid_for(N * K, 256), 256, 0, s>>>(type, wb, row_bytes, N, K, out_b, out_f);
     return cudaGetLastError();
 }
 

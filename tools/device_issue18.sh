@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# device_issue18.sh — issue 18's dequantizer on the H200 machine (run from the repo root after
+# tar -xJf .carry/pack.tar.xz; binaries from tools/device_build.sh):
+#   tests  the GPU tests (tools/cuda_device_run.sh tests): every type's GPU dequant = quant_dequant_row bit for bit
+#   dq     a 70B-shaped sparse model (spill synth --like llama3-70b, LAYERS of its layers, q4 and q8), every layer
+#          streamed from pinned RAM each pass (--gpu --stream --resident-layers 0), ROWS rows of 8 prompt tokens
+#          and 24 new tokens; the same job with the block dequantizer (default) and the generic one
+#          (SPILL_DEQUANT=generic) in one call: the full-batch decode passes' median time against the layer
+#          bytes / 55 GB/s.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results/issue18-local}
+mkdir -p "$OUT"
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
+for d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in os.listdir(p)))' 2>/dev/null); do
+    [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$d"
+done
+export LD_LIBRARY_PATH
+B=.carry/bin/spill-cuda
+export SPILL_HOME=/tmp/spillhome
+LAYERS=${LAYERS:-16}
+ROWS=${ROWS:-2048}
+for s in ${*:-tests dq}; do
+    case $s in
+    tests)
+        OUT=$OUT/tests tools/cuda_device_run.sh tests > "$OUT/tests_run.log" 2>&1; log "tests rc=$?"
+        grep -E "checks" "$OUT/tests/tests.log" | tail -5
+        ;;
+    dq)
+        python3 - "$ROWS" <<'PY'
+import json, random, sys
+random.seed(0)
+with open("/tmp/dq.jsonl", "w") as f:
+    for i in range(int(sys.argv[1])):
+        f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                            "body": {"model": "s70b", "prompt": [random.randrange(300, 120000) for _ in range(8)],
+                                     "max_tokens": 24, "temperature": 0}}) + "\n")
+PY
+        for q in q4 q8; do
+            M=/tmp/s70b-$q.gguf
+            [ -f $M ] || timeout 200 $B synth --like llama3-70b --layers $LAYERS --quant $q --sparse -o $M \
+                > "$OUT/synth_$q.log" 2>&1
+            log "synth $q rc=$? $(du -h --apparent-size $M | cut -f1)"
+            for k in block generic; do
+                rm -rf /tmp/jdq
+                e=""; [ $k = generic ] && e="SPILL_DEQUANT=generic"
+                env $e timeout 200 $B run $M /tmp/dq.jsonl -o /tmp/jdq --gpu --stream --resident-layers 0 \
+                    --batch $ROWS --pass-log "$OUT/passes_${q}_$k.csv" > "$OUT/run_${q}_$k.log" 2>&1
+                log "$q $k rc=$?"
+                grep -E "^done|weights" "$OUT/run_${q}_$k.log" | tail -2
+            done
+            python3 - "$OUT" "$q" "$ROWS" <<'PY'
+import csv, re, statistics, sys
+out, q, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with open(f"{out}/summary.txt", "a") as f:
+    for k in ("block", "generic"):
+        try:
+            P = list(csv.DictReader(open(f"{out}/passes_{q}_{k}.csv")))
+            gb = float(re.search(r"weights: ([0-9.]+) GB streamed per pass", open(f"{out}/run_{q}_{k}.log").read()).group(1))
+        except (OSError, AttributeError):
+            continue
+        full = [float(p["seconds"]) for p in P if int(p["seqs"]) == rows and int(p["prefill_tokens"]) == 0]
+        if not full:
+            continue
+        t, limit = statistics.median(full), gb * 1e9 / 55e9
+        line = (f"{q} {k}: {rows} rows, median full-batch decode pass {t*1e3:.1f} ms over {len(full)} passes; "
+                f"{gb:.2f} GB streamed / 55 GB/s = {limit*1e3:.1f} ms ({t/limit:.2f}x); {rows/t:.0f} tok/s")
+        print(line)
+        f.write(line + "\n")
+PY
+            rm -f $M
+        done
+        ;;
+    esac
+done
