@@ -40,6 +40,9 @@ build/cuda/test_%: tests/cuda/test_%.c tests/test.h build/cuda/libspillcuda.a $(
 build/cuda/bench_pass: bench/cuda/bench_pass.c build/cuda/libspillcuda.a $(CUDA_COBJ)
 	$(CC) $(WARN) -O2 -g -Isrc -Itests $(CUDA_CFLAGS) -o $@ $< build/cuda/libspillcuda.a $(CUDA_COBJ) $(CUDA_LINK) $(CUDA_LIBS)
 
+build/cuda/bench_dequant: bench/cuda/bench_dequant.cu build/cuda/libspillcuda.a
+	$(NVCC) $(NVCCFLAGS) -Isrc -o $@ $< build/cuda/libspillcuda.a -L$(CUDA_HOME)/lib64 -lcublas
+
 # spill-cuda: the whole CLI with the GPU engine registered as the runner's backend.
 SPILL_ALL_C := $(LIB_SRC)
 build/cuda/spill-cuda: src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) build/cuda/libspillcuda.a $(HDRS)
@@ -48,7 +51,7 @@ build/cuda/spill-cuda: src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) build/cuda
 
 CUDA_SPILL_LIBS ?= -ljansson -lpcre2-8 -lutf8proc -lcrypto -lcurl
 
-cuda: build/cuda/libspillcuda.a $(CUDA_TESTS) build/cuda/bench_pass build/cuda/spill-cuda
+cuda: build/cuda/libspillcuda.a $(CUDA_TESTS) build/cuda/bench_pass build/cuda/bench_dequant build/cuda/spill-cuda
 
 test-cuda: cuda
 	@set -e; for t in $(CUDA_TESTS); do echo "== $$t"; $$t; done

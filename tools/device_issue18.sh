@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # device_issue18.sh — issue 18's dequantizer on the H200 machine (run from the repo root after
 # tar -xJf .carry/pack.tar.xz; binaries from tools/device_build.sh):
+#   kernels bench_dequant: each type's dequant alone (block vs generic kernel: ms, GB/s read and written, TB/s) on
+#          70B-shaped matrices, and the bf16 cuBLAS GEMM of the same shapes at 2,048 and 4,096 rows
 #   tests  the GPU tests (tools/cuda_device_run.sh tests): every type's GPU dequant = quant_dequant_row bit for bit
 #   dq     a 70B-shaped sparse model (spill synth --like llama3-70b, LAYERS of its layers, q4 and q8), every layer
 #          streamed from pinned RAM each pass (--gpu --stream --resident-layers 0), ROWS rows of 8 prompt tokens
@@ -22,6 +24,11 @@ LAYERS=${LAYERS:-16}
 ROWS=${ROWS:-2048}
 for s in ${*:-tests dq}; do
     case $s in
+    kernels)
+        timeout 300 .carry/bin/bench_dequant --json "$OUT/bench_dequant.jsonl" > "$OUT/bench_dequant.txt" 2>&1
+        log "bench_dequant rc=$?"
+        cat "$OUT/bench_dequant.txt"
+        ;;
     tests)
         OUT=$OUT/tests tools/cuda_device_run.sh tests > "$OUT/tests_run.log" 2>&1; log "tests rc=$?"
         grep -E "checks" "$OUT/tests/tests.log" | tail -5

@@ -236,6 +236,11 @@ __global__ void dequant8_kernel(const uint8_t *w, size_t row_bytes, int64_t N, i
 
 static int dequant_generic_forced = -1;
 
+void k_dequant_force_generic(int on)
+{
+    dequant_generic_forced = on != 0;
+}
+
 cudaError_t k_dequant(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, bf16 *out_b, float *out_f,
                       cudaStream_t s)
 {

@@ -26,6 +26,8 @@ typedef __nv_bfloat16 bf16;
 bool kq_type_supported(uint32_t type);
 
 /* out(N, K) = dequant(W), W = N rows of row_bytes bytes.  One of out_b / out_f is non-NULL. */
+/* 1: k_dequant always takes the generic per-element kernel (benchmarks; SPILL_DEQUANT=generic does it too). */
+void k_dequant_force_generic(int on);
 cudaError_t k_dequant(uint32_t type, const void *w, size_t row_bytes, int64_t N, int64_t K, bf16 *out_b, float *out_f,
                       cudaStream_t s);
 
