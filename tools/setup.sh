@@ -26,6 +26,8 @@ if [ ! -x .venv/bin/pip ]; then
 fi
 # the official OpenAI client's types validate every output line the tests write (tools/check_output_schema.py)
 .venv/bin/python -c "import openai" 2>/dev/null || .venv/bin/pip install -q openai
+# gguf (GGUF writer, with numpy): test_toolcall writes its tiny tool-calling models with tools/gen_tiny_tool_gguf.py
+.venv/bin/python -c "import gguf" 2>/dev/null || .venv/bin/pip install -q gguf numpy
 if [ "${1:-}" = "--refs" ]; then
     .venv/bin/pip install -q tokenizers transformers gguf numpy jinja2 sentencepiece protobuf
     # llama.cpp as tests/data/llamacpp/*.json were made with it (pip builds it from source: minutes, once)
