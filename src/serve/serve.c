@@ -302,6 +302,11 @@ static enum MHD_Result reply_err(struct MHD_Connection *c, unsigned status, cons
                       json_pack("{s:{s:s,s:s,s:n,s:s?}}", "error", "message", msg, "type", type, "param", "code", code));
 }
 
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
 /* ---- per-request state ---- */
 
 typedef struct req {
@@ -737,6 +742,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return route(c, url, method, q);
 }
 
+/* URL unescaping for libmicrohttpd: %XX decoded, except %00, which stays as the three characters so that a NUL
+ * can never cut a path into a valid-looking id ("file-<24>%00" must not name file-<24>). */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
+{
+    char *w = s;
+    for (const char *r = s; *r; r++) {
+        int hi, lo;
+        if (r[0] == '%' && (hi = hexval(r[1])) >= 0 && (lo = hexval(r[2])) >= 0 && (hi | lo)) {
+            *w++ = (char)(hi * 16 + lo);
+            r += 2;
+        } else
+            *w++ = *r;
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
 /* ---- the worker ---- */
 
 static void batch_set(json_t *o, const char *status, const char *stamp)
@@ -906,7 +928,17 @@ static void *worker(void *arg)
             co.endpoint = ep;
             check_report r;
             char err[SPILL_ERRLEN] = "";
-            int rc = check_file(data, &co, &r, NULL, err, sizeof err);
+            /* the sentences name the input file by its id, not by its path in the store */
+            char name[64];
+            snprintf(name, sizeof name, "%s", json_string_value(json_object_get(o, "input_file_id")));
+            FILE *in = fopen(data, "r");
+            int rc = in ? check_stream(in, name, &co, &r, NULL, err, sizeof err) : CHECK_NOINPUT;
+            if (in)
+                fclose(in);
+            if (!in) {
+                memset(&r, 0, sizeof r);
+                snprintf(err, sizeof err, "The input file %s cannot be read.", name);
+            }
             pthread_mutex_lock(&S.mu);
             if (rc != CHECK_OK) {
                 fail_batch(id, o, r.first_error_code ? r.first_error_code : "invalid_file", (long)r.first_error_line,
@@ -1074,13 +1106,13 @@ int serve_main(int argc, char **argv)
         d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, &sa,
                              MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_CONNECTION_LIMIT,
-                             4096u, MHD_OPTION_NOTIFY_COMPLETED, req_done, NULL, MHD_OPTION_HTTPS_MEM_CERT, cert_pem,
+                             4096u, MHD_OPTION_NOTIFY_COMPLETED, req_done, NULL, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_HTTPS_MEM_CERT, cert_pem,
                              MHD_OPTION_HTTPS_MEM_KEY, key_pem, MHD_OPTION_END);
     else
         d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, &sa,
                              MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_CONNECTION_LIMIT,
-                             4096u, MHD_OPTION_NOTIFY_COMPLETED, req_done, NULL, MHD_OPTION_END);
+                             4096u, MHD_OPTION_NOTIFY_COMPLETED, req_done, NULL, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_END);
     int rc = 0;
     if (!d) {
         fprintf(stderr, "spill serve: cannot listen on %s:%d (in use, or the TLS certificate/key is bad).\n", host,
