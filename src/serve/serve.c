@@ -223,6 +223,12 @@ static void load_store(void)
         json_t *m = json_load_file(p, 0, NULL);
         if (m)
             json_object_set_new(S.files, e->d_name, m);
+        else { /* an upload the server died in: its bytes never became a file */
+            snprintf(p, sizeof p, "%s/%s/data.partial", S.files_dir, e->d_name);
+            unlink(p);
+            snprintf(p, sizeof p, "%s/%s", S.files_dir, e->d_name);
+            rmdir(p);
+        }
     }
     if (d)
         closedir(d);
@@ -940,7 +946,10 @@ static void *worker(void *arg)
                 snprintf(err, sizeof err, "The input file %s cannot be read.", name);
             }
             pthread_mutex_lock(&S.mu);
-            if (rc != CHECK_OK) {
+            if (!strcmp(json_string_value(json_object_get(o, "status")), "cancelling")) { /* cancelled meanwhile */
+                batch_set(o, "cancelled", "cancelled_at");
+                save_batch(id);
+            } else if (rc != CHECK_OK) {
                 fail_batch(id, o, r.first_error_code ? r.first_error_code : "invalid_file", (long)r.first_error_line,
                            r.first_error[0] ? r.first_error : err);
             } else {
