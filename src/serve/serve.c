@@ -28,7 +28,9 @@
 
 /* Every path here is the store directory (checked shorter than 4096 at start) plus a checked id: a cut path
  * could only name nothing, never another file, so GCC's truncation guesses are noise in this file. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wformat-truncation"
+#endif
 
 #include <arpa/inet.h>
 #include <dirent.h>
