@@ -8,11 +8,11 @@ CFLAGS  ?= -O2 -g
 # the build's identity in every run's manifest (stale until the file that uses it is rebuilt: fine for provenance)
 GIT_DESC := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 WARN    := -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -DSPILL_GIT=\"$(GIT_DESC)\"
-LIBS    := -ljansson -lpcre2-8 -lutf8proc -lcrypto -lcurl -lpthread -lm
+LIBS    := -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lcrypto -lcurl -lpthread -lm
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 
 # src/ in folders by stage (src/README.md): base <- model <- text, engine <- batch <- main.c.
-SRC_DIRS := base model text engine batch
+SRC_DIRS := base model text engine batch serve
 LIB_SRC := $(foreach d,$(SRC_DIRS),$(wildcard src/$(d)/*.c))
 # the built-in chat templates src/model/templates.c embeds (.incbin) rebuild like headers
 HDRS    := $(wildcard src/*/*.h) $(wildcard src/model/templates/*.jinja)

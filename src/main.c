@@ -33,6 +33,7 @@
 #include "batch/eval.h"
 #include "batch/run.h"
 #include "batch/runs.h"
+#include "serve/serve.h"
 #include "text/prompt.h"
 #include "base/exit.h"
 #include "base/settings.h"
@@ -56,7 +57,8 @@ static const struct command {
     {"adapters", "spill adapters", "list the LoRA adapters under $SPILL_HOME/adapters (run one: MODEL+ADAPTER)", true},
     {"probe", "spill probe [--dir PATH] [--bytes N]", "measure RAM, disk read rate (page cache bypassed), GEMM rate",
      true},
-    {"serve", "spill serve [--port N]", "OpenAI Files + Batches HTTP API", false},
+    {"serve", "spill serve --model MODEL [--host H] [--port N] [--keys FILE] [--tls-cert F --tls-key F] [--max-upload SIZE]",
+     "OpenAI Files + Batches HTTP API over the job store, with a status page at /", true},
     {"bench", "spill bench MODEL [OPTIONS]", "decode tok/s vs batch and tier beside each tier's limit; CSV, table, SVG", true},
     {"pack", "spill pack MODEL --quant q8|q4|none -o OUT.gguf|DIR", "repack into the streaming layout", true},
     {"synth", "spill synth --like NAME [--layers N] [--quant f16|bf16|q8|q4] [--seed N] [--sparse] -o PATH|DIR",
@@ -99,6 +101,13 @@ static const cmd_opt cmd_opts[] = {
     {"tokenize", "--json", NULL, "print the ids and pieces as JSON"},
     {"tokenize", "--special", NULL, "apply the tokenizer's post-processor (BOS and the like), as a completions prompt is"},
     {"template", "--json", NULL, "print the rendered text and its ids as JSON"},
+    {"serve", "--model", "MODEL", "a model batches run on (repeatable; a batch's body.model picks one, else the first)"},
+    {"serve", "--host", "ADDR", "the IPv4 address to listen on (default 127.0.0.1; another needs --keys)"},
+    {"serve", "--port", "N", "the TCP port (default 8000)"},
+    {"serve", "--keys", "FILE", "bearer keys, one a line (the file must not be world-readable)"},
+    {"serve", "--tls-cert", "FILE", "PEM certificate: serve HTTPS (with --tls-key)"},
+    {"serve", "--tls-key", "FILE", "PEM private key of --tls-cert"},
+    {"serve", "--max-upload", "SIZE", "largest upload, K/M/G suffixes (default 200M); above it 413"},
 };
 #define N_CMD_OPTS (sizeof cmd_opts / sizeof cmd_opts[0])
 
@@ -684,5 +693,7 @@ int main(int argc, char **argv)
         return check_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench"))
         return bench_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve"))
+        return serve_main(argc - 2, argv + 2);
     return usage_one(cmd, SPILL_EX_USAGE);
 }

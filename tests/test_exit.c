@@ -110,7 +110,8 @@ static void test_bad_arguments(void)
         CHECK(rc == 2, "spill%s: exit %d, want 2 (bad arguments)", shown, rc);
         CHECK(stderr_has("usage") || stderr_has("spill"), "spill%s: nothing on stderr says why", shown);
     }
-    CHECK(RUN("serve") == 69, "spill serve: want 69 (not built yet)");
+    CHECK(RUN("serve") == 2, "spill serve without --model: want 2 (usage)");
+    CHECK(RUN("serve", "--model", "m", "--bogus") == 2, "spill serve --bogus: want 2 (usage)");
     CHECK(RUN("distill") == 2, "spill distill without MODEL INPUT: want 2 (usage)");
 }
 
@@ -236,7 +237,7 @@ static void test_help(void)
 static void test_help_all(void)
 {
     static const char *const cmds[] = {"check", "runs", "models", "adapters", "probe", "synth", "pack",
-                                       "tokenize", "template", "eval", "bench"};
+                                       "tokenize", "template", "eval", "bench", "serve"};
     for (size_t ci = 0; ci < sizeof cmds / sizeof cmds[0]; ci++) {
         char cmd[PATH_MAX + 64], line[512];
         snprintf(cmd, sizeof cmd, "%s %s --help", bin(), cmds[ci]);

@@ -1,0 +1,212 @@
+"""serve_client.py — drives `spill serve` with the official openai client (test_serve.c runs it).
+
+usage: serve_client.py SPILL_BIN MODEL PORT WORKDIR
+Starts the server itself (so that it can kill -9 and restart it), with SPILL_HOME=WORKDIR/home.
+Prints one line per check and exits 1 on the first failure.
+"""
+import http.client, json, os, signal, socket, subprocess, sys, time
+
+import openai
+
+BIN, MODEL, PORT, WORK = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+KEY = "sk-spill-test-key"
+checks = 0
+
+
+def ok(cond, what):
+    global checks
+    if not cond:
+        print("FAIL:", what)
+        sys.exit(1)
+    checks += 1
+    print("ok", what)
+
+
+def start():
+    env = dict(os.environ, SPILL_HOME=os.path.join(WORK, "home"))
+    log = open(os.path.join(WORK, "serve.log"), "a")
+    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", str(PORT), "--keys", keys,
+                          "--max-upload", "64K"], env=env, stdout=log, stderr=log)
+    for _ in range(200):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=2)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return p
+        except OSError:
+            time.sleep(0.05)
+    ok(False, "the server answers /health")
+
+
+def raw(method, path, body=None, headers=None):
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=10)
+    c.request(method, path, body=body, headers=headers or {})
+    r = c.getresponse()
+    return r.status, r.read()
+
+
+def rows_file(name, n, tokens):
+    path = os.path.join(WORK, name)
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                                "body": {"model": "tiny", "temperature": 0, "max_tokens": tokens + 12 * i,
+                                         "messages": [{"role": "user", "content": f"count to {i}"}]}}) + "\n")
+    return path
+
+
+def wait(client, bid, states, secs=120):
+    t = time.time()
+    while time.time() - t < secs:
+        b = client.batches.retrieve(bid)
+        if b.status in states:
+            return b
+        time.sleep(0.2)
+    ok(False, f"batch {bid} reaches {states}")
+
+
+def answers(client, b):
+    out = {}
+    if b.output_file_id:
+        for line in client.files.content(b.output_file_id).text.splitlines():
+            j = json.loads(line)
+            out[j["custom_id"]] = j["response"]["body"]["choices"][0]["message"]["content"]
+    return out
+
+
+keys = os.path.join(WORK, "keys")
+with open(keys, "w") as f:
+    f.write("# test keys\n" + KEY + "\n")
+os.chmod(keys, 0o644)
+env = dict(os.environ, SPILL_HOME=os.path.join(WORK, "home"))
+r = subprocess.run([BIN, "serve", "--model", MODEL, "--port", str(PORT), "--keys", keys], env=env,
+                   capture_output=True, text=True)
+ok(r.returncode == 2 and "readable by every user" in r.stderr, "a world-readable keys file is refused")
+os.chmod(keys, 0o600)
+
+import atexit
+srv = start()
+atexit.register(lambda: srv.kill())
+client = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY, max_retries=0)
+
+# abuse: keys
+for hdr in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic " + KEY}):
+    for path in ("/v1/files", "/v1/batches", "/v1/models"):
+        st, body = raw("GET", path, headers=hdr)
+        ok(st == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", f"401 for {path} with {hdr}")
+st, body = raw("GET", "/")
+ok(st == 200 and b"batch_" not in body and b"file-" not in body, "the status page shell shows nothing of the store")
+
+# upload, create, poll, download
+inp = rows_file("in.jsonl", 6, 8)
+f = client.files.create(file=open(inp, "rb"), purpose="batch")
+ok(f.id.startswith("file-") and f.bytes == os.path.getsize(inp) and f.purpose == "batch", "upload")
+ok(client.files.retrieve(f.id).filename == "in.jsonl", "retrieve a file")
+ok(client.files.content(f.id).content == open(inp, "rb").read(), "file content round-trips")
+b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
+                          metadata={"k": "v"})
+ok(b.status == "validating" and b.request_counts.total == 0 and b.expires_at == b.created_at + 86400, "create")
+b = wait(client, b.id, ("completed", "failed"))
+ok(b.status == "completed" and b.request_counts.completed == 6 and b.request_counts.failed == 0, "batch completes")
+ref = answers(client, b)
+ok(sorted(ref) == [f"r{i}" for i in range(6)], "the output file holds every row once")
+ok(client.files.retrieve(b.output_file_id).purpose == "batch_output", "the output file's purpose")
+
+# a file that fails validation: errors with line numbers
+bad = os.path.join(WORK, "bad.jsonl")
+with open(bad, "w") as fh:
+    fh.write(open(inp).readline())
+    fh.write(open(inp).readline())  # duplicate custom_id on line 2
+fb = client.files.create(file=open(bad, "rb"), purpose="batch")
+bb = wait(client, client.batches.create(input_file_id=fb.id, endpoint="/v1/chat/completions",
+                                        completion_window="24h").id, ("failed", "completed"))
+ok(bb.status == "failed" and bb.errors.data[0].line == 2 and bb.errors.data[0].code == "duplicate_custom_id",
+   "validation failure: errors name the line")
+fm = client.files.create(file=open(inp, "rb"), purpose="batch")
+bm = wait(client, client.batches.create(input_file_id=fm.id, endpoint="/v1/completions",
+                                        completion_window="24h").id, ("failed", "completed"))
+ok(bm.status == "failed" and bm.errors.data[0].code == "url_mismatch", "url_mismatch against the endpoint")
+
+# pagination
+ids, page = [], client.batches.list(limit=1)
+for x in page:
+    ids.append(x.id)
+ok(len(ids) == 3 and len(set(ids)) == 3, "batches list paginates (limit=1) over all three")
+fids = [x.id for x in client.files.list()]
+ok(len(fids) >= 4 and len(set(fids)) == len(fids), "files list")
+
+# abuse: size, multipart, ids
+big = b"x" * (70 * 1024)
+st, body = raw("POST", "/v1/files", body=big, headers={"Authorization": "Bearer " + KEY,
+               "Content-Type": "multipart/form-data; boundary=zz"})
+ok(st == 413, "413 for an upload above --max-upload (Content-Length)")
+try:
+    client.files.create(file=("big.jsonl", big), purpose="batch")
+    ok(False, "oversize upload refused")
+except openai.APIStatusError as e:
+    ok(e.status_code == 413, "413 through the client")
+st, body = raw("POST", "/v1/files", body=b"--zz\r\nbroken", headers={"Authorization": "Bearer " + KEY,
+               "Content-Type": "multipart/form-data; boundary=zz"})
+ok(st == 400, "400 for malformed multipart")
+st, body = raw("POST", "/v1/files", body=b"{}", headers={"Authorization": "Bearer " + KEY,
+               "Content-Type": "application/json"})
+ok(st == 400, "400 for an upload that is not multipart")
+for bad_id in ("../../etc/passwd", "file-..%2F..%2Fetc%2Fpasswd", "file-%00aaaaaaaaaaaaaaaaaaaaaaa",
+               f.id + "%00", f.id[:-1] + "/", "file-" + "a" * 25, "batch_" + "../" * 8):
+    for path in (f"/v1/files/{bad_id}", f"/v1/files/{bad_id}/content", f"/v1/batches/{bad_id}"):
+        st, body = raw("GET", path, headers={"Authorization": "Bearer " + KEY})
+        ok(st == 404 and b"root:" not in body, f"404 for {path}")
+
+# a slow client holds a connection while a batch runs; cancel mid-run keeps the answered rows
+slow = socket.create_connection(("127.0.0.1", PORT))
+slow.send(b"POST /v1/batches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+          b"\r\nContent-Length: 100\r\n\r\n{")
+long_in = rows_file("long.jsonl", 40, 5)
+fl = client.files.create(file=open(long_in, "rb"), purpose="batch")
+bl = client.batches.create(input_file_id=fl.id, endpoint="/v1/chat/completions", completion_window="24h")
+t = time.time()
+while time.time() - t < 120:
+    x = client.batches.retrieve(bl.id)
+    if x.request_counts.completed >= 1:
+        break
+    time.sleep(0.1)
+ok(x.status == "in_progress" and 0 < x.request_counts.completed < 40, "request_counts grow while it runs")
+c = client.batches.cancel(bl.id)
+ok(c.status == "cancelling", "cancel → cancelling")
+c = wait(client, bl.id, ("cancelled",))
+got = answers(client, c)
+ok(c.request_counts.completed == len(got) and len(got) >= 1 and len(got) < 40,
+   f"cancelled keeps the {len(got)} answered rows in the output file")
+slow.close()
+
+# kill -9 mid-batch, restart: the same results as uninterrupted
+fk = client.files.create(file=open(long_in, "rb"), purpose="batch")
+refb = wait(client, client.batches.create(input_file_id=fk.id, endpoint="/v1/chat/completions",
+                                          completion_window="24h").id, ("completed",), 300)
+want = answers(client, refb)
+bk = client.batches.create(input_file_id=fk.id, endpoint="/v1/chat/completions", completion_window="24h")
+t = time.time()
+while time.time() - t < 120:
+    x = client.batches.retrieve(bk.id)
+    if x.request_counts.completed >= 2:
+        break
+    time.sleep(0.1)
+srv.send_signal(signal.SIGKILL)
+srv.wait()
+time.sleep(0.5)
+srv = start()
+atexit.register(lambda: srv.kill())
+x = wait(client, bk.id, ("completed", "failed"), 300)
+lines = client.files.content(x.output_file_id).text.splitlines()
+ids = [json.loads(l)["custom_id"] for l in lines]
+ok(x.status == "completed" and len(ids) == 40 and len(set(ids)) == 40, "after kill -9 and restart: 40 rows, none twice")
+ok(answers(client, x) == want, "the same answers as the uninterrupted batch")
+
+# delete
+d = client.files.delete(f.id)
+ok(d.deleted and d.id == f.id, "delete a file")
+st, _ = raw("GET", f"/v1/files/{f.id}", headers={"Authorization": "Bearer " + KEY})
+ok(st == 404, "a deleted file is gone")
+srv.send_signal(signal.SIGTERM)
+srv.wait(30)
+print(f"{checks} checks passed")
