@@ -49,7 +49,7 @@ build/cuda/spill-cuda: src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) build/cuda
 	$(CC) $(WARN) -O2 -g $(CUDA_CFLAGS) -o $@ src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) \
 		build/cuda/libspillcuda.a $(CUDA_LINK) $(CUDA_SPILL_LIBS)
 
-CUDA_SPILL_LIBS ?= -ljansson -lpcre2-8 -lutf8proc -lcrypto -lcurl
+CUDA_SPILL_LIBS ?= -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lcrypto -lcurl
 
 cuda: build/cuda/libspillcuda.a $(CUDA_TESTS) build/cuda/bench_pass build/cuda/bench_dequant build/cuda/spill-cuda
 

@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 
 pkgs="build-essential clang libclang-rt-14-dev pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libssl-dev libcurl4-openssl-dev
       liburing-dev libmicrohttpd-dev python3-venv unzip"
-pkgs="$pkgs chromium"  # tools/screenshot_status.sh: spill serve's status page in a real (headless) browser
+# --refs: chromium for tools/screenshot_status.sh (spill serve's status page in a real, headless browser)
+[ "${1:-}" = "--refs" ] && pkgs="$pkgs chromium"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
