@@ -147,7 +147,7 @@ static void test_every_byte(void)
             memcpy(text, tok, tl);
             text[tl] = '!';
             out_choice ch = {text, tl + 1, OUT_FINISH_STOP, true, 2, tk, NULL, 0, 0, NULL, 0, NULL};
-            out_result r = {id, "smollm2:135m", "fp_1", 1711475054, 1, &ch, 3, 2, &st};
+            out_result r = {id, "smollm2:135m", "fp_1", 1711475054, 1, &ch, 3, 2, &st, 0};
             rc = e == 0 ? output_chat_line(&r, NULL, &line, &len, err, sizeof err)
                         : output_completion_line(&r, NULL, &line, &len, err, sizeof err);
             CHECK(rc == 0, "endpoint %d token %d: output: %s", e, t, err);

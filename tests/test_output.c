@@ -71,7 +71,7 @@ static void test_chat_plain(void)
                 "\"created\":1711475054,\"model\":\"smollm2:135m\",\"system_fingerprint\":\"fp_abc\",\"choices\":"
                 "[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello!\",\"refusal\":null},"
                 "\"logprobs\":null,\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":24,"
-                "\"completion_tokens\":15,\"total_tokens\":39}}},\"error\":null,\"spill\":{\"run_id\":\"run1\","
+                "\"completion_tokens\":15,\"total_tokens\":39,\"prompt_tokens_details\":{\"cached_tokens\":0}}}},\"error\":null,\"spill\":{\"run_id\":\"run1\","
                 "\"model_fingerprint\":\"sha256:aa\",\"quant\":\"q4_1\",\"adapter\":null}}",
                 err, "chat plain");
 }
@@ -107,7 +107,7 @@ static void test_chat_logprobs(void)
                 "\"refusal\":null},\"finish_reason\":\"length\"},{\"index\":1,\"message\":{\"role\":\"assistant\","
                 "\"content\":\"ok\xef\xbf\xbd\xef\xbf\xbd\",\"refusal\":null},\"logprobs\":null,"
                 "\"finish_reason\":\"tool_calls\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4,"
-                "\"total_tokens\":7}}},\"error\":null}",
+                "\"total_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":0}}}},\"error\":null}",
                 err, "chat logprobs");
 }
 
@@ -141,7 +141,7 @@ static void test_completion(void)
                 "\"Hi th\xc3\xa9re\",\"index\":0,\"logprobs\":{\"tokens\":[\"Hi\",\" th\xc3\xa9\",\"re\"],"
                 "\"token_logprobs\":[-0.5,-0.25,-2.0],\"top_logprobs\":[{\"Hi\":-0.5,\" Hi\":-1.25},{},{}],"
                 "\"text_offset\":[0,2,6]},\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":3,"
-                "\"completion_tokens\":3,\"total_tokens\":6}}},\"error\":null}",
+                "\"completion_tokens\":3,\"total_tokens\":6,\"prompt_tokens_details\":{\"cached_tokens\":0}}}},\"error\":null}",
                 err, "completion");
 
     /* tool_calls is not a completions finish reason. */

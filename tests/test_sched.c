@@ -24,6 +24,11 @@
  *     roomy run's: preemption and recompute change nothing; in odd jobs the
  *     tight run's backend also picks the greedy rows' tokens itself
  *     (forward_pick, as the GPU does) and the answers still agree.
+ * Every third job gives its rows shared prefixes (a few groups, each a common prompt start, rows adding their
+ * own tail or none — identical prompts too): it runs tight with the prefix cache on (rows map indexed pages,
+ * choices map choice 0's; every pass checks each page's count against its mappers, and no sequence may write
+ * a page another row maps), once with a page copy and once without (the GPU's way: choices compute their
+ * last tokens), and must answer as the roomy run without the cache.
  * And for the larger jobs, the pre-run ETA — from the fit calibrated on the
  * jobs before — lands within 25% of the fake wall time (the target SPEC §5
  * sets for real runs; decided before the first run of this test) in at
@@ -88,8 +93,12 @@ static int fake_forward(void *impl, fwd_seq *seqs, int n_seqs, float *logits, ch
             violation(f, "a pass wrote past the pages its row reserved");
             continue;
         }
-        for (int i = 0; i < q->n; i++)
+        for (int i = 0; i < q->n; i++) {
+            int32_t pg = q->kv->pages[(q->pos0 + i) / f->kv.page_tokens];
+            if (f->kv.ref[pg] != 1)
+                violation(f, "a pass wrote into a KV page another row maps");
             *kv_key(&f->kv, q->kv, 0, 0, q->pos0 + i) = (float)q->tokens[i];
+        }
         tokens += q->n;
         att += (double)q->n * q->pos0 + (double)q->n * (q->n + 1) / 2;
         if (!q->want_logits)
@@ -156,13 +165,14 @@ typedef struct job_spec {
     int n_rows, batch, chunk, page_tokens;
     uint64_t budget;
     int32_t *prompt_len, *prompt_seed, *max_new, *n_choices, *seeded;
+    int32_t *group, *prefix_len; /* shared jobs: the row's prefix group (-1 none) and its length in tokens */
     float *temp;
 } job_spec;
 
 static uint64_t g_rng = 0x5eed;
 static uint32_t rnd(uint32_t n) { return (uint32_t)((g_rng = mix(g_rng)) % n); }
 
-static void spec_make(job_spec *js, bool big)
+static void spec_make(job_spec *js, bool big, bool shared)
 {
     memset(js, 0, sizeof *js);
     js->n_rows = big ? 40 + (int)rnd(60) : 1 + (int)rnd(16);
@@ -175,6 +185,12 @@ static void spec_make(job_spec *js, bool big)
     js->n_choices = malloc(sizeof(int32_t) * (size_t)js->n_rows);
     js->seeded = malloc(sizeof(int32_t) * (size_t)js->n_rows);
     js->temp = malloc(sizeof(float) * (size_t)js->n_rows);
+    js->group = malloc(sizeof(int32_t) * (size_t)js->n_rows);
+    js->prefix_len = malloc(sizeof(int32_t) * (size_t)js->n_rows);
+    int32_t glen[4];
+    int n_groups = 1 + (int)rnd(4);
+    for (int g = 0; g < 4; g++)
+        glen[g] = 1 + (int32_t)rnd(rnd(3) ? 60 : 150);
     for (int i = 0; i < js->n_rows; i++) {
         js->prompt_len[i] = 1 + (int32_t)rnd(rnd(4) ? 40 : 200);
         js->prompt_seed[i] = (int32_t)rnd(1u << 30);
@@ -182,6 +198,12 @@ static void spec_make(job_spec *js, bool big)
         js->n_choices[i] = rnd(5) ? 1 : 2 + (int32_t)rnd(2);
         js->seeded[i] = rnd(2) == 0;
         js->temp[i] = js->seeded[i] ? 0.9f : 0.0f; /* unseeded rows are greedy: the same answer every run */
+        js->group[i] = shared ? (int32_t)rnd((uint32_t)n_groups + 1) - 1 : -1;
+        js->prefix_len[i] = 0;
+        if (js->group[i] >= 0) { /* the group's start, then the row's own tail (none a quarter of the time) */
+            js->prefix_len[i] = glen[js->group[i]];
+            js->prompt_len[i] = js->prefix_len[i] + (rnd(4) ? 1 + (int32_t)rnd(40) : 0);
+        }
     }
 }
 
@@ -193,6 +215,8 @@ static void spec_free(job_spec *js)
     free(js->n_choices);
     free(js->seeded);
     free(js->temp);
+    free(js->group);
+    free(js->prefix_len);
 }
 
 static tokenizer *g_tok;
@@ -327,6 +351,8 @@ static int run_passes(drive *d, sched *s, fake *f, const spill_backend *be, samp
                 ai++;
         }
         calib_observe(d->cal, tokens, att, f->clock - t0);
+        if (rc == 0 && s->cfg.kv_check && sched_check(s, err, errlen))
+            rc = -1;
     }
     free(logits);
     free(sres);
@@ -340,8 +366,10 @@ static int run_passes(drive *d, sched *s, fake *f, const spill_backend *be, samp
 /* reserve: 0 = --batch (admission by prompt pages, preemption as rows grow); 1 = batch from memory with every
  * row planned at max_tokens (cfg.reserve: must never preempt); 2 = from memory with rows planned at a quarter of
  * max_tokens (admits more, may preempt). */
-static json_t *run_spec(const job_spec *js, bool tight, bool pick, int reserve, calib *fit, double *wall,
-                        double *eta, int *preempt, uint64_t *picks)
+/* prefix: 0 off, 1 the prefix cache with the page copy, 2 without a page copy (choices compute their tails);
+ * *cached (may be NULL) adds the prompt tokens rows mapped. */
+static json_t *run_spec(const job_spec *js, bool tight, bool pick, int reserve, int prefix, calib *fit, double *wall,
+                        double *eta, int *preempt, uint64_t *picks, uint64_t *cached)
 {
     char err[SPILL_ERRLEN] = "";
     size_t n_rows = (size_t)js->n_rows;
@@ -364,9 +392,9 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, int reserve, 
         w->line = i + 1;
         w->n_prompt = js->prompt_len[i];
         w->prompt = malloc(sizeof(int32_t) * (size_t)w->n_prompt);
-        uint64_t h = (uint64_t)js->prompt_seed[i];
+        uint64_t h = (uint64_t)js->prompt_seed[i], hg = 1000 + (uint64_t)js->group[i];
         for (int32_t k = 0; k < w->n_prompt; k++)
-            w->prompt[k] = 17 + (int32_t)((h = mix(h)) % (VOCAB - 17));
+            w->prompt[k] = 17 + (int32_t)((k < js->prefix_len[i] ? (hg = mix(hg)) : (h = mix(h))) % (VOCAB - 17));
         w->max_new = js->max_new[i];
         w->expect_new = reserve == 2 ? (w->max_new + 3) / 4 : 0;
         w->n_choices = js->n_choices[i];
@@ -412,14 +440,15 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, int reserve, 
         CHECK(0, "set-up: %s", err);
         goto out;
     }
-    spill_backend be = {&f, "fake", 0, fake_forward, fake_kv, fake_kv_copy, fake_close, NULL, NULL};
+    spill_backend be = {&f, "fake", 0, fake_forward, fake_kv, prefix == 2 ? NULL : fake_kv_copy, fake_close, NULL, NULL};
     if (pick)
         be.forward_pick = fake_forward_pick;
     int unfit = 0; /* the runner would fail these rows into errors.jsonl before sched_init */
     for (size_t i = 0; i < n_rows; i++)
-        unfit += sched_row_pages(&f.kv, &rows[i]) > f.kv.n_pages;
+        unfit += sched_row_pages(&f.kv, &rows[i], prefix > 0) > f.kv.n_pages;
     CHECK(unfit == 0, "%d rows need more pages than the cache's %d", unfit, f.kv.n_pages);
-    sched_cfg cfg = {&be, g_tok, VOCAB, 0, js->batch, max_seqs, js->chunk, 0, max_seqs, reserve > 0};
+    sched_cfg cfg = {&be, g_tok, VOCAB, 0, js->batch, max_seqs, js->chunk, 0, max_seqs, reserve > 0, prefix > 0,
+                     prefix > 0};
     if (sched_init(&s, &cfg, rows, n_rows, err, sizeof err)) {
         CHECK(0, "sched_init: %s", err);
         goto out;
@@ -439,6 +468,8 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, int reserve, 
     CHECK(!sched_pending(&s) && done == n_rows && json_object_size(d.answers) == n_rows && d.twice == 0,
           "%zu of %zu rows done, %zu answers, %d rows written twice", done, n_rows, json_object_size(d.answers),
           d.twice);
+    for (size_t i = 0; cached && i < n_rows; i++)
+        *cached += (uint64_t)rows[i].cached;
     calib_merge(fit, &run);
     ans = d.answers;
     d.answers = NULL;
@@ -467,12 +498,13 @@ int main(void)
     calib fit;
     memset(&fit, 0, sizeof fit);
     int jobs = 0, big = 0, big_ok = 0, preempted_jobs = 0, differ = 0, reserve_jobs = 0, reserve_pre = 0;
-    uint64_t picked = 0;
+    uint64_t picked = 0, cached = 0;
+    int shared_jobs = 0, shared_differ = 0;
     double worst = 0;
     for (int j = 0; j < N_JOBS && test_failures < 20; j++) {
         job_spec js;
-        bool is_big = j % 50 == 49;
-        spec_make(&js, is_big);
+        bool is_big = j % 50 == 49, shared = j % 3 == 1;
+        spec_make(&js, is_big, shared);
         /* a budget between "the longest row alone" and "the whole batch at once" */
         int64_t longest = 0, sum = 0;
         for (int i = 0; i < js.n_rows; i++) {
@@ -490,15 +522,31 @@ int main(void)
         uint64_t np = 0, np2;
         /* odd jobs: the tight run lets the backend pick greedy rows (forward_pick), the roomy run samples
          * every row itself: the answers must still agree */
-        json_t *a = run_spec(&js, true, j % 2 == 1, 0, &fit, &wt, &eta, &pre, &np);
-        json_t *b = run_spec(&js, false, false, 0, &before, &wr, &eta2, &pre2, &np2);
+        json_t *a = run_spec(&js, true, j % 2 == 1, 0, 0, &fit, &wt, &eta, &pre, &np, NULL);
+        json_t *b = run_spec(&js, false, false, 0, 0, &before, &wr, &eta2, &pre2, &np2, NULL);
+        if (shared) { /* the prefix cache under the same tight plan, with and without a page copy */
+            calib scratch = before;
+            double w3, e3;
+            int pre3;
+            uint64_t np3;
+            for (int px = 1; px <= 2; px++) {
+                json_t *c = run_spec(&js, true, px == 2, j % 8 == 4 ? 2 : 0, px, &scratch, &w3, &e3, &pre3, &np3,
+                                     &cached);
+                bool same = c && b && json_equal(c, b);
+                CHECK(same, "job %d: the prefix cache (%s) answered differently", j,
+                      px == 1 ? "page copy" : "no page copy");
+                shared_differ += !same;
+                json_decref(c);
+            }
+            shared_jobs++;
+        }
         if (j % 4 == 2) { /* the batch from memory's reserving admission under the same tight plan */
             calib scratch = before;
             double w3, e3;
             int pre3;
             uint64_t np3;
             for (int rv = 1; rv <= 2; rv++) {
-                json_t *c = run_spec(&js, true, false, rv, &scratch, &w3, &e3, &pre3, &np3);
+                json_t *c = run_spec(&js, true, false, rv, 0, &scratch, &w3, &e3, &pre3, &np3, NULL);
                 CHECK(c && b && json_equal(c, b), "job %d: reserving admission (rows planned at %s) answered "
                       "differently", j, rv == 1 ? "max_tokens" : "a quarter of it");
                 if (rv == 1)
@@ -506,6 +554,14 @@ int main(void)
                 reserve_jobs++, reserve_pre += rv == 2 && pre3 > 0;
                 json_decref(c);
             }
+            /* with the prefix cache the reserving admission counts a shared page once and a choice's mapped
+             * pages as its own entries: planned at max_tokens, it still never preempts */
+            json_t *c = run_spec(&js, true, false, 1, 1, &scratch, &w3, &e3, &pre3, &np3, NULL);
+            CHECK(c && b && json_equal(c, b), "job %d: reserving admission with the prefix cache answered differently",
+                  j);
+            CHECK(pre3 == 0, "job %d: reserving admission at max_tokens with the prefix cache preempted %d rows", j,
+                  pre3);
+            json_decref(c);
         }
         picked += np;
         if (a && b && !json_equal(a, b)) {
@@ -538,6 +594,8 @@ int main(void)
         jobs++;
     }
     CHECK(differ == 0, "%d of %d jobs answered differently under the tight plan", differ, jobs);
+    CHECK(cached > 10000, "the prefix cache mapped only %llu prompt tokens over %d shared jobs",
+          (unsigned long long)cached, shared_jobs);
     CHECK(picked > 1000, "only %llu tokens were picked by the backend", (unsigned long long)picked);
     CHECK(preempted_jobs > jobs / 20, "only %d of %d jobs preempted a row: the budgets did not bite", preempted_jobs,
           jobs);
@@ -545,8 +603,11 @@ int main(void)
           big_ok, big, worst * 100);
     fprintf(stderr,
             "%d jobs, %d with preemptions, %llu greedy tokens picked by the backend; pre-run ETA within 25%% on %d of "
-            "%d larger jobs (worst %.0f%%); %d reserving runs (%d planned at a quarter of max_tokens preempted)\n",
-            jobs, preempted_jobs, (unsigned long long)picked, big_ok, big, worst * 100, reserve_jobs, reserve_pre);
+            "%d larger jobs (worst %.0f%%); %d reserving runs (%d planned at a quarter of max_tokens preempted); "
+            "%d jobs with shared prefixes run with the prefix cache twice each (%d differed), %llu prompt tokens "
+            "mapped\n",
+            jobs, preempted_jobs, (unsigned long long)picked, big_ok, big, worst * 100, reserve_jobs, reserve_pre,
+            shared_jobs, shared_differ, (unsigned long long)cached);
     tokenizer_free(g_tok);
     gguf_close(gf);
     return test_finish("test_sched");

@@ -36,6 +36,7 @@ int settings_from_env(spill_settings *s, char *err, size_t errlen)
     s->no_simd = on("SPILL_NO_SIMD");
     s->no_vnni = on("SPILL_NO_VNNI");
     s->cuda_prof = on("SPILL_CUDA_PROF");
+    s->kv_check = on("SPILL_KV_CHECK");
     if (choice("SPILL_CUDA_ATT", "fp32", "tf32", &s->cuda_att_fp32, err, errlen) ||
         choice("SPILL_CUDA_PIN", "alloc", "register", &s->cuda_pin_alloc, err, errlen))
         return -1;

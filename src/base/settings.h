@@ -11,6 +11,8 @@
  *   SPILL_CUDA_ATT=fp32|tf32   prompt attention on CUDA cores (fp32) or TF32 tensor cores (the default)
  *   SPILL_CUDA_PIN=alloc|register   streamed layers' host arena: cudaHostAlloc first, or read into
  *                       anonymous memory by several threads and cudaHostRegister'd after (the default)
+ *   SPILL_KV_CHECK=1    after every pass, every KV page's count is checked against the rows mapping it (slow;
+ *                       the prefix-cache tests run with it)
  *
  * SPILL_HOME (where models, jobs and calibration live) is read by util_spill_home().
  */
@@ -25,6 +27,7 @@ typedef struct spill_settings {
     bool cuda_prof;
     bool cuda_att_fp32;  /* prompt attention tiles on CUDA cores */
     bool cuda_pin_alloc; /* cudaHostAlloc the streamed layers' arena */
+    bool kv_check;       /* the KV pages' counts checked after every pass (sched_check) */
 } spill_settings;
 
 /* Reads the variables above.  Returns 0, or -1 with a sentence naming the variable and its allowed values

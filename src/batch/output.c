@@ -548,6 +548,8 @@ static json_t *body_json(const out_result *r, bool chat, const char *id)
     bad |= json_object_set_new(usage, "completion_tokens", json_integer((json_int_t)r->completion_tokens));
     bad |=
         json_object_set_new(usage, "total_tokens", json_integer((json_int_t)(r->prompt_tokens + r->completion_tokens)));
+    bad |= json_object_set_new(usage, "prompt_tokens_details",
+                               json_pack("{s:I}", "cached_tokens", (json_int_t)r->cached_tokens));
     bad |= json_object_set_new(b, "usage", usage);
     if (bad) {
         json_decref(b);
@@ -620,6 +622,9 @@ int output_merge_lines(char *const *lines, const size_t *lens, size_t n, char **
         json_array_foreach(ch, i, c) bad |= json_array_append(choices, c);
         bad |= add_int(usage, us, "prompt_tokens") || add_int(usage, us, "completion_tokens") ||
                add_int(usage, us, "total_tokens");
+        json_t *pd = json_object_get(usage, "prompt_tokens_details"), *od = json_object_get(us, "prompt_tokens_details");
+        if (!bad && json_is_object(pd) && json_is_object(od))
+            bad |= add_int(pd, od, "cached_tokens");
         json_t *st = json_object_get(m, "spill"), *so = json_object_get(o, "spill");
         if (!bad && json_is_object(st) && json_is_object(so))
             bad |= max_num(st, so, "latency_s") || max_num(st, so, "passes");

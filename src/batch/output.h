@@ -98,6 +98,7 @@ typedef struct out_result {
     uint64_t prompt_tokens;
     uint64_t completion_tokens; /* all choices together */
     const out_stamp *stamp;     /* NULL → no "spill" key */
+    uint64_t cached_tokens;     /* of prompt_tokens, those mapped from the prefix cache (usage.prompt_tokens_details) */
 } out_result;
 
 /* An HTTP-style rejection of one row (status_code 400..599). */

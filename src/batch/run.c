@@ -383,7 +383,7 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
     stamp.passes = w->passes;
     stamp.requested_model = w->requested;
     out_result res = {w->custom_id, w->model, r->sys_fp, (int64_t)time(NULL), (size_t)w->n_choices, oc,
-                      (uint64_t)w->n_prompt, completion, &stamp};
+                      (uint64_t)w->n_prompt, completion, &stamp, (uint64_t)w->cached};
     char *line;
     size_t len;
     int rc = 0;
@@ -714,6 +714,8 @@ static int run_passes(runner *r, char *err, size_t errlen)
         }
         if (job_commit(r->j, err, errlen))
             return -1;
+        if (s->cfg.kv_check && sched_check(s, err, errlen))
+            return -1;
         /* the whole pass — build, forward, sampling, output, group commit — is what the ETA must price */
         double pass_s = now_s() - t0;
         calib_observe(&r->cal_run, pass_tokens, pass_att, pass_s);
@@ -873,6 +875,15 @@ static int record_run_info(runner *r, char *err, size_t errlen)
            job_set_info(r->j, "build", build, err, errlen) || job_set_info(r->j, "hardware", hw, err, errlen);
 }
 
+/* Prompt tokens this process's rows mapped from the prefix cache (each row's last admission: its cached_tokens). */
+static uint64_t run_cached_tokens(const runner *r)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < r->n_rows; i++)
+        n += (uint64_t)r->rows[i].cached;
+    return n;
+}
+
 /* The run's throughput, into the manifest before its last commit. */
 static void record_throughput(runner *r, double el)
 {
@@ -880,9 +891,10 @@ static void record_throughput(runner *r, double el)
     uint64_t toks = r->tokens_generated ? r->tokens_generated : r->tokens_scored;
     if (r->j)
         job_set_info(r->j, "throughput",
-                     json_pack("{s:f,s:I,s:I,s:I,s:f}", "seconds", el, "tokens_generated",
+                     json_pack("{s:f,s:I,s:I,s:I,s:I,s:f}", "seconds", el, "tokens_generated",
                                (json_int_t)r->tokens_generated, "tokens_scored", (json_int_t)r->tokens_scored,
-                               "prompt_tokens", (json_int_t)r->prompt_tokens, "tok_s", el > 0 ? (double)toks / el : 0),
+                               "prompt_tokens", (json_int_t)r->prompt_tokens, "cached_tokens",
+                               (json_int_t)run_cached_tokens(r), "tok_s", el > 0 ? (double)toks / el : 0),
                      e2, sizeof e2);
 }
 
@@ -916,12 +928,27 @@ static int cmp_i32_asc(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* KV pages the plan counts for pending row w at toks positions per choice: with the prefix cache its choices > 0
+ * map choice 0's full prompt pages and a row of a group maps the prefix its predecessor holds (share_hint), so
+ * a shared page is counted once.  alone: the row by itself (no predecessor to map from). */
+static int32_t plan_row_pages(const runner *r, const row *w, int64_t toks, bool alone)
+{
+    int32_t P = r->o.page_tokens > 0 ? r->o.page_tokens : 16;
+    int64_t pg = (toks + P - 1) / P * w->n_choices;
+    if (r->o.prefix_cache != 2) {
+        pg -= (int64_t)(w->n_choices - 1) * ((w->n_prompt - 1) / P);
+        if (!alone)
+            pg -= w->share_hint / P;
+    }
+    pg = pg < 1 ? 1 : pg;
+    return pg > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)pg;
+}
+
 /* How many pending rows `pages` KV pages hold at once at their planned lengths (prompt + expect_new, each
  * choice): taken shortest first (the most that can ever be in flight), or in queue order, longest first (the
  * first batch).  At least 1, at most r->batch. */
 static int fit_rows(const runner *r, int64_t pages, bool longest_first)
 {
-    int32_t P = r->o.page_tokens > 0 ? r->o.page_tokens : 16;
     int32_t *need = malloc((r->n_rows + 1) * sizeof *need);
     if (!need)
         return r->batch;
@@ -929,9 +956,8 @@ static int fit_rows(const runner *r, int64_t pages, bool longest_first)
     for (size_t i = 0; i < r->n_rows; i++)
         if (r->rows[i].state == ROW_PENDING) {
             const row *w = &r->rows[i];
-            int64_t t = (int64_t)w->n_prompt + (w->expect_new ? w->expect_new : w->max_new);
-            int64_t pg = (t + P - 1) / P * w->n_choices;
-            need[n++] = pg > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)pg;
+            need[n++] = plan_row_pages(r, w, (int64_t)w->n_prompt + (w->expect_new ? w->expect_new : w->max_new),
+                                       false);
         }
     qsort(need, n, sizeof *need, cmp_i32_asc);
     int64_t used = 0;
@@ -950,7 +976,7 @@ static int fit_rows(const runner *r, int64_t pages, bool longest_first)
 /* The memory plan for this job (plan.h) from the pending rows' KV needs and the engine about to open. */
 static int make_plan(runner *r, const engine_opts *eo, bool gpu, char *err, size_t errlen)
 {
-    int32_t P = r->o.page_tokens, want, min_pages;
+    int32_t want, min_pages, largest = 1;
     int32_t *need = malloc((r->n_rows + 1) * sizeof *need);
     if (!need)
         return util_errf(err, errlen, "out of memory for %zu rows.", r->n_rows);
@@ -960,14 +986,33 @@ static int make_plan(runner *r, const engine_opts *eo, bool gpu, char *err, size
             /* --batch: every token a row may generate; from memory: its planned length (expect_new) */
             const row *w = &r->rows[i];
             int64_t toks = (int64_t)w->n_prompt + (r->o.batch || !w->expect_new ? w->max_new : w->expect_new);
-            int64_t pg = (toks + P - 1) / P * w->n_choices;
-            need[nn++] = pg > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)pg;
+            need[nn++] = plan_row_pages(r, w, toks, false);
+            int32_t a = plan_row_pages(r, w, toks, true);
+            largest = a > largest ? a : largest;
         }
     plan_kv_want(need, nn, r->batch, &want, &min_pages);
     free(need);
+    min_pages = largest; /* the longest row alone, with nothing to map */
+    want = want < largest ? largest : want;
     mem_job_in in = {r->m, eo, r->fingerprint, r->o.mem_budget, r->o.kv_bytes, r->o.threads, r->o.mode,
                      r->o.page_tokens, r->o.kv_dtype, r->max_logit_rows, want, min_pages, r->grams.n > 0};
     return plan_job(&r->mem, &in, gpu, err, errlen);
+}
+
+/* The prefix cache's queue order, computed before the plan for its share hints (sched_init orders the same
+ * rows the same way).  0, or -1 with a sentence. */
+static int share_hints(runner *r, char *err, size_t errlen)
+{
+    if (r->o.prefix_cache == 2)
+        return 0;
+    size_t *order = malloc((r->n_rows + 1) * sizeof *order), n;
+    int rc = order ? sched_order(r->rows, r->n_rows, r->o.page_tokens, true, order, &n) : -1;
+    free(order);
+    r->shared_expect = 0;
+    for (size_t i = 0; i < r->n_rows; i++)
+        if (r->rows[i].state == ROW_PENDING)
+            r->shared_expect += (uint64_t)r->rows[i].share_hint;
+    return rc ? util_errf(err, errlen, "out of memory for %zu rows.", r->n_rows) : 0;
 }
 
 /* Opens the backend the plan was made for: the GPU when this binary has one (unless --cpu), else the CPU (a GPU
@@ -1065,7 +1110,7 @@ static int setup_passes(runner *r, char *err, size_t errlen)
     for (size_t i = 0; i < r->n_rows; i++) {
         row *w = &r->rows[i];
         /* a row must be able to finish alone: prompt plus every token it may generate */
-        int32_t need = w->state == ROW_PENDING ? sched_row_pages(kv, w) : 0;
+        int32_t need = w->state == ROW_PENDING ? sched_row_pages(kv, w, r->o.prefix_cache != 2) : 0;
         if (need <= kv->n_pages)
             continue;
         char msg[SPILL_ERRLEN];
@@ -1085,7 +1130,8 @@ static int setup_passes(runner *r, char *err, size_t errlen)
             return -1;
     }
     sched_cfg sc = {&r->be, r->tok, r->m->vocab, r->job_seed, r->batch, r->max_seqs, r->o.prefill_chunk,
-                    r->mem.plan.guard, r->max_logit_rows, r->o.batch == 0};
+                    r->mem.plan.guard, r->max_logit_rows, r->o.batch == 0, r->o.prefix_cache != 2,
+                    r->o.settings.kv_check};
     return sched_init(&r->s, &sc, r->rows, r->n_rows, err, errlen);
 }
 
@@ -1145,10 +1191,18 @@ static void print_ready(runner *r, bool resuming, double t_open)
         snprintf(bt, sizeof bt, "batch %d from memory (the KV pages hold %d of these rows at their planned lengths%s%s)",
                  r->first_batch, r->first_batch, up, ub);
     }
-    printf("spill %s: %s (%s, %s: %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill · %s · engine "
+    char px[96] = "";
+    if (r->o.prefix_cache == 2)
+        snprintf(px, sizeof px, " (prefix cache off)");
+    else if (r->shared_expect) {
+        char sx[32];
+        fmt_count(r->shared_expect, sx, sizeof sx);
+        snprintf(px, sizeof px, " (%s of them expected from the prefix cache)", sx);
+    }
+    printf("spill %s: %s (%s, %s: %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill%s · %s · engine "
            "%s · %s · ETA %s · job %s · ready in %.1f s\n",
            resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->quant_name, r->m->quant_summary, wb,
-           (unsigned long long)r->rows_total, (unsigned long long)already, pt, bt, r->be.name, mem, eta0,
+           (unsigned long long)r->rows_total, (unsigned long long)already, pt, px, bt, r->be.name, mem, eta0,
            job_dir(r->j), now_s() - t_open);
     fflush(stdout);
 }
@@ -1179,6 +1233,18 @@ static void print_done(runner *r, const char *dir, double el)
                r->grams.n, (unsigned long long)ms.hits, (unsigned long long)ms.misses, ms.miss_s,
                ms.misses ? 1e3 * ms.miss_s / (double)ms.misses : 0.0, (unsigned long long)ms.resets,
                (double)token_mask_bytes(r->tm) / 1e6);
+    }
+    if (r->s.cfg.prefix) {
+        int32_t ix, idle;
+        uint64_t ev;
+        kv_prefix_stats(r->s.kv, &ix, &idle, &ev);
+        uint64_t cached = run_cached_tokens(r);
+        printf("prefix cache: %llu prompt tokens mapped instead of computed (%.1f%% of %llu; %llu with the "
+               "recomputes of preempted rows), %d KV pages saved at most, %d pages indexed at the end, %llu taken "
+               "back, %llu passes a row waited for its prefix\n",
+               (unsigned long long)cached, r->prompt_tokens ? 100.0 * (double)cached / (double)r->prompt_tokens : 0.0,
+               (unsigned long long)r->prompt_tokens, (unsigned long long)r->s.prefix_tokens, r->s.pages_saved_peak,
+               ix, (unsigned long long)ev, (unsigned long long)r->s.prefix_waits);
     }
     bool scored = r->tokens_generated == 0 && r->tokens_scored > 0; /* --score, echo with max_tokens 0 */
     uint64_t toks = scored ? r->tokens_scored : r->tokens_generated;
@@ -1264,6 +1330,8 @@ static int run_job(runner *r, const job_stored *stored)
         n_pending += r->rows[i].state == ROW_PENDING;
     r->batch = r->o.batch ? r->o.batch : n_pending < 1 ? 1 : n_pending > RUN_MAX_BATCH ? RUN_MAX_BATCH : (int)n_pending;
     size_batch(r);
+    if (share_hints(r, err, sizeof err))
+        goto fail_job;
     if (r->o.full_logits && check_logits_room(r, err, sizeof err)) {
         code = SPILL_EX_USAGE;
         goto fail_job;

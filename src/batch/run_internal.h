@@ -55,6 +55,7 @@ typedef struct run_opts {
     const char *quant;   /* --quant bf16|q8|q4|fp8|auto, NULL = the file's own types (run_quant.c); the resolved
                             name once the job is open (what it stores for a resume) */
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
+    int prefix_cache;    /* --prefix-cache: 0 unset (on), 1 on, 2 off (sched_cfg.prefix) */
     bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
     spill_settings settings; /* the environment's diagnostic switches, read with the options */
     /* spill distill (cmd 1): every row's answer carries distill_k top log-probs per token (-1: the rows' own);
@@ -128,6 +129,7 @@ typedef struct runner {
 
     /* progress */
     uint64_t rows_total, rows_done, rows_failed, tokens_generated, tokens_scored, prompt_tokens;
+    uint64_t shared_expect;  /* prefix cache: prompt tokens the queue order expects rows to map (share_hints) */
     double t_start;
     bool tty;
     double last_log;

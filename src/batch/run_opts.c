@@ -56,7 +56,7 @@ static int parse_int(const char *name, const char *s, int *out)
 
 /* Every option of spill run (and resume, but -o): the parser reads this table and --help prints it, so the
  * two cannot drift apart. */
-enum opt_kind { OPT_INT, OPT_BYTES, OPT_STR, OPT_TRUE, OPT_SET, OPT_KV_DTYPE };
+enum opt_kind { OPT_INT, OPT_BYTES, OPT_STR, OPT_TRUE, OPT_SET, OPT_KV_DTYPE, OPT_ON_OFF };
 typedef struct run_opt {
     const char *name, *alt; /* spelling, and another one or NULL */
     const char *arg;        /* the value's name in --help, NULL for a flag */
@@ -102,6 +102,8 @@ static const run_opt opts[] = {
      "GPU: read streamed layers from storage every pass (no pinned RAM copy)", false},
     {"--kv-dtype", NULL, "bf16|int8", OPT_KV_DTYPE, OFF(kv_dtype), 0, false,
      "GPU: KV pages in bf16 (default) or int8 (twice the rows per GB)", false},
+    {"--prefix-cache", NULL, "on|off", OPT_ON_OFF, OFF(prefix_cache), 0, false,
+     "rows whose prompts start alike share the KV pages of that prefix, computed once (default on)", false},
     {"--pass-log", NULL, "FILE", OPT_STR, OFF(pass_log), 0, false, "a CSV line per pass (rows, tokens, seconds)", false},
     {"--quiet", "-q", NULL, OPT_TRUE, OFF(quiet), 0, false, "no progress line", false},
 };
@@ -162,6 +164,13 @@ static int apply_opt(const run_opt *d, int argc, char **argv, int *i, run_opts *
             return -1;
         }
         *(int *)field = !strcmp(v, "int8") ? KV_I8 : KV_BF16;
+        return 0;
+    case OPT_ON_OFF:
+        if (strcmp(v, "on") && strcmp(v, "off")) {
+            fprintf(stderr, "spill: %s takes on or off, not \"%.40s\".\n", d->name, v);
+            return -1;
+        }
+        *(int *)field = !strcmp(v, "on") ? 1 : 2;
         return 0;
     }
     return -1;
@@ -231,6 +240,10 @@ json_t *run_opts_json(const run_opts *o)
                           (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
                           "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype",
                           o->kv_dtype, "model", o->model_spec);
+    if (j && json_object_set_new(j, "prefix_cache", json_boolean(o->prefix_cache != 2))) {
+        json_decref(j);
+        return NULL;
+    }
     if (j && o->quant && json_object_set_new(j, "quant", json_string(o->quant))) {
         json_decref(j);
         return NULL;
@@ -280,6 +293,8 @@ int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char 
     o->from_disk |= json_is_true(json_object_get(opt, "from_disk"));
     if (!o->kv_dtype)
         o->kv_dtype = (int)json_integer_value(json_object_get(opt, "kv_dtype"));
+    if (!o->prefix_cache && json_is_false(json_object_get(opt, "prefix_cache")))
+        o->prefix_cache = 2;
     const json_t *d = json_object_get(opt, "distill");
     if (json_is_object(d)) { /* a distill job resumes as one, with its own settings */
         o->cmd = 1;

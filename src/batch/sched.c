@@ -80,9 +80,10 @@ void sched_row_free(row *w)
     toolcall_row_free(&w->tc);
 }
 
-int32_t sched_row_pages(const kv_cache *kv, const row *w)
+int32_t sched_row_pages(const kv_cache *kv, const row *w, bool prefix)
 {
-    return kv_pages_for(kv, (int32_t)(w->n_prompt + w->max_new)) * w->n_choices;
+    int32_t share = prefix && w->n_choices > 1 ? (w->n_choices - 1) * ((w->n_prompt - 1) / kv->page_tokens) : 0;
+    return kv_pages_for(kv, (int32_t)(w->n_prompt + w->max_new)) * w->n_choices - share;
 }
 
 int32_t sched_row_expect_pages(const kv_cache *kv, const row *w)
@@ -92,15 +93,33 @@ int32_t sched_row_expect_pages(const kv_cache *kv, const row *w)
     return kv_pages_for(kv, (int32_t)(t > INT32_MAX / 2 ? INT32_MAX / 2 : t)) * w->n_choices;
 }
 
-/* Pages an admitted row is counted at by the reserving admission: what it holds, or its expected pages when
- * those are more. */
-static int32_t row_committed(const sched *s, const row *w)
+/* Prompt tokens a row may map instead of computing: all but the last (whose logits draw the first token), and
+ * for a scored row none it must score (their logits come from its own prefill). */
+static int32_t share_limit(const row *w)
 {
-    int32_t held = 0;
-    for (int c = 0; w->ch && c < w->n_choices; c++)
-        held += w->ch[c].kv.n_pages;
-    int32_t e = sched_row_expect_pages(s->kv, w);
-    return held > e ? held : e;
+    int32_t lim = w->score_from > 0 ? w->score_from - 1 : w->n_prompt - 1;
+    return lim < 0 ? 0 : lim;
+}
+
+/* Pages the row's choices > 0 map from choice 0's prompt instead of holding their own (the prefix cache). */
+static int32_t choice_share_pages(const sched *s, const row *w)
+{
+    return s->cfg.prefix && w->n_choices > 1 ? (w->n_choices - 1) * ((w->n_prompt - 1) / s->kv->page_tokens) : 0;
+}
+
+/* Pages the reserving admission still expects the admitted row w to take: for each choice its expected pages
+ * beyond the page-table entries it has now (entries it maps count, since the pages in use are counted once
+ * beside this), less, for a choice > 0 not yet started, the pages it will map from choice 0. */
+static int32_t row_growth(const sched *s, const row *w)
+{
+    int32_t e = sched_row_expect_pages(s->kv, w) / w->n_choices, g = 0;
+    int32_t share = w->n_choices > 1 ? choice_share_pages(s, w) / (w->n_choices - 1) : 0;
+    for (int c = 0; w->ch && c < w->n_choices; c++) {
+        int32_t held = w->ch[c].kv.n_pages;
+        int32_t want = e - (c > 0 && held == 0 ? share : 0);
+        g += want > held ? want - held : 0;
+    }
+    return g;
 }
 
 /* Creates the row's choices (sampling state keyed by its seed, detokenizer, stop matcher, log-prob arrays)
@@ -209,9 +228,11 @@ void sched_retire_row(sched *s, size_t ai)
 
 /* ---------------------------------------------------------------- the queue */
 
-/* A queue entry with its sort key computed once: cost (prompt + max new tokens) descending, then line. */
+/* A queue entry with its sort keys computed once: cost (prompt + max new tokens), and with the prefix cache its
+ * group (the key of its first full prompt page) and the group's largest cost. */
 typedef struct queue_key {
-    int64_t cost;
+    int64_t cost, gcost;
+    uint64_t g;
     size_t line, idx;
 } queue_key;
 
@@ -221,6 +242,80 @@ static int cmp_longest(const void *a, const void *b)
     if (x->cost != y->cost)
         return x->cost > y->cost ? -1 : 1;
     return x->line < y->line ? -1 : x->line > y->line;
+}
+
+static int cmp_group(const void *a, const void *b)
+{
+    const queue_key *x = a, *y = b;
+    return x->g < y->g ? -1 : x->g > y->g;
+}
+
+/* Groups longest first, a group's rows in token order (a prompt before the longer ones it begins), then as
+ * cmp_longest.  Rows of one group have the same adapter: it seeds the group key. */
+static int cmp_grouped(const void *a, const void *b, void *ctx)
+{
+    const queue_key *x = a, *y = b;
+    const row *rows = ctx;
+    if (x->gcost != y->gcost)
+        return x->gcost > y->gcost ? -1 : 1;
+    if (x->g != y->g)
+        return x->g < y->g ? -1 : 1;
+    const row *u = &rows[x->idx], *v = &rows[y->idx];
+    int32_t n = u->n_prompt < v->n_prompt ? u->n_prompt : v->n_prompt;
+    for (int32_t i = 0; i < n; i++)
+        if (u->prompt[i] != v->prompt[i])
+            return u->prompt[i] < v->prompt[i] ? -1 : 1;
+    if (u->n_prompt != v->n_prompt)
+        return u->n_prompt < v->n_prompt ? -1 : 1;
+    return cmp_longest(a, b);
+}
+
+int sched_order(row *rows, size_t n_rows, int32_t P, bool prefix, size_t *out, size_t *n_out)
+{
+    queue_key *keys = malloc((n_rows + 1) * sizeof *keys);
+    if (!keys)
+        return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < n_rows; i++)
+        if (rows[i].state == ROW_PENDING) {
+            row *w = &rows[i];
+            int64_t cost = (int64_t)w->n_prompt + w->max_new;
+            /* a row with no full page to share is a group of its own (its key cannot be a page's, bar 2^-64) */
+            uint64_t g = prefix && share_limit(w) >= P ? kv_chain_key(kv_chain_start(w->adapter).key, w->prompt, P)
+                                                       : ~(uint64_t)i;
+            keys[n++] = (queue_key){cost, cost, g, w->line, i};
+            w->share_hint = 0;
+        }
+    if (!prefix)
+        /* lines are unique, so the order is total: the same queue whatever qsort does with ties */
+        qsort(keys, n, sizeof *keys, cmp_longest);
+    else {
+        qsort(keys, n, sizeof *keys, cmp_group);
+        for (size_t a = 0, b; a < n; a = b) {
+            int64_t mx = 0;
+            for (b = a; b < n && keys[b].g == keys[a].g; b++)
+                mx = keys[b].cost > mx ? keys[b].cost : mx;
+            for (size_t k = a; k < b; k++)
+                keys[k].gcost = mx;
+        }
+        qsort_r(keys, n, sizeof *keys, cmp_grouped, rows);
+        /* in token order a row shares most with its predecessor: the pages it can map once that one ran */
+        for (size_t k = 1; k < n; k++) {
+            row *w = &rows[keys[k].idx];
+            const row *v = &rows[keys[k - 1].idx];
+            if (keys[k].g != keys[k - 1].g)
+                continue;
+            int32_t lim = share_limit(w) < v->n_prompt ? share_limit(w) : v->n_prompt, l = 0;
+            while (l < lim && w->prompt[l] == v->prompt[l])
+                l++;
+            w->share_hint = l / P * P;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = keys[i].idx;
+    *n_out = n;
+    free(keys);
+    return 0;
 }
 
 int sched_init(sched *s, const sched_cfg *cfg, row *rows, size_t n_rows, char *err, size_t errlen)
@@ -235,23 +330,22 @@ int sched_init(sched *s, const sched_cfg *cfg, row *rows, size_t n_rows, char *e
     s->seqs = malloc((size_t)cfg->max_seqs * sizeof *s->seqs);
     s->seq_row = malloc((size_t)cfg->max_seqs * sizeof *s->seq_row);
     s->seq_choice = malloc((size_t)cfg->max_seqs * sizeof *s->seq_choice);
-    queue_key *keys = malloc((n_rows + 1) * sizeof *keys);
-    if (!s->queue || !s->active || !s->seqs || !s->seq_row || !s->seq_choice || !keys) {
-        free(keys);
-        return util_errf(err, errlen, "out of memory for %zu rows.", n_rows);
-    }
-    size_t n = 0;
+    int32_t longest = 0;
     for (size_t i = 0; i < n_rows; i++)
-        if (rows[i].state == ROW_PENDING)
-            keys[n++] = (queue_key){(int64_t)rows[i].n_prompt + rows[i].max_new, rows[i].line, i};
-    /* lines are unique, so the order is total: the same queue whatever qsort does with ties */
-    qsort(keys, n, sizeof *keys, cmp_longest);
+        longest = rows[i].n_prompt > longest ? rows[i].n_prompt : longest;
+    s->find_cap = longest / s->kv->page_tokens + 1;
+    s->find = malloc((size_t)s->find_cap * sizeof *s->find);
+    if (!s->queue || !s->active || !s->seqs || !s->seq_row || !s->seq_choice || !s->find)
+        return util_errf(err, errlen, "out of memory for %zu rows.", n_rows);
+    if (cfg->prefix && kv_prefix_enable(s->kv, err, errlen))
+        return -1;
+    size_t n;
     /* the queue ends at n_rows + 1, leaving room at the head for preempted rows to return to */
+    if (sched_order(rows, n_rows, s->kv->page_tokens, cfg->prefix, s->queue + 1, &n))
+        return util_errf(err, errlen, "out of memory for %zu rows.", n_rows);
     s->q_head = n_rows + 1 - n;
+    memmove(s->queue + s->q_head, s->queue + 1, n * sizeof *s->queue);
     s->q_len = n;
-    for (size_t i = 0; i < n; i++)
-        s->queue[s->q_head + i] = keys[i].idx;
-    free(keys);
     return 0;
 }
 
@@ -264,6 +358,7 @@ void sched_free(sched *s)
     free(s->seqs);
     free(s->seq_row);
     free(s->seq_choice);
+    free(s->find);
     memset(s, 0, sizeof *s);
 }
 
@@ -279,6 +374,32 @@ static int32_t active_choices(const sched *s)
     return n;
 }
 
+/* The prefix cache for the queue head w: the pages it can map now (into s->find; *idle of them idle, *ch the
+ * walk after them), and whether it should wait a pass because a running row is computing more of what w
+ * shares with it (admitted now, w would compute those pages a second time). */
+static int32_t head_prefix(sched *s, const row *w, kv_chain *ch, int32_t *idle, bool *wait)
+{
+    *ch = kv_chain_start(w->adapter);
+    *idle = 0;
+    *wait = false;
+    if (!s->cfg.prefix)
+        return 0;
+    int32_t P = s->kv->page_tokens, lim = share_limit(w) / P;
+    int32_t m = kv_prefix_find(s->kv, ch, w->prompt, lim, s->find, idle);
+    for (size_t i = 0; i < s->n_active && !*wait && m < lim; i++) {
+        const row *a = &s->rows[s->active[i]];
+        if (a->adapter != w->adapter || !a->ch || a->ch[0].fed >= a->n_prompt)
+            continue;
+        int32_t bound = lim * P < a->n_prompt ? lim * P : a->n_prompt, l = 0;
+        if (a->ch[0].fed >= bound / P * P)
+            continue; /* it has written (and indexed) every page the two could share */
+        while (l < bound && a->prompt[l] == w->prompt[l])
+            l++;
+        *wait = l / P > m && a->ch[0].fed < l / P * P;
+    }
+    return m;
+}
+
 int sched_admit(sched *s, char *err, size_t errlen)
 {
     /* the live guard: the plan is the primary control; near the budget, no newcomers this pass */
@@ -286,14 +407,26 @@ int sched_admit(sched *s, char *err, size_t errlen)
         s->guard_pauses++;
         return 0;
     }
-    int64_t committed = 0; /* cfg.reserve: the admitted rows' expected pages */
+    /* cfg.reserve: the pages in use (a shared one once) and what the admitted rows are still expected to take */
+    int64_t committed = s->kv->n_pages - s->kv->n_free;
     for (size_t i = 0; s->cfg.reserve && i < s->n_active; i++)
-        committed += row_committed(s, &s->rows[s->active[i]]);
+        committed += row_growth(s, &s->rows[s->active[i]]);
+    int32_t P = s->kv->page_tokens;
     while (s->q_len && (int)s->n_active < s->cfg.batch) {
         row *w = &s->rows[s->queue[s->q_head]];
+        kv_chain ch;
+        int32_t idle;
+        bool wait;
+        int32_t m = head_prefix(s, w, &ch, &idle, &wait);
+        if (wait) {
+            s->prefix_waits++;
+            break;
+        }
+        /* mapped pages others hold cost nothing; idle ones leave the free count when mapped */
+        int32_t live = m - idle, share = choice_share_pages(s, w);
         /* the prompt of every choice, plus one page of growth for every choice already running */
-        int32_t need = kv_pages_for(s->kv, w->n_prompt + 1) * w->n_choices + active_choices(s);
-        int32_t expect = s->cfg.reserve ? sched_row_expect_pages(s->kv, w) : 0;
+        int32_t need = kv_pages_for(s->kv, w->n_prompt + 1) * w->n_choices - share - live + active_choices(s);
+        int32_t expect = s->cfg.reserve ? sched_row_expect_pages(s->kv, w) - share - live : 0;
         if ((need > s->kv->n_free || active_choices(s) + w->n_choices > s->cfg.max_seqs ||
              committed + expect > s->kv->n_pages) &&
             s->n_active > 0)
@@ -303,6 +436,14 @@ int sched_admit(sched *s, char *err, size_t errlen)
         s->q_len--;
         if (start_row(s, w, err, errlen))
             return -1;
+        choice *c0 = &w->ch[0];
+        c0->chain = ch;
+        if (m > 0 && kv_prefix_map(s->kv, &c0->kv, s->find, m))
+            return util_errf(err, errlen, "out of memory growing a KV page table.");
+        c0->fed = m * P;
+        c0->mapped = m;
+        w->cached = m * P;
+        s->prefix_tokens += (uint64_t)(m * P);
     }
     return 0;
 }
@@ -445,14 +586,42 @@ void sched_pass_work(const sched *s, double *tokens, double *att)
 
 void sched_finish_pass(sched *s)
 {
-    for (int q = 0; q < s->n_seqs; q++)
-        s->rows[s->seq_row[q]].ch[s->seq_choice[q]].fed += s->seqs[q].n;
+    for (int q = 0; q < s->n_seqs; q++) {
+        row *w = &s->rows[s->seq_row[q]];
+        choice *ch = &w->ch[s->seq_choice[q]];
+        ch->fed += s->seqs[q].n;
+        /* choice 0's full prompt pages are complete: the index can hand them to the rows that start alike */
+        if (s->cfg.prefix && s->seq_choice[q] == 0 && s->seqs[q].pos0 < w->n_prompt)
+            kv_prefix_insert(s->kv, &ch->chain, &ch->kv, w->prompt, ch->fed < w->n_prompt ? ch->fed : w->n_prompt);
+    }
+    if (!s->cfg.prefix)
+        return;
+    int32_t entries = 0;
+    for (size_t i = 0; i < s->n_active; i++) {
+        const row *w = &s->rows[s->active[i]];
+        for (int c = 0; w->ch && c < w->n_choices; c++)
+            entries += w->ch[c].kv.n_pages;
+    }
+    int32_t saved = entries - (s->kv->n_pages - s->kv->n_free);
+    if (saved > s->pages_saved_peak)
+        s->pages_saved_peak = saved;
 }
 
 int sched_share_prompt(sched *s, row *w, int c, char *err, size_t errlen)
 {
     const spill_backend *be = s->cfg.be;
     choice *o = &w->ch[c];
+    if (s->cfg.prefix) {
+        /* the full prompt pages are mapped; with a page copy the partial last one is copied (the choice then
+         * draws from choice 0's logits), without one (the GPU) the choice computes its last tokens itself */
+        int32_t P = s->kv->page_tokens, full = be->kv_copy ? w->n_prompt / P : (w->n_prompt - 1) / P;
+        if (kv_row_map(s->kv, &o->kv, &w->ch[0].kv, full))
+            return util_errf(err, errlen, "out of memory growing a KV page table.");
+        o->mapped = full;
+        o->fed = full * P;
+        if (!be->kv_copy)
+            return 0;
+    }
     int rr = be->kv_copy ? be->kv_copy(be->impl, &o->kv, &w->ch[0].kv, w->n_prompt) : -1;
     if (rr == -2)
         return util_errf(err, errlen, "out of memory growing a KV page table.");
@@ -460,6 +629,25 @@ int sched_share_prompt(sched *s, row *w, int c, char *err, size_t errlen)
         return 0;
     o->fed = w->n_prompt;
     return 1;
+}
+
+int sched_check(const sched *s, char *err, size_t errlen)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_active; i++)
+        n += (size_t)s->rows[s->active[i]].n_choices;
+    const kv_row **rs = malloc((n + 1) * sizeof *rs);
+    if (!rs)
+        return util_errf(err, errlen, "out of memory for the KV check.");
+    n = 0;
+    for (size_t i = 0; i < s->n_active; i++) {
+        const row *w = &s->rows[s->active[i]];
+        for (int c = 0; w->ch && c < w->n_choices; c++)
+            rs[n++] = &w->ch[c].kv;
+    }
+    int rc = kv_check(s->kv, rs, n, err, errlen);
+    free(rs);
+    return rc;
 }
 
 double sched_seq_tokens(const sched *s)
@@ -524,8 +712,12 @@ double sched_estimate(const sched *s, const calib *c)
             if (gen > 0 && w->max_new > 0) /* a row that has run this far is expected to run further */
                 G = calib_expect_frac(c, running, gen / (double)w->max_new) * (double)w->max_new;
         }
+        /* a queued row is expected to map its shared prefix: not computed, its pages counted once */
+        double hint = w->state == ROW_PENDING && s->cfg.prefix ? w->share_hint : 0;
+        if (hint > 0)
+            fed = hint;
         q[n++] = (sim_row){w->n_prompt - fed, fed, G - gen > 1 ? G - gen : 1, gen,
-                           ceil((w->n_prompt + G) / P) * w->n_choices, w->n_choices};
+                           ceil((w->n_prompt + G) / P) * w->n_choices - floor(hint / P), w->n_choices};
     }
     double passes = 0, tokens = 0, att = 0, pages = 0;
     size_t head = 0, n_act = 0;

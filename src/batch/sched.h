@@ -63,6 +63,8 @@ typedef struct choice {
     bool done;
     out_finish finish;
     gstate *gs;          /* structured output: where the answer is in its row's grammar (owned), or NULL */
+    int32_t mapped;      /* pages of kv mapped from another row (the prefix index, or choice 0's prompt) */
+    kv_chain chain;      /* choice 0 with the prefix cache: how far its prompt pages are in the index (scheduler) */
 } choice;
 
 /* One request line of the job. */
@@ -109,6 +111,9 @@ typedef struct row {
     char *echo;          /* completions echo: the prompt's text, put before the answer (owned), or NULL */
     tc_row tc;           /* chat rows whose template renders tools: the call convention parsed from the answer */
     size_t echo_len;
+    int32_t cached;      /* prompt tokens of choice 0 mapped from the prefix index at its last admission (OpenAI's
+                            usage.prompt_tokens_details.cached_tokens) */
+    int32_t share_hint;  /* prefix cache: prompt tokens expected to be mapped, from the queue order (sched_order) */
     enum row_state state;
     choice *ch;          /* (n_choices) while active */
     uint64_t admitted;   /* admission serial, for picking preemption victims */
@@ -128,6 +133,9 @@ typedef struct sched_cfg {
                                 prompt chunks return beyond their one; <= max_seqs = no room to score */
     bool reserve;            /* batch from memory: a newcomer is admitted only while the pages hold every admitted
                                 row at its expected length (sched_row_expect_pages) besides the newcomer's */
+    bool prefix;             /* the prefix cache: full prompt pages indexed and mapped by rows that start alike, the
+                                queue grouped by prefix, a row's n choices mapping its prompt pages */
+    bool kv_check;           /* after every pass, check each page's count against the rows mapping it (slow) */
 } sched_cfg;
 
 typedef struct sched {
@@ -147,10 +155,22 @@ typedef struct sched {
     uint64_t preemptions;       /* rows sent back to the queue, for any reason */
     uint64_t stall_preemptions; /* of them, to break a prefill deadlock */
     uint64_t guard_pauses;      /* passes that admitted nobody because of the live guard */
+    int32_t *find;              /* (find_cap) pages a prefix lookup found */
+    int32_t find_cap;
+    uint64_t prefix_tokens;     /* prompt tokens mapped instead of computed (every admission and choice) */
+    uint64_t prefix_waits;      /* passes the queue head waited for a running row to finish a prefix it shares */
+    int32_t pages_saved_peak;   /* most page-table entries at once beyond the distinct pages they map */
 } sched;
 
-/* Pages row w needs to finish alone in cache kv: prompt and every token it may generate, for each choice. */
-int32_t sched_row_pages(const kv_cache *kv, const row *w);
+/* The order a job's pending rows run in, as indices into rows (n_out of them): longest first (prompt + max new
+ * tokens, ties by line); with prefix (page size P) rows whose first full prompt pages agree form groups, taken
+ * by their longest member, each group in token order so the rows that share most are neighbours.  Sets every
+ * queued row's share_hint (prompt tokens it can map from its predecessor's pages).  0, or -1 (out of memory). */
+int sched_order(row *rows, size_t n_rows, int32_t P, bool prefix, size_t *out, size_t *n_out);
+
+/* Pages row w needs to finish alone in cache kv: prompt and every token it may generate, for each choice (with
+ * the prefix cache, choices > 0 map choice 0's full prompt pages). */
+int32_t sched_row_pages(const kv_cache *kv, const row *w, bool prefix);
 
 /* Pages row w is expected to hold at its end: prompt + expect_new (max_new when 0), for each choice. */
 int32_t sched_row_expect_pages(const kv_cache *kv, const row *w);
@@ -200,6 +220,9 @@ int sched_share_prompt(sched *s, row *w, int c, char *err, size_t errlen);
 
 /* The row at s->active[ai] is finished and written: frees its choices, pages and prompt, marks it ROW_DONE. */
 void sched_retire_row(sched *s, size_t ai);
+
+/* cfg.kv_check: every page's count equals the admitted choices mapping it.  0, or -1 with a sentence. */
+int sched_check(const sched *s, char *err, size_t errlen);
 
 /* Positions cached over every admitted choice (the memory fit's x). */
 double sched_seq_tokens(const sched *s);

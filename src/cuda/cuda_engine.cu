@@ -326,16 +326,11 @@ int cuda_engine_open(model_desc *m, const cuda_engine_opts *o, cuda_engine **out
     e->kv.n_kv_heads = m->n_kv_heads;
     e->kv.head_dim = m->head_dim;
     e->kv.page_tokens = P;
-    e->kv.n_pages = np;
     e->kv.dtype = o->kv_dtype == KV_I8 ? KV_I8 : KV_BF16;
-    e->kv.free_list = (int32_t *)malloc((size_t)np * sizeof(int32_t));
-    if (!e->kv.free_list) {
-        rc = util_errf(err, errlen, "out of host memory for the KV page list.");
+    if (kv_book_init(&e->kv, np, err, errlen)) { /* the same page order as kv_create: page 0 first */
+        rc = -1;
         goto out;
     }
-    for (int32_t i = 0; i < np; i++) /* same order as kv_create: page 0 on top */
-        e->kv.free_list[i] = np - 1 - i;
-    e->kv.n_free = np;
     {
         cudaError_t c = cudaSetDevice(o->device);
         if (c == cudaSuccess)
@@ -482,7 +477,7 @@ void cuda_engine_close(cuda_engine *e)
     free(e->mo.h_count);
     free(e->lo.g);
     free(e->layers);
-    free(e->kv.free_list);
+    kv_book_free(&e->kv);
     free(e);
 }
 
