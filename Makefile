@@ -10,6 +10,15 @@ GIT_DESC := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 WARN    := -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -DSPILL_GIT=\"$(GIT_DESC)\"
 LIBS    := -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lcrypto -lcurl -lpthread -lm
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+# MPI (OpenMPI's mpicc and headers, tools/setup.sh installs them): when present, ./spill runs as the ranks of
+# mpirun/srun (src/batch/mpi_run.c, -DSPILL_MPI); without it the same binary minus that, unchanged.
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+MPI_OK  := $(shell echo 'int main(void){return 0;}' | $(CC) -x c -include mpi.h $(MPI_CFLAGS) -fsyntax-only - 2>/dev/null && echo yes)
+ifeq ($(MPI_OK),yes)
+MPI_LIBS := $(shell mpicc --showme:link)
+WARN    += -DSPILL_MPI $(MPI_CFLAGS)
+LIBS    += $(MPI_LIBS)
+endif
 
 # src/ in folders by stage (src/README.md): base <- model <- text, engine <- batch <- main.c.
 SRC_DIRS := base model text engine batch serve

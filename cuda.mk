@@ -47,7 +47,7 @@ build/cuda/bench_dequant: bench/cuda/bench_dequant.cu build/cuda/libspillcuda.a
 SPILL_ALL_C := $(LIB_SRC)
 build/cuda/spill-cuda: src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) build/cuda/libspillcuda.a $(HDRS)
 	$(CC) $(WARN) -O2 -g $(CUDA_CFLAGS) -o $@ src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) \
-		build/cuda/libspillcuda.a $(CUDA_LINK) $(CUDA_SPILL_LIBS)
+		build/cuda/libspillcuda.a $(CUDA_LINK) $(CUDA_SPILL_LIBS) $(MPI_LIBS)
 
 CUDA_SPILL_LIBS ?= -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lcrypto -lcurl
 

@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 A=/usr/lib/x86_64-linux-gnu
-make -j2 cuda CUDA_LIBS="$A/libjansson.a $A/libpcre2-8.a $A/libcrypto.a -lcurl -ldl -lpthread" \
+# MPI_OK=no: the GPU machine has no OpenMPI, so spill-cuda is built without the ranks (src/batch/mpi_run.c)
+make -j2 cuda MPI_OK=no CUDA_LIBS="$A/libjansson.a $A/libpcre2-8.a $A/libcrypto.a -lcurl -ldl -lpthread" \
     CUDA_SPILL_LIBS="$A/libmicrohttpd.a -lgnutls $A/libjansson.a $A/libpcre2-8.a $A/libutf8proc.a $A/libcrypto.a -lcurl -ldl -lpthread"
 mkdir -p .carry/bin
 grep -qx '/.carry/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.carry/' >> .git/info/exclude; }

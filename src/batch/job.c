@@ -782,6 +782,11 @@ int job_commit(job *j, char *err, size_t errlen)
     return commit_state(j, JOB_RUNNING, false, err, errlen);
 }
 
+int job_commit_manifest(job *j, char *err, size_t errlen)
+{
+    return commit_state(j, JOB_RUNNING, true, err, errlen);
+}
+
 int job_set_info(job *j, const char *key, json_t *value, char *err, size_t errlen)
 {
     static const char *const own[] = {"spill_job", "id", "command", "state", "input", "rows", "committed",

@@ -147,6 +147,9 @@ int job_append_error(job *j, const char *line, size_t len, char *err, size_t err
  */
 int job_commit(job *j, char *err, size_t errlen);
 
+/* job_commit, and the manifest rewritten even when no line is pending: job_set_info's values durable now. */
+int job_commit_manifest(job *j, char *err, size_t errlen);
+
 /*
  * Commits and records the final state (JOB_DONE or JOB_INTERRUPTED; with
  * JOB_DONE the committed completed + failed must equal rows_total) and the

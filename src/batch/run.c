@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mpi_run.h"
 #include "npy.h"
 #include "run_internal.h"
 #include "runs.h"
@@ -466,10 +467,11 @@ static void fmt_bytes(uint64_t b, char *out, size_t cap)
 
 static void show_progress(runner *r, int pass, double pass_s, bool final)
 {
-    if (r->o.quiet && !final)
+    if ((r->o.quiet && !final) || r->rank > 0) /* several ranks: rank 0 shows the whole job */
         return;
     double el = now_s() - r->t_start;
-    uint64_t finished = r->rows_done + r->rows_failed;
+    uint64_t finished = r->rows_done + r->rows_failed, generated = r->tokens_generated;
+    size_t in_flight = r->s.n_active;
     /* the estimate replays the rest of the job: at most once a second, counted down in between */
     double eta;
     if (final || r->eta_at == 0 || el - r->eta_at >= 1.0) {
@@ -478,15 +480,23 @@ static void show_progress(runner *r, int pass, double pass_s, bool final)
         r->eta_at = el;
     }
     eta = r->eta_val < 0 ? r->eta_val : fmax(0, r->eta_val - (el - r->eta_at));
+    char ranks[32] = "";
+#ifdef SPILL_MPI
+    if (r->mpi) { /* every rank's rows, tokens and batch; the ETA from the rows/s of this attempt */
+        mpi_run_totals(r, el, &finished, &generated, &in_flight, &eta);
+        snprintf(ranks, sizeof ranks, " · %d ranks", r->n_ranks);
+    }
+#endif
     char rows[32], total[32], tps[32], etas[32];
     fmt_count(finished, rows, sizeof rows);
     fmt_count(r->rows_total, total, sizeof total);
-    fmt_count((uint64_t)(el > 0 ? (double)r->tokens_generated / el : 0), tps, sizeof tps);
+    fmt_count((uint64_t)(el > 0 ? (double)generated / el : 0), tps, sizeof tps);
     fmt_eta(final ? 0 : eta, etas, sizeof etas);
     double mem = (double)plan_rss_now() / 1e9, budget = (double)r->o.mem_budget / 1e9;
     char line[512];
-    snprintf(line, sizeof line, "rows %s/%s · pass %d (%.2f s) · %s tok/s · ETA %s · %s · batch %zu · mem %.2f/%.2f GB",
-             rows, total, pass, pass_s, tps, etas, r->quant_name, r->s.n_active, mem, budget);
+    snprintf(line, sizeof line,
+             "rows %s/%s%s · pass %d (%.2f s) · %s tok/s · ETA %s · %s · batch %zu · mem %.2f/%.2f GB", rows, total,
+             ranks, pass, pass_s, tps, etas, r->quant_name, in_flight, mem, budget);
     if (r->s.preemptions)
         snprintf(line + strlen(line), sizeof line - strlen(line), " · %llu preempted",
                  (unsigned long long)r->s.preemptions);
@@ -623,7 +633,17 @@ static int run_passes(runner *r, char *err, size_t errlen)
 {
     int pass = 0;
     sched *s = &r->s;
-    while (sched_pending(s) && !g_stop) {
+    while (!g_stop) {
+#ifdef SPILL_MPI
+        /* several ranks: rows from rank 0 when this rank's queue ran dry; 1 = rank 0 asks everyone to stop */
+        int mr = r->mpi ? mpi_run_refill(r, err, errlen) : 0;
+        if (mr < 0)
+            return -1;
+        if (mr > 0)
+            g_stop = SIGTERM;
+#endif
+        if (!sched_pending(s) || g_stop)
+            break;
         if (sched_admit(s, err, errlen))
             return -1;
         double t0 = now_s();
@@ -776,8 +796,9 @@ static void runner_free(runner *r)
  * --max-logits-bytes or the job directory's free disk; the pre-run line states it.  0, or -1 with a sentence. */
 static int check_logits_room(runner *r, char *err, size_t errlen)
 {
-    if (util_pathf(r->logits_dir, sizeof r->logits_dir, "%s/logits", job_dir(r->j)))
-        return util_errf(err, errlen, "%s/logits: the path is too long.", job_dir(r->j));
+    /* DIR/logits, which is also where every rank of several writes (its rows' files need no merge) */
+    if (util_pathf(r->logits_dir, sizeof r->logits_dir, "%s/logits", r->o.out_dir))
+        return util_errf(err, errlen, "%s/logits: the path is too long.", r->o.out_dir);
     uint64_t total = 0, rows = 0;
     for (size_t i = 0; i < r->n_rows; i++) {
         const row *w = &r->rows[i];
@@ -1106,33 +1127,37 @@ static int setup_passes(runner *r, char *err, size_t errlen)
         if (!r->gmask)
             return util_errf(err, errlen, "out of memory for the token masks.");
     }
-    const kv_cache *kv = r->be.kv(r->be.impl);
-    for (size_t i = 0; i < r->n_rows; i++) {
-        row *w = &r->rows[i];
-        /* a row must be able to finish alone: prompt plus every token it may generate */
-        int32_t need = w->state == ROW_PENDING ? sched_row_pages(kv, w, r->o.prefix_cache != 2) : 0;
-        if (need <= kv->n_pages)
-            continue;
-        char msg[SPILL_ERRLEN];
-        snprintf(msg, sizeof msg,
-                 "This row needs %d KV pages to finish but the cache holds %d; raise --kv-mem or lower max_tokens.",
-                 need, kv->n_pages);
-        w->state = ROW_DONE;
-        if (w->group_n > 1) { /* a prompt list's line fails whole, once */
-            row *g = &r->rows[w->group_first];
-            if (g->group_failed)
-                continue;
-            g->group_failed = true;
-            for (int k = 0; k < g->group_n; k++)
-                r->rows[w->group_first + (size_t)k].state = ROW_DONE;
-        }
-        if (run_append_error_line(r, w->custom_id, msg, NULL, "insufficient_memory", err, errlen))
+    /* several ranks: each checks the rows rank 0 hands it, against its own cache (mpi_run.c) */
+    for (size_t i = 0; !r->n_ranks && i < r->n_rows; i++)
+        if (r->rows[i].state == ROW_PENDING && run_fail_unfit(r, i, err, errlen) < 0)
             return -1;
-    }
     sched_cfg sc = {&r->be, r->tok, r->m->vocab, r->job_seed, r->batch, r->max_seqs, r->o.prefill_chunk,
                     r->mem.plan.guard, r->max_logit_rows, r->o.batch == 0, r->o.prefix_cache != 2,
                     r->o.settings.kv_check};
     return sched_init(&r->s, &sc, r->rows, r->n_rows, err, errlen);
+}
+
+int run_fail_unfit(runner *r, size_t i, char *err, size_t errlen)
+{
+    const kv_cache *kv = r->be.kv(r->be.impl);
+    row *w = &r->rows[i];
+    int32_t need = sched_row_pages(kv, w, r->o.prefix_cache != 2);
+    if (need <= kv->n_pages)
+        return 0;
+    char msg[SPILL_ERRLEN];
+    snprintf(msg, sizeof msg,
+             "This row needs %d KV pages to finish but the cache holds %d; raise --kv-mem or lower max_tokens.", need,
+             kv->n_pages);
+    w->state = ROW_DONE;
+    if (w->group_n > 1) { /* a prompt list's line fails whole, once */
+        row *g = &r->rows[w->group_first];
+        if (g->group_failed)
+            return 1;
+        g->group_failed = true;
+        for (int k = 0; k < g->group_n; k++)
+            r->rows[w->group_first + (size_t)k].state = ROW_DONE;
+    }
+    return run_append_error_line(r, w->custom_id, msg, NULL, "insufficient_memory", err, errlen) ? -1 : 1;
 }
 
 /* Creates the job (run), or reopens it and checks it was started with this model (resume: stored not NULL). */
@@ -1164,10 +1189,19 @@ static int open_job(runner *r, const job_stored *stored, char *err, size_t errle
     return rc;
 }
 
-/* The line printed once the job is ready, before the first pass. */
-static void print_ready(runner *r, bool resuming, double t_open)
+int run_open_job(runner *r, const job_stored *stored, char *err, size_t errlen)
 {
-    uint64_t already = job_rows_completed(r->j) + job_rows_failed(r->j);
+    int rc = open_job(r, stored, err, errlen);
+    if (rc == 0)
+        snprintf(r->run_id, sizeof r->run_id, "%s", job_id(r->j));
+    return rc;
+}
+
+/* The line printed once the job is ready, before the first pass. */
+static void print_ready(runner *r, bool resuming, double t_open, uint64_t already)
+{
+    if (r->rank > 0) /* several ranks: rank 0 speaks for the job */
+        return;
     char pt[32], wb[32], eta0[32], mem[400];
     fmt_eta(r->eta_prerun, eta0, sizeof eta0);
     fmt_count(r->prompt_tokens, pt, sizeof pt);
@@ -1203,13 +1237,15 @@ static void print_ready(runner *r, bool resuming, double t_open)
            "%s · %s · ETA %s · job %s · ready in %.1f s\n",
            resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->quant_name, r->m->quant_summary, wb,
            (unsigned long long)r->rows_total, (unsigned long long)already, pt, px, bt, r->be.name, mem, eta0,
-           job_dir(r->j), now_s() - t_open);
+           r->o.out_dir, now_s() - t_open);
     fflush(stdout);
 }
 
 /* The summary after a job that ran to its end (el: seconds of passes). */
 static void print_done(runner *r, const char *dir, double el)
 {
+    if (r->rank > 0)
+        return;
     if (r->eta_prerun > 0)
         printf("pre-run ETA %.1f s vs actual %.1f s (%+.0f%%)\n", r->eta_prerun, el, (r->eta_prerun - el) / el * 100);
     char pk[32], bb[32];
@@ -1255,6 +1291,19 @@ static void print_done(runner *r, const char *dir, double el)
            (unsigned long long)r->s.preemptions, dir, r->rows_failed ? " (failures in errors.jsonl)" : "");
 }
 
+int run_open_weights(runner *r, const char *path, char *err, size_t errlen)
+{
+    return model_open(path, &r->m, err, errlen) || run_quant_apply(r, path, err, errlen) ? -1 : 0;
+}
+
+#ifdef SPILL_MPI
+/* The rank-0 end wait's progress line (mpi_run_finish). */
+static void tick_progress(runner *r)
+{
+    show_progress(r, 0, 0, false);
+}
+#endif
+
 /* Shared by run and resume once the options are known; `stored` (resume) reopens o.out_dir.  Returns the exit
  * code. */
 static int run_job(runner *r, const job_stored *stored)
@@ -1263,6 +1312,11 @@ static int run_job(runner *r, const job_stored *stored)
     int code = SPILL_EX_DATAERR;
     double t_open = now_s();
     r->tty = isatty(STDOUT_FILENO);
+    /* launched by mpirun or srun: one rank of several (mpi_run.c); a binary without MPI refuses that */
+    if (mpi_run_init(r, err, sizeof err)) {
+        code = SPILL_EX_USAGE;
+        goto fail;
+    }
 
     /* open: the model (MODEL, or the base of BASE+ADAPTER; a hub model is downloaded here, where Ctrl-C still
      * stops the process and keeps what arrived), its tokenizer and template */
@@ -1274,7 +1328,14 @@ static int run_job(runner *r, const job_stored *stored)
         goto fail;
     }
     /* --quant's copy is written before the handlers too: Ctrl-C stops it, and its file appears whole or not at all */
-    if (model_open(path, &r->m, err, sizeof err) || run_quant_apply(r, path, err, sizeof err))
+    int orc;
+#ifdef SPILL_MPI
+    if (r->mpi) /* ranks sharing $SPILL_HOME write a --quant copy one at a time: the first writes it, the others find it */
+        orc = mpi_run_in_turn(r, path, err, sizeof err);
+    else
+#endif
+        orc = run_open_weights(r, path, err, sizeof err);
+    if (orc)
         goto fail;
     /* From here on SIGINT/SIGTERM only set a flag: the pass loop checkpoints and exits 75. */
     struct sigaction sa = {0};
@@ -1310,9 +1371,16 @@ static int run_job(runner *r, const job_stored *stored)
     }
 
     /* the job and its rows */
-    if (open_job(r, stored, err, sizeof err))
+    int jrc;
+#ifdef SPILL_MPI
+    if (r->mpi) /* rank 0 opens DIR's job (folding earlier ranks' rows in), the others their DIR/ranks/<k> */
+        jrc = mpi_run_open(r, stored, err, sizeof err);
+    else
+#endif
+        jrc = run_open_job(r, stored, err, sizeof err);
+    if (jrc)
         goto fail;
-    r->stamp = (out_stamp){job_id(r->j), r->fingerprint, r->quant_name, NULL, 0, 0, NULL};
+    r->stamp = (out_stamp){r->run_id, r->fingerprint, r->quant_name, NULL, 0, 0, NULL};
     if (run_load_rows(r, err, sizeof err) || run_adapters_write(r, err, sizeof err))
         goto fail_job;
     if (r->n_renamed && !r->o.quiet)
@@ -1386,7 +1454,7 @@ static int run_job(runner *r, const job_stored *stored)
     code = SPILL_EX_SOFTWARE; /* what is left to fail before the passes is memory or the disk */
     if (setup_passes(r, err, sizeof err) || record_run_info(r, err, sizeof err) || job_commit(r->j, err, sizeof err))
         goto fail_job;
-    if (!stored) { /* found by its id from anywhere: $SPILL_HOME/runs/<id> when it lives elsewhere */
+    if (!stored && r->rank == 0) { /* found by its id from anywhere: $SPILL_HOME/runs/<id> when it lives elsewhere */
         int rg = runs_register(job_dir(r->j), job_id(r->j), e2, sizeof e2);
         if (rg < 0)
             fprintf(stderr, "spill: the run is not in the run index (%s); resume it by its directory.\n", e2);
@@ -1394,25 +1462,58 @@ static int run_job(runner *r, const job_stored *stored)
             fprintf(stderr, "spill: another run already has the id %s; resume this one by its directory, %s.\n",
                     job_id(r->j), job_dir(r->j));
     }
+    uint64_t already = job_rows_completed(r->j) + job_rows_failed(r->j);
+#ifdef SPILL_MPI
+    /* several ranks: rank 0's job goes on collecting (at the end), each rank writes its rows to its own
+     * DIR/ranks/<k>, and the queue waits for the rows rank 0 hands out */
+    if (r->mpi && mpi_run_start(r, err, sizeof err))
+        goto fail_job;
+#endif
     r->rows_done = job_rows_completed(r->j);
     r->rows_failed = job_rows_failed(r->j);
     if (r->o.pass_log && (r->pass_log = fopen(r->o.pass_log, "w")))
         fprintf(r->pass_log, "pass,seqs,decode_tokens,prefill_tokens,seconds,elapsed,rss_bytes,kv_pages_used\n");
     r->t_start = now_s(); /* the job's clock: rows read, engine loaded; passes start now */
-    r->eta_prerun = sched_estimate(&r->s, &r->cal_stored);
-    print_ready(r, stored != NULL, t_open);
+    /* several ranks: no replay prices rows that other ranks will take */
+    r->eta_prerun = r->n_ranks ? -1 : sched_estimate(&r->s, &r->cal_stored);
+    print_ready(r, stored != NULL, t_open, already);
 
     /* the passes */
     r->started = true;
     if (run_passes(r, err, sizeof err))
         goto fail_job;
-    show_progress(r, 0, 0, true);
+    if (!r->n_ranks)
+        show_progress(r, 0, 0, true);
 
     /* finish */
-    if (plan_save_fit(&r->mem, e2, sizeof e2))
+    if (r->host_rank == 0 && plan_save_fit(&r->mem, e2, sizeof e2))
         fprintf(stderr, "spill: memory calibration not saved: %s\n", e2);
     calib merged = current_fit(r);
     record_throughput(r, now_s() - r->t_start);
+#ifdef SPILL_MPI
+    if (r->mpi) { /* this rank's rows are committed; rank 0 waits for every rank, merges and closes DIR's job */
+        if (r->host_rank == 0)
+            calib_save(r->cal_path, &merged, e2, sizeof e2);
+        int fr = mpi_run_finish(r, g_stop != 0, tick_progress, err, sizeof err);
+        r->j = NULL;
+        if (fr < 0) {
+            code = SPILL_EX_TEMPFAIL;
+            goto fail;
+        }
+        show_progress(r, 0, 0, true);
+        if (fr > 0) {
+            if (r->rank == 0)
+                fprintf(stderr, "spill: interrupted; %llu of %llu rows are saved. Continue with: mpirun spill resume %s\n",
+                        (unsigned long long)(r->rows_done + r->rows_failed), (unsigned long long)r->rows_total,
+                        r->o.out_dir);
+            code = SPILL_EX_TEMPFAIL;
+            goto out;
+        }
+        print_done(r, r->o.out_dir, now_s() - r->t_start);
+        code = SPILL_EX_OK;
+        goto out;
+    }
+#endif
     if (g_stop) {
         calib_save(r->cal_path, &merged, e2, sizeof e2);
         int rc = job_close(r->j, JOB_INTERRUPTED, err, sizeof err);
@@ -1453,10 +1554,18 @@ fail_job:
         code = SPILL_EX_TEMPFAIL;
     }
 fail:
-    fprintf(stderr, "spill: %s\n", err);
-    if (code == SPILL_EX_TEMPFAIL && r->o.out_dir)
+    if (r->n_ranks)
+        fprintf(stderr, "spill: rank %d: %s\n", r->rank, err);
+    else
+        fprintf(stderr, "spill: %s\n", err);
+    if (code == SPILL_EX_TEMPFAIL && r->o.out_dir && r->rank == 0)
         fprintf(stderr, "spill: the job is resumable: spill resume %s\n", r->o.out_dir);
 out:
+#ifdef SPILL_MPI
+    /* before the runner goes: rank 0's end of the job, the merge's job and the ranks' last word */
+    if (r->mpi)
+        mpi_run_end(r, code);
+#endif
     runner_free(r);
     return code;
 }

@@ -87,6 +87,11 @@ typedef struct runner {
     tmpl_t *tmpl;        /* the chat template, compiled once */
     spill_backend be;    /* be.impl NULL until opened */
     job *j;
+    char run_id[JOB_ID_MAX]; /* the job's id, which every row's stamp carries (several ranks: rank 0's job's) */
+    /* several ranks (mpi_run.c): this process's rank and the job's ranks; n_ranks 0 = one process, mpi NULL */
+    int rank, n_ranks;
+    int host_rank;       /* rank among the ranks on this host: 0 saves the host's calibration (one writer a file) */
+    struct mpi_run *mpi;
     char fingerprint[65];
     char quant_name[32]; /* the weights the job runs: "q8", "bf16", or the file's own main type ("Q4_1") */
     char sys_fp[16];     /* OpenAI system_fingerprint: "fp_" + the model fingerprint's first 10 hex digits */
@@ -150,6 +155,16 @@ int run_count_rows(const char *path, uint64_t *n, char *err, size_t errlen);
 /* run_rows.c: reads the input file into r->rows (parse, template, tokenize; rows the job already answered are
  * skipped, bad lines become error lines); 0 or -1 with a sentence. */
 int run_load_rows(runner *r, char *err, size_t errlen);
+
+/* run.c: creates the job (run), or reopens it and checks it was started with this model (resume: stored not
+ * NULL); sets r->j and r->run_id.  0 or -1 with a sentence. */
+int run_open_job(runner *r, const job_stored *stored, char *err, size_t errlen);
+/* run.c: row i (pending) must be able to finish alone in the backend's KV cache (prompt and every token it may
+ * generate); when it cannot, its line (a prompt list's whole line, once) goes to errors.jsonl and its rows are
+ * done.  0 when it fits, 1 when it was failed, -1 with a sentence when errors.jsonl cannot be written. */
+int run_fail_unfit(runner *r, size_t i, char *err, size_t errlen);
+/* run.c: opens the model file at path and applies --quant (run_quant_apply); 0 or -1 with a sentence. */
+int run_open_weights(runner *r, const char *path, char *err, size_t errlen);
 
 /* run_adapters.c (the rule is in its opening comment): the command line's MODEL into its base (base, cap) and
  * adapter parts; 0, or -1 with a sentence (an adapter part that resolves to nothing). */

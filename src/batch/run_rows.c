@@ -506,7 +506,8 @@ int run_load_rows(runner *r, char *err, size_t errlen)
         }
         if (bad) {
             w->state = ROW_DONE;
-            if (run_append_error_line(r, w->custom_id, msg, param, code, err, errlen)) {
+            /* several ranks: every rank reads every line, rank 0 alone writes the bad ones' error lines */
+            if (r->rank == 0 && run_append_error_line(r, w->custom_id, msg, param, code, err, errlen)) {
                 rc = -1;
                 break;
             }

@@ -349,6 +349,25 @@ int sched_init(sched *s, const sched_cfg *cfg, row *rows, size_t n_rows, char *e
     return 0;
 }
 
+size_t sched_take_queue(sched *s, size_t *out)
+{
+    size_t n = s->q_len;
+    memcpy(out, s->queue + s->q_head, n * sizeof *out);
+    s->q_head += n;
+    s->q_len = 0;
+    return n;
+}
+
+void sched_enqueue(sched *s, const size_t *idx, size_t n)
+{
+    /* the queue always ends at n_rows + 1 (admission takes from the head, preemption returns to it): shift
+     * it down by n; the rows queued, active and added are distinct rows, so the head stays >= 0 */
+    memmove(s->queue + s->q_head - n, s->queue + s->q_head, s->q_len * sizeof *s->queue);
+    s->q_head -= n;
+    memcpy(s->queue + s->q_head + s->q_len, idx, n * sizeof *idx);
+    s->q_len += n;
+}
+
 void sched_free(sched *s)
 {
     for (size_t i = 0; s->kv && i < s->n_rows; i++)

@@ -184,6 +184,14 @@ int sched_lp_room(choice *c, int top, char *err, size_t errlen);
  * (sched_row_pages) before this.  0, or -1 with a sentence; *s is then safe for sched_free. */
 int sched_init(sched *s, const sched_cfg *cfg, row *rows, size_t n_rows, char *err, size_t errlen);
 
+/* Several ranks (mpi_run.c): moves the whole queue, in its order (longest first), into out (room for
+ * s->q_len entries) and returns how many; the rows stay ROW_PENDING but wait outside the scheduler until
+ * sched_enqueue hands them back. */
+size_t sched_take_queue(sched *s, size_t *out);
+
+/* Appends rows idx[0..n) (ROW_PENDING, neither queued nor active) to the queue's tail, in that order. */
+void sched_enqueue(sched *s, const size_t *idx, size_t n);
+
 /* Frees what the scheduler holds: every admitted row's choices and pages, the queue and the pass.  The rows
  * stay (sched_row_free each).  Safe on a zeroed or half-built sched. */
 void sched_free(sched *s);
