@@ -224,7 +224,15 @@ static cublasStatus_t plan_build(fp8_lt *c, plan *p, int64_t N, int64_t K, int64
     cublasLtMatmulPreference_t pref;
     TRY_LT(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t wb = work_bytes;
+    /* the heuristic assumes 256-byte aligned operands unless told; the weights start 16 bytes into a row (after
+     * the scale header) and MoE outputs at row offsets, so every operand is promised 16 bytes only */
+    const uint32_t align = 16;
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wb, sizeof wb);
+    static const cublasLtMatmulPreferenceAttributes_t al[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, al[i], &align, sizeof align);
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
