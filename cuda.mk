@@ -16,7 +16,7 @@ CUDA_LINK  := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt
 CUDA_OBJ   := $(patsubst src/cuda/%.cu,build/cuda/%.o,$(wildcard src/cuda/*.cu))
 # model/lora (the adapter loader) lands with the CPU engine's LoRA branch: listed once its file exists (the GPU
 # code itself needs only model/lora.h's structs), so the line is ready before and after that merge.
-CUDA_CSRC  := engine/cpu base/pool base/settings model/quant engine/kv model/arch model/model model/registry model/hub model/size model/gguf model/safetensors base/util engine/stream engine/forward engine/moe model/templates batch/sample model/lora engine/lora_cpu
+CUDA_CSRC  := engine/cpu base/pool base/settings model/quant model/quantize model/pack model/gguf_write engine/kv model/arch model/model model/registry model/hub model/size model/gguf model/safetensors base/util engine/stream engine/forward engine/moe model/templates batch/sample model/lora engine/lora_cpu
 CUDA_COBJ  := $(patsubst %,build/cuda/c/%.o,$(CUDA_CSRC))
 CUDA_TESTS := $(patsubst tests/cuda/%.c,build/cuda/%,$(wildcard tests/cuda/test_*.c))
 
@@ -43,6 +43,9 @@ build/cuda/bench_pass: bench/cuda/bench_pass.c build/cuda/libspillcuda.a $(CUDA_
 build/cuda/bench_dequant: bench/cuda/bench_dequant.cu build/cuda/libspillcuda.a
 	$(NVCC) $(NVCCFLAGS) -Isrc -o $@ $< build/cuda/libspillcuda.a -L$(CUDA_HOME)/lib64 -lcublas
 
+build/cuda/bench_fp8: bench/cuda/bench_fp8.cu build/cuda/libspillcuda.a
+	$(NVCC) $(NVCCFLAGS) -Isrc -o $@ $< build/cuda/libspillcuda.a -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas
+
 # spill-cuda: the whole CLI with the GPU engine registered as the runner's backend.
 SPILL_ALL_C := $(LIB_SRC)
 build/cuda/spill-cuda: src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) build/cuda/libspillcuda.a $(HDRS)
@@ -51,7 +54,7 @@ build/cuda/spill-cuda: src/main.c src/cuda/cuda_glue.c $(SPILL_ALL_C) build/cuda
 
 CUDA_SPILL_LIBS ?= -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lcrypto -lcurl
 
-cuda: build/cuda/libspillcuda.a $(CUDA_TESTS) build/cuda/bench_pass build/cuda/bench_dequant build/cuda/spill-cuda
+cuda: build/cuda/libspillcuda.a $(CUDA_TESTS) build/cuda/bench_pass build/cuda/bench_dequant build/cuda/bench_fp8 build/cuda/spill-cuda
 
 test-cuda: cuda
 	@set -e; for t in $(CUDA_TESTS); do echo "== $$t"; $$t; done

@@ -3,7 +3,8 @@
  * reused, and answers exactly as `spill pack` of the same quant run directly (same bytes, same greedy tokens); a
  * quant the file already has runs the file; auto resolves by its rule and the job stores what it resolved (a
  * resume reopens the same copy); the quant is in the pre-run line, the progress line and every row's stamp;
- * fp8 and unknown names are refused up front (exit 2, no job).
+ * fp8 makes its copy like the others and answers as spill pack's fp8 file; unknown names are refused up front
+ * (exit 2, no job).
  *
  * The tiny model's matrices are Q8_0: q8 is "the file has it", q4 and bf16 make copies, and auto (never wider
  * than the file, which fits any budget) picks q8.
@@ -175,17 +176,26 @@ int main(void)
     json_t *ai = answers(p, "q4", &n);
     CHECK(n == 12 && json_equal(ai, ref4), "the interrupted and resumed q4 job answered %d rows differently", n);
 
-    /* refused up front: exit 2 and no job directory */
+    /* fp8: a copy (fp8 rows, head BF16) that answers as spill pack's fp8 file run as it is */
+    CHECK(sh("%s pack %s --quant fp8 -o %s/ref-fp8.gguf > %s/pack.log 2>&1", bin(), MODEL, tmp, tmp) == 0,
+          "spill pack --quant fp8");
+    CHECK(sh("SPILL_HOME=%s/home %s run %s/ref-fp8.gguf %s -o %s/ref8f --quiet > %s/quiet.log 2>&1", tmp, bin(), tmp,
+             in, tmp, tmp) == 0, "run of the packed fp8 file");
+    snprintf(p, sizeof p, "%s/ref8f", tmp);
+    json_t *ref8f = answers(p, "F8_E4M3", &n);
+    CHECK(run_q("fp8", "fp8", "--quiet") == 0, "--quant fp8 run failed");
     snprintf(p, sizeof p, "%s/fp8", tmp);
-    CHECK(run_q("fp8", "fp8", "") == 2 && access(p, F_OK) != 0, "--quant fp8 was not refused up front");
-    snprintf(p, sizeof p, "%s/fp8.log", tmp);
-    read_all(p, log, sizeof log);
-    CHECK(strstr(log, "--quant fp8 is not available yet") != NULL, "fp8's refusal does not say why: %.300s", log);
+    json_t *af = answers(p, "fp8", &n);
+    CHECK(n == 12 && json_equal(af, ref8f), "--quant fp8 answered differently from spill pack's fp8 file");
+    CHECK(sh("cmp -s %s/home/cache/quant/*-fp8.gguf %s/ref-fp8.gguf", tmp, tmp) == 0,
+          "the cached fp8 copy differs from spill pack's");
+
+    /* refused up front: exit 2 and no job directory */
     snprintf(p, sizeof p, "%s/bad", tmp);
     CHECK(run_q("bad", "q3", "") == 2 && access(p, F_OK) != 0, "--quant q3 was not refused up front");
 
     json_decref(ref4), json_decref(a4), json_decref(a4b), json_decref(ap), json_decref(a8), json_decref(refb);
-    json_decref(ab), json_decref(aa), json_decref(ai);
+    json_decref(ab), json_decref(aa), json_decref(ai), json_decref(ref8f), json_decref(af);
     sh("rm -rf %s", tmp);
     return test_finish("test_quant_run");
 }

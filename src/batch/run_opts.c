@@ -205,11 +205,6 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
     }
     if (np != (resume ? 1 : 2) || o->batch < 0 || o->prefill_chunk < 0 || o->page_tokens < 0 || o->threads < 0)
         return -1;
-    if (o->quant && !strcmp(o->quant, "fp8")) {
-        fprintf(stderr, "spill: --quant fp8 is not available yet (its GEMMs on the FP8 tensor cores are not built); use "
-                        "bf16, q8 or q4.\n");
-        return -1;
-    }
     if (o->quant && !run_quant_valid(o->quant)) {
         fprintf(stderr, "spill: --quant %s: give bf16, q8, q4, fp8 or auto.\n", o->quant);
         return -1;

@@ -16,7 +16,11 @@
  *    more exact — whose weights fit the resident tier (free HBM on the GPU, --mem-budget on the CPU) with a
  *    quarter of it left for the KV pages and pass buffers; when none does, the layers stream and a pass costs
  *    its bytes over the link, so auto takes the narrowest, q4.  The sentence printed says which and why.
- *  - fp8 is refused with a sentence: its GEMMs (FP8 tensor cores through cuBLASLt) are not built yet.
+ *  - fp8: spill's fp8 rows (E4M3, one scale per row; the embedding table and head BF16, pack.c), which the GPU
+ *    multiplies on its FP8 tensor cores and the CPU dequantizes in its matmul.  An fp8 safetensors checkpoint
+ *    (F8_E4M3 weights with their scales) runs as fp8 without --quant too: its own format, in the form the
+ *    engines read (the copy of a per-tensor or per-row scaled checkpoint is exact, code for code).  auto never
+ *    picks fp8 (it orders bf16, q8, q4 by size; fp8 is a choice of arithmetic as much as of bytes).
  *  - The resumed job uses the quant the job resolved (auto included), stored with its options, so its
  *    fingerprint check holds.
  */
@@ -56,9 +60,27 @@ static bool is_matrix(const model_tensor *t)
     return !(t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1) && t->ne[0] % 32 == 0 && strstr(t->name, ".weight");
 }
 
-static bool has_type(enum pack_quant q, uint32_t ty)
+/* The embedding table and the head, which fp8 keeps BF16 (pack.c). */
+static bool is_head(const model_tensor *t)
 {
+    return !strcmp(t->name, "token_embd.weight") || !strcmp(t->name, "output.weight");
+}
+
+static bool has_type(enum pack_quant q, const model_tensor *t)
+{
+    uint32_t ty = t->dtype;
+    if (q == PACK_FP8)
+        return is_head(t) || t->ne[0] % 16 ? ty == GGML_BF16 : ty == GGML_F8_E4M3_ROW;
     return q == PACK_Q8 ? ty == GGML_Q8_0 : q == PACK_Q4 ? ty == GGML_Q4_0 || ty == GGML_Q4_1 : ty == GGML_BF16;
+}
+
+/* True when m has fp8 safetensors weights (F8_E4M3 codes with their scales beside them). */
+static bool has_raw_f8(const model_desc *m)
+{
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].dtype == SPILL_DT_F8_E4M3)
+            return true;
+    return false;
 }
 
 static uint64_t elems(const model_tensor *t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
@@ -69,7 +91,9 @@ static uint64_t run_quant_bytes(const model_desc *m, enum pack_quant q)
     double b = 0;
     for (size_t i = 0; i < m->n_tensors; i++) {
         const model_tensor *t = &m->tensors[i];
-        if (is_matrix(t) && !has_type(q, t->dtype))
+        if (q == PACK_FP8 && is_matrix(t) && !has_type(q, t))
+            b += is_head(t) ? 2.0 * (double)elems(t) : (double)elems(t) + 16.0 * (double)(elems(t) / t->ne[0]);
+        else if (is_matrix(t) && !has_type(q, t))
             b += (double)elems(t) * (q == PACK_Q8 ? 34.0 / 32 : q == PACK_Q4 ? 20.0 / 32 : 2.0);
         else if (t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1)
             b += (double)elems(t) * 4;
@@ -93,23 +117,28 @@ static double file_bpw(const model_desc *m)
 static bool file_is(const model_desc *m, enum pack_quant q)
 {
     for (size_t i = 0; i < m->n_tensors; i++)
-        if (is_matrix(&m->tensors[i]) && !has_type(q, m->tensors[i].dtype))
+        if (is_matrix(&m->tensors[i]) && !has_type(q, &m->tensors[i]))
             return false;
     return true;
 }
 
-/* A short name for the file's own weights: the type most matrix bytes have ("Q4_1", "BF16"). */
+/* A short name for the file's own weights: the type most layer matrix bytes have ("Q4_1", "BF16"; the embedding
+ * table and head, which fp8 keeps BF16, count only in a file without layers). */
 static void file_label(const model_desc *m, char *out, size_t cap)
 {
-    uint64_t by[64] = {0};
+    uint64_t by[256] = {0};
+    bool layers = false;
     for (size_t i = 0; i < m->n_tensors; i++)
-        if (is_matrix(&m->tensors[i]) && m->tensors[i].dtype < 64)
+        layers |= m->tensors[i].layer >= 0 && is_matrix(&m->tensors[i]);
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (is_matrix(&m->tensors[i]) && m->tensors[i].dtype < 256 && (!layers || m->tensors[i].layer >= 0))
             by[m->tensors[i].dtype] += m->tensors[i].size;
     int best = -1;
-    for (int t = 0; t < 64; t++)
+    for (int t = 0; t < 256; t++)
         if (by[t] && (best < 0 || by[t] > by[best]))
             best = t;
-    snprintf(out, cap, "%s", best < 0 ? "F32" : quant_type_name((uint32_t)best));
+    snprintf(out, cap, "%s",
+             best < 0 ? "F32" : best == SPILL_DT_F8_E4M3 ? "F8_E4M3" : quant_type_name((uint32_t)best));
 }
 
 /* auto's tier: free HBM when the job runs on the GPU, else the memory budget. */
@@ -157,20 +186,19 @@ static int pick_auto(runner *r, enum pack_quant *q, char *why, size_t cap)
 bool run_quant_valid(const char *name)
 {
     enum pack_quant q;
-    return !strcmp(name, "fp8") || !strcmp(name, "auto") || (pack_quant_parse(name, &q) == 0 && q != PACK_NONE);
+    return !strcmp(name, "auto") || (pack_quant_parse(name, &q) == 0 && q != PACK_NONE);
 }
 
 int run_quant_apply(runner *r, const char *path, char *err, size_t errlen)
 {
     file_label(r->m, r->quant_name, sizeof r->quant_name);
     const char *qs = r->o.quant;
+    if ((!qs || !*qs) && has_raw_f8(r->m))
+        qs = "fp8"; /* an fp8 checkpoint runs as fp8: the engines read its codes as fp8 rows */
     if (!qs || !*qs)
         return 0;
     enum pack_quant q;
     char why[400] = "";
-    if (!strcmp(qs, "fp8"))
-        return util_errf(err, errlen, "--quant fp8 is not available yet (its GEMMs on the FP8 tensor cores are not "
-                                      "built); use bf16, q8 or q4.");
     if (!strcmp(qs, "auto")) {
         run_defaults(&r->o); /* the memory budget (idempotent: it fills only what is unset) */
         if (pick_auto(r, &q, why, sizeof why))

@@ -188,7 +188,16 @@ typedef struct pass_sizes {
     size_t blas_ws;  /* cuBLAS workspace */
     size_t want;     /* R x int32 (and host) */
     size_t picks;    /* R x pick_out (and host) */
+    size_t f8x, f8xs, f8ws; /* fp8 rows' GEMMs: T8 x K8 codes, T8 scales, N8 scales (0: no fp8 matrix) */
 } pass_sizes;
+
+/* The fp8 GEMMs' scratch for the largest fp8 matrix (K8 columns, N8 rows) and T8 rows per GEMM. */
+static void fp8_sizes(pass_sizes *p, size_t T8, size_t K8, size_t N8)
+{
+    p->f8x = K8 ? T8 * K8 : 0;
+    p->f8xs = K8 ? T8 * 4 : 0;
+    p->f8ws = K8 ? N8 * 4 : 0;
+}
 
 static pass_sizes pass_sizes_for(const model_desc *m, size_t T, size_t B, size_t R, size_t scratch_elems)
 {
@@ -212,13 +221,21 @@ static pass_sizes pass_sizes_for(const model_desc *m, size_t T, size_t B, size_t
     p.blas_ws = BLAS_WS_BYTES;
     p.want = R * 8; /* want, then target */
     p.picks = R * sizeof(pick_out);
+    fp8_sizes(&p, 0, 0, 0);
     return p;
 }
 
 static size_t pass_sizes_total(const pass_sizes *p)
 {
     return 2 * (p->act_d + p->act_hs + p->act_ks + p->act_f) + p->last + p->logits + p->xb + p->lastb + p->scratch +
-           p->meta + p->part + p->blas_ws + p->want + p->picks;
+           p->meta + p->part + p->blas_ws + p->want + p->picks + p->f8x + p->f8xs + p->f8ws;
+}
+
+/* Rows one GEMM of a pass of T tokens and R logit rows may take: T, R for the head, T*k in a MoE FFN. */
+static size_t gemm_rows(const model_desc *m, size_t T, size_t R)
+{
+    size_t k = m->n_experts > 0 && m->n_experts_used > 1 ? (size_t)m->n_experts_used : 1;
+    return T * k > R ? T * k : R;
 }
 
 /* HBM of the pass buffers for these options (less the KV arena and its page table).  The dequant scratch is
@@ -228,30 +245,46 @@ uint64_t cuda_engine_pass_bytes(const model_desc *m, const cuda_engine_opts *o)
     size_t T = o->max_pass_tokens > 0 ? (size_t)o->max_pass_tokens : 512;
     size_t B = o->max_pass_seqs > 0 ? (size_t)o->max_pass_seqs : T;
     size_t R = o->max_logit_rows > 0 ? (size_t)o->max_logit_rows : B;
-    size_t scratch = 0;
+    size_t scratch = 0, K8 = 0, N8 = 0;
     for (size_t i = 0; i < m->n_tensors; i++) {
         const model_tensor *t = &m->tensors[i];
+        if (t->dtype == GGML_F8_E4M3_ROW) { /* multiplied as it is: fp8.cu's scratch instead */
+            K8 = t->ne[0] > K8 ? (size_t)t->ne[0] : K8;
+            N8 = t->ne[1] > N8 ? (size_t)t->ne[1] : N8;
+            continue;
+        }
         /* a stacked expert tensor (3-D) is dequantized one expert at a time */
         if ((t->n_dims == 2 || t->n_dims == 3) && t->dtype != GGML_BF16 && (size_t)(t->ne[0] * t->ne[1]) > scratch)
             scratch = (size_t)(t->ne[0] * t->ne[1]);
     }
     pass_sizes p = pass_sizes_for(m, T, B, R, scratch);
+    fp8_sizes(&p, gemm_rows(m, T, R), K8, N8);
     return pass_sizes_total(&p) + cuda_moe_pass_bytes(m, T) + cuda_lora_bytes(m, o->lora, T);
 }
 
 static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
-    size_t scratch = 0; /* largest matrix that needs dequantizing */
-    for (int l = 0; l < m->n_layers; l++)
-        for (int i = 0; i < layer_n_mats(&e->layers[l]); i++) {
-            const dmat *d = layer_mat_at(&e->layers[l], i);
-            if (d->t && d->type != GGML_BF16 && (size_t)(d->n * d->k) > scratch)
+    size_t scratch = 0, K8 = 0, N8 = 0; /* largest matrix that needs dequantizing; largest fp8 one */
+    for (int l = 0; l <= m->n_layers; l++)
+        for (int i = 0; i < (l < m->n_layers ? layer_n_mats(&e->layers[l]) : 1); i++) {
+            const dmat *d = l < m->n_layers ? layer_mat_at(&e->layers[l], i) : &e->out;
+            if (!d->t || d->type == GGML_BF16)
+                continue;
+            if (d->type == GGML_F8_E4M3_ROW) {
+                K8 = (size_t)d->k > K8 ? (size_t)d->k : K8;
+                N8 = (size_t)d->n > N8 ? (size_t)d->n : N8;
+            } else if ((size_t)(d->n * d->k) > scratch)
                 scratch = (size_t)(d->n * d->k);
         }
-    if (e->out.type != GGML_BF16 && (size_t)(e->out.n * e->out.k) > scratch)
-        scratch = (size_t)(e->out.n * e->out.k);
     pass_sizes p = pass_sizes_for(m, (size_t)e->max_T, (size_t)e->max_seqs, (size_t)e->max_rows, scratch);
+    fp8_sizes(&p, gemm_rows(m, (size_t)e->max_T, (size_t)e->max_rows), K8, N8);
+    if (K8 && !e->f8 && fp8_lt_create(&e->f8, err, errlen))
+        return -1;
+    if (K8 && (dalloc(e, (void **)&e->f8x, p.f8x, "the fp8 GEMM input", err, errlen) ||
+               dalloc(e, (void **)&e->f8xs, p.f8xs, "the fp8 GEMM scales", err, errlen) ||
+               dalloc(e, (void **)&e->f8ws, p.f8ws, "the fp8 GEMM scales", err, errlen)))
+        return -1;
     size_t meta = p.meta + (size_t)e->kv.n_pages * 4; /* the page table rides with the metadata */
     size_t kv_bytes;
     if (!ck_mul_size(kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens, e->kv.dtype),
@@ -443,6 +476,7 @@ void cuda_engine_close(cuda_engine *e)
     free(e->ev_hdone);
     if (e->blas)
         cublasDestroy(e->blas);
+    fp8_lt_free(e->f8);
     for (size_t i = 0; i < e->n_allocs; i++)
         cudaFree(e->allocs[i]);
     free(e->allocs);
@@ -522,10 +556,18 @@ int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total_by
 
 /* ---------------------------------------------------------------- the pass */
 
-/* Y(T, N) = X(T, K) · W(N, K)^T: W dequantized into the bf16 scratch unless it is bf16 already. */
+/* Y(T, N) = X(T, K) · W(N, K)^T: fp8 rows on the FP8 tensor cores as they are (fp8.cu); other types
+ * dequantized into the bf16 scratch unless they are bf16 already. */
 int cuda_gemm(cuda_engine *e, const dmat *w, const uint8_t *base, const bf16 *x, int64_t T, float *y, char *err,
               size_t errlen)
 {
+    if (w->type == GGML_F8_E4M3_ROW) {
+        cudaError_t ce;
+        if (fp8_gemm(e->f8, base + w->off, w->row_bytes, w->n, w->k, x, T, y, e->f8x, e->f8xs, e->f8ws, e->blas_ws,
+                     BLAS_WS_BYTES, e->cs, &ce, err, errlen))
+            return ce != cudaSuccess ? cu_fail(ce, "the fp8 GEMM", __LINE__, err, errlen) : -1;
+        return 0;
+    }
     const bf16 *W = (const bf16 *)(base + w->off);
     if (w->type != GGML_BF16) {
         CU(k_dequant(w->type, base + w->off, w->row_bytes, w->n, w->k, e->wscratch, NULL, e->cs));

@@ -33,6 +33,7 @@ extern "C" {
 #include "../base/util.h"
 }
 #include "kernels.cuh"
+#include "fp8.cuh"
 
 #define PACK_ALIGN 256
 
@@ -143,7 +144,10 @@ struct cuda_engine {
     /* pass buffers (device) */
     /* R = max_rows logit rows, B = max_seqs */
     float *x, *h, *q, *k, *v, *att, *g, *u, *last, *logits; /* (T,D) (T,D) (T,HS) (T,KS)x2 (T,HS) (T,F)x2 (R,D) (R,V) */
-    bf16 *xb, *lastb, *wscratch;                            /* (T, max(D,HS,F)), (R, D), largest non-bf16 matrix */
+    bf16 *xb, *lastb, *wscratch;                            /* (T, max(D,HS,F)), (R, D), largest dequantized matrix */
+    struct fp8_lt *f8;        /* fp8 rows' GEMMs (fp8.cu), NULL when the model has none */
+    uint8_t *f8x;             /* (T8, K8) the GEMM input's E4M3 codes: T8 the most rows one GEMM takes (MoE: T*k), */
+    float *f8xs, *f8ws;       /* (T8) its per-token scales; (N8) the weight rows' scales; K8, N8 the largest */
     int32_t *d_meta, *h_meta; /* tok pos seq (T) rows (R) pt_off (B) tiles (2T) singles (T) lng (B) ad (T) pages */
     float *h_logits;                                        /* pinned (R, V) */
     int32_t *d_want, *h_want;                               /* (R) pick requests, device and pinned */

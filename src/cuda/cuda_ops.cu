@@ -18,6 +18,7 @@ extern "C" {
 #include "../base/util.h"
 }
 #include "kernels.cuh"
+#include "fp8.cuh"
 
 #define MAXBUF 12
 
@@ -120,6 +121,60 @@ int cuda_op_matmul(uint32_t type, const void *w, int64_t N, int64_t K, const flo
         return op_done(c, util_errf(err, errlen, "cublasGemmEx failed: %s.", cublasGetStatusString(s)));
     TRY(op_down(c, cudaSuccess, y, dy, (size_t)(T * N) * 4));
     return op_done(c, 0);
+}
+
+int cuda_op_fp8_quant(const float *x, int64_t T, int64_t K, uint8_t *q, float *xs, char *err, size_t errlen)
+{
+    OP_BEGIN;
+    if (K % 16)
+        return util_errf(err, errlen, "fp8 activations need K %% 16 == 0, not %lld.", (long long)K);
+    void *dx, *dxb, *dq, *ds;
+    TRY(op_up(c, &dx, x, (size_t)(T * K) * 4));
+    TRY(op_up(c, &dxb, NULL, (size_t)(T * K) * 2));
+    TRY(op_up(c, &dq, NULL, (size_t)(T * K)));
+    TRY(op_up(c, &ds, NULL, (size_t)T * 4));
+    cudaError_t e = k_to_bf16((const float *)dx, (bf16 *)dxb, T * K, 0);
+    if (e == cudaSuccess)
+        e = k_fp8_quant_rows((const bf16 *)dxb, T, K, (uint8_t *)dq, (float *)ds, 0);
+    TRY(op_down(c, e, q, dq, (size_t)(T * K)));
+    TRY(op_down(c, cudaSuccess, xs, ds, (size_t)T * 4));
+    return op_done(c, 0);
+}
+
+int cuda_op_fp8_matmul(const void *w, int64_t N, int64_t K, const float *x, int64_t T, float *y, int mode,
+                       bool fast_accum, int *used_mode, char *err, size_t errlen)
+{
+    OP_BEGIN;
+    size_t rb = (size_t)K + 16;
+    void *dw, *dx, *dxb, *dq, *dxs, *dws, *dy, *dwork;
+    const size_t work = 32u << 20;
+    TRY(op_up(c, &dw, w, rb * (size_t)N));
+    TRY(op_up(c, &dx, x, (size_t)(T * K) * 4));
+    TRY(op_up(c, &dxb, NULL, (size_t)(T * K) * 2));
+    TRY(op_up(c, &dq, NULL, (size_t)(T * K)));
+    TRY(op_up(c, &dxs, NULL, (size_t)T * 4));
+    TRY(op_up(c, &dws, NULL, (size_t)N * 4));
+    TRY(op_up(c, &dy, NULL, (size_t)(T * N) * 4));
+    TRY(op_up(c, &dwork, NULL, work));
+    cudaError_t e = k_to_bf16((const float *)dx, (bf16 *)dxb, T * K, 0);
+    if (e != cudaSuccess)
+        return op_done(c, op_fail(c, e, "kernel launch"));
+    fp8_lt *lt;
+    if (fp8_lt_create(&lt, err, errlen))
+        return op_done(c, -1);
+    fp8_lt_set(lt, mode, fast_accum);
+    cudaError_t ce;
+    int r = fp8_gemm(lt, (const uint8_t *)dw, rb, N, K, (const bf16 *)dxb, T, (float *)dy, (uint8_t *)dq,
+                     (float *)dxs, (float *)dws, dwork, work, 0, &ce, err, errlen);
+    if (used_mode)
+        *used_mode = fp8_lt_last_mode(lt);
+    if (r == 0)
+        r = op_down(c, cudaSuccess, y, dy, (size_t)(T * N) * 4);
+    else if (ce != cudaSuccess)
+        r = op_fail(c, ce, "fp8 GEMM");
+    cudaDeviceSynchronize();
+    fp8_lt_free(lt);
+    return op_done(c, r);
 }
 
 int cuda_op_rmsnorm(const float *x, const float *w, int64_t T, int64_t D, float eps, bool plus_one, float *y, char *err,

@@ -29,6 +29,16 @@ int cuda_op_dequant(uint32_t type, const void *w, int64_t N, int64_t K, float *o
 int cuda_op_matmul(uint32_t type, const void *w, int64_t N, int64_t K, const float *x, int64_t T, float *y, char *err,
                    size_t errlen);
 
+/* The fp8 GEMM input of x (T, K) fp32 as the engine makes it: rounded to bf16, then q (T, K) E4M3 codes and xs
+ * (T) per-token scales (fp8.cuh k_fp8_quant_rows). */
+int cuda_op_fp8_quant(const float *x, int64_t T, int64_t K, uint8_t *q, float *xs, char *err, size_t errlen);
+
+/* Y(T, N) = fp8(bf16(X))(T, K) · W(N, K)^T for W N fp8 rows (GGML_F8_E4M3_ROW, 16 + K bytes each) on the FP8
+ * tensor cores, as the engine's GEMM: mode 0 auto, 1 outer-vector scales in cuBLASLt, 2 unit scales then a
+ * scaling kernel (fp8.cuh FP8_*); *used_mode (NULL: not wanted) the one that ran. */
+int cuda_op_fp8_matmul(const void *w, int64_t N, int64_t K, const float *x, int64_t T, float *y, int mode,
+                       bool fast_accum, int *used_mode, char *err, size_t errlen);
+
 /* y(T, D) = rmsnorm(x) * w (or 1 + w). */
 int cuda_op_rmsnorm(const float *x, const float *w, int64_t T, int64_t D, float eps, bool plus_one, float *y, char *err,
                     size_t errlen);

@@ -9,7 +9,8 @@
  * Dequantization reads the GGUF block layouts documented in quant.c and
  * computes each value with the same IEEE operations in the same order
  * (explicit __fmul_rn/__fadd_rn so nvcc cannot contract them into FMAs), so
- * the fp32 values equal quant_dequant_row's bit for bit; the bf16 variant
+ * the fp32 values equal quant_dequant_row's bit for bit (spill's fp8 rows
+ * too, though their GEMMs never dequantize: fp8.cu); the bf16 variant
  * then rounds to nearest even.  One thread per element: the block header is
  * re-read by each of its elements from L1, and stores are coalesced.
  *
@@ -27,6 +28,7 @@
 #include <float.h>
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +45,8 @@ enum {
     T_Q5_K = 13,
     T_Q6_K = 14,
     T_Q8_K = 15,
-    T_BF16 = 30
+    T_BF16 = 30,
+    T_F8_ROW = 200 /* spill's fp8 rows (gguf.h GGML_F8_E4M3_ROW): fp32 scale, 12 zero bytes, K E4M3 codes */
 };
 
 bool kq_type_supported(uint32_t type)
@@ -61,6 +64,7 @@ bool kq_type_supported(uint32_t type)
     case T_Q5_K:
     case T_Q6_K:
     case T_Q8_K:
+    case T_F8_ROW:
         return true;
     default:
         return false;
@@ -108,6 +112,11 @@ __device__ float dq_elem(uint32_t type, const uint8_t *row, int64_t k)
     case T_BF16: {
         const uint8_t *p = row + k * 2;
         return __uint_as_float(((uint32_t)p[0] | ((uint32_t)p[1] << 8)) << 16);
+    }
+    case T_F8_ROW: { /* e4m3 -> half is exact, then one fp32 multiply: quant.c's dq_f8_row */
+        uint32_t u = (uint32_t)row[0] | ((uint32_t)row[1] << 8) | ((uint32_t)row[2] << 16) | ((uint32_t)row[3] << 24);
+        __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)row[16 + k], __NV_E4M3);
+        return __fmul_rn(__half2float(__half(h)), __uint_as_float(u));
     }
     case T_Q8_0: {
         const uint8_t *b = row + (k / 32) * 34;

@@ -187,6 +187,11 @@ static int bind_mat(spill_engine *e, wmat *w, enum arch_slot s, int l, char *err
         return 0;
     int64_t n = e->a.t[s].n, k = e->a.t[s].k;
     size_t rb;
+    if (t->dtype == SPILL_DT_F8_E4M3) /* an fp8 checkpoint's codes: their scales join them in spill pack's rows */
+        return util_errf(err, errlen,
+                         "%s: tensor %s is an fp8 checkpoint's F8_E4M3; run it through spill run (which packs it as "
+                         "fp8 once) or spill pack --quant fp8.",
+                         e->m->source, t->name);
     if (!quant_type_supported(t->dtype) || quant_row_bytes(t->dtype, k, &rb) != 0)
         return util_errf(err, errlen, "%s: tensor %s is stored as %s, which the CPU backend cannot multiply.",
                          e->m->source, t->name, quant_type_name(t->dtype));

@@ -91,6 +91,15 @@ static const type_info GGML_TYPES[GGML_TYPE_COUNT] = {
 
 bool ggml_type_info(uint32_t type, const char **name, uint32_t *block_elems, uint32_t *block_bytes)
 {
+    if (type == GGML_F8_E4M3_ROW) { /* spill's fp8 rows (gguf.h): 16-element "blocks" of 16 codes, plus the header */
+        if (name)
+            *name = "F8_E4M3";
+        if (block_elems)
+            *block_elems = 16;
+        if (block_bytes)
+            *block_bytes = 16;
+        return true;
+    }
     if (type >= GGML_TYPE_COUNT || !GGML_TYPES[type].name)
         return false;
     if (name)
@@ -100,6 +109,11 @@ bool ggml_type_info(uint32_t type, const char **name, uint32_t *block_elems, uin
     if (block_bytes)
         *block_bytes = GGML_TYPES[type].block_bytes;
     return true;
+}
+
+uint32_t ggml_type_row_extra(uint32_t type)
+{
+    return type == GGML_F8_E4M3_ROW ? 16 : 0;
 }
 
 static bool ggml_type_removed(uint32_t t)
@@ -514,9 +528,10 @@ static int read_tensor(reader *r, gguf_file *f, uint64_t i, uint64_t *running)
         return fail(r, tat,
                     "tensor \"%s\": ne[0] = %llu is not a multiple of the %s block size %u; the file is corrupt.",
                     shown, (unsigned long long)t->ne[0], tname, be);
-    /* size = rows * blocks per row * bytes per block, rows = ne1*ne2*ne3 */
+    /* size = rows * (blocks per row * bytes per block + row header), rows = ne1*ne2*ne3 */
     uint64_t size;
-    if (!ck_mul_u64(t->ne[0] / be, bb, &size) || !ck_mul_u64(size, t->ne[1], &size) ||
+    if (!ck_mul_u64(t->ne[0] / be, bb, &size) || !ck_add_u64(size, ggml_type_row_extra(t->type), &size) ||
+        !ck_mul_u64(size, t->ne[1], &size) ||
         !ck_mul_u64(size, t->ne[2], &size) || !ck_mul_u64(size, t->ne[3], &size))
         return fail(r, tat, "tensor \"%s\": its byte size overflows 64 bits; the file is corrupt.", shown);
     t->size = size;

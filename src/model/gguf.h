@@ -25,6 +25,13 @@ enum ggml_type {
     GGML_Q8_0 = 8, GGML_Q8_1 = 9, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13,
     GGML_Q6_K = 14, GGML_Q8_K = 15, GGML_I8 = 24, GGML_I16 = 25, GGML_I32 = 26, GGML_I64 = 27,
     GGML_F64 = 28, GGML_BF16 = 30, GGML_TYPE_COUNT = 43,
+    /* spill's own tensor type (not ggml's; ggml's ids stay below GGML_TYPE_COUNT): fp8 weights, one row of K
+     * elements = fp32 scale, 12 zero bytes, K OCP E4M3FN codes (K % 16 == 0; 16 + K bytes; value = scale *
+     * e4m3(code)).  The scale leads so a row decodes without knowing K and the codes of every row start 16-byte
+     * aligned (cuBLASLt reads the N rows in place as an FP8 matrix with leading dimension 16 + K).  Only
+     * `spill pack --quant fp8` and `spill synth --quant fp8` write it; other GGUF readers refuse the file with
+     * their unknown-type message instead of misreading it. */
+    GGML_F8_E4M3_ROW = 200,
 };
 
 typedef struct gguf_kv {
@@ -96,7 +103,10 @@ double gguf_arr_num(const gguf_kv *kv, uint64_t i); /* any numeric element type,
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);
 const uint8_t *gguf_tensor_data(const gguf_file *f, const gguf_tensor *t);
 
-/* Type table: name ("Q4_K"), block size in elements and bytes per block.  false for unknown/removed types. */
+/* Type table: name ("Q4_K"), block size in elements and bytes per block.  false for unknown/removed types.
+ * A row of ne[0] elements takes ne[0] / block_elems * block_bytes + ggml_type_row_extra(type) bytes. */
 bool ggml_type_info(uint32_t type, const char **name, uint32_t *block_elems, uint32_t *block_bytes);
+/* Bytes a row carries besides its blocks: 16 for GGML_F8_E4M3_ROW (its scale header), 0 for ggml's types. */
+uint32_t ggml_type_row_extra(uint32_t type);
 
 #endif

@@ -311,7 +311,9 @@ static int tensor_bytes(const char *name, uint32_t n_dims, const uint64_t *ne, u
     if (ne[0] % be)
         return util_errf(err, errlen, "GGUF writer: tensor %s: %llu columns are not a whole number of %s blocks of %u.",
                          name, (unsigned long long)ne[0], tn, be);
-    if (!ck_mul_u64(n / be, bb, bytes))
+    uint64_t extra; /* a row header (GGML_F8_E4M3_ROW's scale) per row of ne[0] elements */
+    if (!ck_mul_u64(n / be, bb, bytes) || !ck_mul_u64(n / ne[0], ggml_type_row_extra(type), &extra) ||
+        !ck_add_u64(*bytes, extra, bytes))
         return util_errf(err, errlen, "GGUF writer: tensor %s: size overflows.", name);
     return 0;
 }

@@ -749,6 +749,21 @@ static int open_hf(const char *dir, model_desc *m, char *err, size_t errlen)
             t->file = s->shard;
             t->offset = s->offset;
             t->size = s->size;
+            if (t->dtype == SPILL_DT_F8_E4M3) { /* an fp8 checkpoint: the weight's scale rides beside it */
+                const st_tensor *sc;
+                enum st_scale_kind kind;
+                if (st_model_fp8_scale(stm, s, dir, &sc, &kind, err, errlen)) {
+                    rc = -1;
+                    goto out;
+                }
+                t->scale_kind = kind == ST_SCALE_TENSOR ? MODEL_SCALE_TENSOR
+                                : kind == ST_SCALE_ROW  ? MODEL_SCALE_ROW
+                                                        : MODEL_SCALE_BLOCK128;
+                t->scale_dtype = st_to_dtype(sc->dtype);
+                t->scale_file = sc->shard;
+                t->scale_offset = sc->offset;
+                t->scale_n = sc->size / (st_dtype_bits(sc->dtype) / 8);
+            }
             if (!strcmp(t->name, "blk.0.attn_q.bias"))
                 m->qkv_bias = true;
             n++;

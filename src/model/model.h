@@ -49,7 +49,16 @@ typedef struct model_tensor {
     uint32_t file;      /* index into model_desc.files */
     uint64_t offset;    /* absolute byte offset in that file */
     uint64_t size;      /* bytes */
+    /* An F8_E4M3 safetensors weight (dtype SPILL_DT_F8_E4M3, raw codes [ne1 rows, ne0]): its scale tensor
+     * (safetensors.h st_model_fp8_scale), value = e4m3 * scale.  scale_kind 0 for every other tensor. */
+    uint32_t scale_kind;   /* MODEL_SCALE_* */
+    uint32_t scale_dtype;  /* GGML_F32, GGML_BF16 or GGML_F16 */
+    uint32_t scale_file;
+    uint64_t scale_offset; /* absolute, in files[scale_file] */
+    uint64_t scale_n;      /* values: 1, ne1, or ceil(ne1/128) * ceil(ne0/128) (row-major [row block][col block]) */
 } model_tensor;
+
+enum { MODEL_SCALE_NONE, MODEL_SCALE_TENSOR, MODEL_SCALE_ROW, MODEL_SCALE_BLOCK128 };
 
 typedef struct model_file {
     char *path;

@@ -20,6 +20,18 @@
  *    matrices byte for byte.  Requantizing an already-quantized source adds
  *    its error to the source's: the report measures against the source's
  *    dequantized values, i.e. the error pack adds.
+ *  - fp8 (GGML_F8_E4M3_ROW, gguf.h: E4M3 codes with one fp32 scale per row,
+ *    the row's header): every matrix with K % 16 == 0 except the embedding
+ *    table and the output head, which become BF16 as the published fp8
+ *    checkpoints keep them (the head's rounding goes straight into the
+ *    logits, and both stay resident, so they cost no link bytes per pass).
+ *    An fp8 safetensors source (F8_E4M3 + weight_scale, or weight_scale_inv
+ *    per 128x128 block) is decoded with its scales (model.c bound them); a
+ *    per-tensor or per-row scaled one is copied code for code with the scale
+ *    in the row header (exact: the report shows 0 error), a block-scaled one
+ *    is requantized per row (its error reported).  Such a source always
+ *    converts, whatever the quant (`none` gives fp8 rows): raw codes without
+ *    their scales are nothing an engine can run.
  *  - Rows are processed in chunks (16 MiB of fp32): read source rows,
  *    dequantize, quantize, dequantize again for the error, append to the
  *    output.  q4 keeps both candidates of one tensor in RAM until it knows
@@ -73,6 +85,7 @@
 #include "../base/exit.h"
 
 #define ALIGNMENT 4096
+#define RAW_F8 SPILL_DT_F8_E4M3 /* an fp8 safetensors weight: codes [rows, K], scales in a sibling tensor */
 #define CHUNK_F32 (16u << 20) /* bytes of fp32 per chunk of rows */
 
 /* ---------------------------------------------------------------- order */
@@ -147,6 +160,9 @@ typedef struct packer {
     double *rerr;       /* (rows, 3): per-row squared error of Q4_0/Q8_0, of Q4_1, squared norm */
     size_t x_cap, src_cap, dst_cap, rerr_cap;
     double err2, norm2; /* totals over requantized tensors */
+    float f8tab[256];   /* e4m3 code -> fp32 */
+    float *scales;      /* the RAW_F8 tensor being packed: its scale_n scales as fp32 */
+    size_t scales_cap;
     uint64_t done_bytes;
     double t0, last_draw;
 } packer;
@@ -204,37 +220,68 @@ static bool is_vector(const model_tensor *t)
     return t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1;
 }
 
-/* 2-D+ weights whose rows are whole 32-element blocks are requantized (unless --quant none, or the
- * tensor already has a type the requested quant allows: Q8_0 for q8, Q4_0/Q4_1 for q4, kept byte for byte). */
+/* The embedding table and the output head: fp8 leaves them BF16 (see the file comment). */
+static bool is_head(const char *name)
+{
+    return !strcmp(name, "token_embd.weight") || !strcmp(name, "output.weight");
+}
+
+/* The type a converted matrix gets (q4: Q4_0 until the measured error picks between Q4_0 and Q4_1).  fp8 rows
+ * need K % 16 == 0 and the Q types K % 32 == 0; what is not whole becomes BF16 (reached only by fp8 sources,
+ * which always convert). */
+static uint32_t target_type(const packer *p, const item *it)
+{
+    enum pack_quant q = p->o->quant;
+    uint64_t K = it->t ? it->t->ne[0] : 0;
+    if (q == PACK_FP8 || q == PACK_NONE)
+        return is_head(it->name) || K % 16 ? GGML_BF16 : GGML_F8_E4M3_ROW;
+    if (q == PACK_BF16 || K % 32)
+        return GGML_BF16;
+    return q == PACK_Q8 ? GGML_Q8_0 : GGML_Q4_0;
+}
+
+/* 2-D+ weights are converted to target_type unless --quant none or the tensor already has a type the requested
+ * quant allows (Q8_0 for q8, Q4_0/Q4_1 for q4, BF16 for bf16, fp8 rows for fp8: kept byte for byte); q8/q4 keep
+ * matrices whose rows are not whole 32-blocks.  An fp8 safetensors weight always converts. */
 static bool is_matrix_to_quantize(const packer *p, const item *it)
 {
     const model_tensor *t = it->t;
     enum pack_quant q = p->o->quant;
-    if (q == PACK_NONE || !t || is_vector(t) || t->ne[0] % 32 || !strstr(t->name, ".weight"))
+    if (!t || is_vector(t) || !strstr(t->name, ".weight"))
         return false;
+    if (t->dtype == RAW_F8)
+        return true;
+    if (q == PACK_NONE || ((q == PACK_Q8 || q == PACK_Q4) && t->ne[0] % 32))
+        return false;
+    if (q == PACK_FP8)
+        return t->dtype != target_type(p, it);
     return q == PACK_Q8 ? t->dtype != GGML_Q8_0 : q == PACK_BF16 ? t->dtype != GGML_BF16 : t->dtype != GGML_Q4_0 && t->dtype != GGML_Q4_1;
 }
 
-/* The weight type a requantized matrix gets (q4: Q4_0 until the measured error picks between Q4_0 and Q4_1). */
-static uint32_t target_type(enum pack_quant q)
-{
-    return q == PACK_Q8 ? GGML_Q8_0 : q == PACK_BF16 ? GGML_BF16 : GGML_Q4_0;
-}
-
-/* general.file_type (llama.cpp's LLAMA_FTYPE_MOSTLY_*) of a packed quant. */
+/* general.file_type (llama.cpp's LLAMA_FTYPE_MOSTLY_*) of a packed quant; fp8 has none (the key is dropped). */
 static uint32_t file_type_of(enum pack_quant q, bool q4_1)
 {
     return q == PACK_Q8 ? 7 : q == PACK_BF16 ? 32 : q4_1 ? 3 : 2;
 }
 
+/* Bytes of one source row of K elements (RAW_F8: the codes alone). */
+static int src_row_bytes(const model_tensor *t, uint64_t K, size_t *out)
+{
+    if (t->dtype == RAW_F8) {
+        *out = (size_t)K;
+        return 0;
+    }
+    return quant_type_supported(t->dtype) ? quant_row_bytes(t->dtype, (int64_t)K, out) : -1;
+}
+
 const char *pack_quant_name(enum pack_quant q)
 {
-    return q == PACK_Q8 ? "q8" : q == PACK_Q4 ? "q4" : q == PACK_BF16 ? "bf16" : "none";
+    return q == PACK_Q8 ? "q8" : q == PACK_Q4 ? "q4" : q == PACK_BF16 ? "bf16" : q == PACK_FP8 ? "fp8" : "none";
 }
 
 int pack_quant_parse(const char *s, enum pack_quant *q)
 {
-    for (int k = PACK_NONE; k <= PACK_BF16; k++)
+    for (int k = PACK_NONE; k <= PACK_FP8; k++)
         if (!strcmp(s, pack_quant_name((enum pack_quant)k))) {
             *q = (enum pack_quant)k;
             return 0;
@@ -372,6 +419,8 @@ static int gguf_keys(packer *p, char *err, size_t errlen)
         const gguf_kv *kv = &g->kv[i];
         if (!strcmp(kv->key, "general.alignment") || !strncmp(kv->key, "spill.pack.", 11))
             continue;
+        if (!strcmp(kv->key, "general.file_type") && p->o->quant == PACK_FP8)
+            continue; /* llama.cpp has no fp8 file type */
         if (!strcmp(kv->key, "general.file_type") && p->o->quant != PACK_NONE) {
             if (gguf_w_u32(p->w, kv->key, 7, err, errlen)) /* patched once the q4 choices are known */
                 return -1;
@@ -435,7 +484,32 @@ typedef struct row_job {
     uint32_t qt;
     uint8_t *cand0, *cand1; /* q4: whole-tensor candidates */
     double *rerr;           /* (n, 3) */
+    bool f8_copy;           /* RAW_F8 with one scale per tensor or row into fp8 rows: codes copied */
 } row_job;
+
+/* The scale of element k of source row r of a RAW_F8 tensor. */
+static inline float raw_f8_scale(const packer *p, const model_tensor *t, uint64_t r, uint64_t k)
+{
+    switch (t->scale_kind) {
+    case MODEL_SCALE_TENSOR:
+        return p->scales[0];
+    case MODEL_SCALE_ROW:
+        return p->scales[r];
+    default:
+        return p->scales[(r / 128) * ((t->ne[0] + 127) / 128) + k / 128];
+    }
+}
+
+/* Source row r (its bytes at srcp) as K floats. */
+static void src_row_f32(const packer *p, const model_tensor *t, uint64_t r, const uint8_t *srcp, float *x, uint64_t K)
+{
+    if (t->dtype != RAW_F8) {
+        quant_dequant_row(t->dtype, srcp, x, (int64_t)K);
+        return;
+    }
+    for (uint64_t k = 0; k < K; k++)
+        x[k] = p->f8tab[srcp[k]] * raw_f8_scale(p, t, r, k);
+}
 
 /* Converts row i of the chunk (a pool task): copy, to F32, or requantize with the error terms. */
 static void row_task(void *vctx, int64_t task, int tid)
@@ -450,7 +524,7 @@ static void row_task(void *vctx, int64_t task, int tid)
         return;
     }
     float *x = p->x + i * K;
-    quant_dequant_row(j->t->dtype, srcp, x, (int64_t)K); /* K = 1 for an element of a permuted bias */
+    src_row_f32(p, j->t, j->r0 + sr, srcp, x, K); /* K = 1 for an element of a permuted bias */
     if (j->it->plus_one) /* Gemma HF norms are w - 1; GGUF stores w (convert_hf_to_gguf.py adds the 1) */
         for (uint64_t k = 0; k < K; k++)
             x[k] += 1.0f;
@@ -463,6 +537,14 @@ static void row_task(void *vctx, int64_t task, int tid)
     for (uint64_t k = 0; k < K; k++)
         nrm += (double)x[k] * x[k];
     uint8_t *q0 = j->q4 ? j->cand0 + (j->r0 + i) * j->qrow : p->dst + i * j->qrow;
+    if (j->f8_copy) { /* the source's codes under its own scale: nothing is rounded */
+        float sc = raw_f8_scale(p, j->t, j->r0 + sr, 0);
+        memcpy(q0, &sc, 4);
+        memset(q0 + 4, 0, 12);
+        memcpy(q0 + 16, srcp, (size_t)K);
+        j->rerr[3 * i] = 0, j->rerr[3 * i + 1] = 0, j->rerr[3 * i + 2] = nrm;
+        return;
+    }
     quantize_row(j->qt, x, q0, (int64_t)K);
     quant_dequant_row(j->qt, q0, y, (int64_t)K);
     for (uint64_t k = 0; k < K; k++)
@@ -514,14 +596,24 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
     r->src_type = t->dtype;
     uint64_t K = t->ne[0], rows = it->runs ? (uint64_t)it->n_runs * it->run_rows : t->ne[1] * t->ne[2] * t->ne[3];
     size_t srow, qrow = 0, q1row = 0;
-    if (!quant_type_supported(t->dtype) || quant_row_bytes(t->dtype, (int64_t)K, &srow) != 0)
+    if (src_row_bytes(t, K, &srow) != 0)
         return util_errf(err, errlen, "%s: tensor %s is stored as %s, which pack cannot read.", m->source, t->name,
                          quant_type_name(t->dtype));
     r->src_bytes = it->runs ? rows * srow : t->size;
     bool quantize = is_matrix_to_quantize(p, it);
     bool to_f32 = is_vector(t);
-    bool q4 = quantize && p->o->quant == PACK_Q4;
-    uint32_t qt = target_type(p->o->quant);
+    uint32_t qt = target_type(p, it);
+    bool q4 = quantize && qt == GGML_Q4_0;
+    bool f8_copy = t->dtype == RAW_F8 && qt == GGML_F8_E4M3_ROW && t->scale_kind != MODEL_SCALE_BLOCK128;
+    if (t->dtype == RAW_F8) { /* its scales as fp32, whole (N or N*K/16384 values: small) */
+        size_t sb = quant_block_bytes(t->scale_dtype) * (size_t)t->scale_n;
+        if (grow((void **)&p->scales, &p->scales_cap, (size_t)t->scale_n * 4 + sb) ||
+            grow((void **)&p->src, &p->src_cap, sb))
+            return util_errf(err, errlen, "out of memory reading the scales of %s.", t->name);
+        if (read_at(p, t->scale_file, p->src, sb, t->scale_offset, err, errlen))
+            return -1;
+        quant_dequant_row(t->scale_dtype, p->src, p->scales, (int64_t)t->scale_n);
+    }
     if (quantize) {
         quant_row_bytes(qt, (int64_t)K, &qrow);
         if (q4)
@@ -570,7 +662,7 @@ static int pack_tensor(packer *p, item *it, pack_tensor_report *r, char *err, si
         if (read_rows(p, it, r0, n, srow, err, errlen))
             goto out;
         p->done_bytes += n * srow;
-        row_job j = {p, t, it, r0, K, S, srow, qrow, q1row, quantize, q4, qt, cand0, cand1, p->rerr};
+        row_job j = {p, t, it, r0, K, S, srow, qrow, q1row, quantize, q4, qt, cand0, cand1, p->rerr, f8_copy};
         pool_run(p->pool, row_task, &j, (int64_t)n);
         for (uint64_t i = 0; quantize && i < n; i++) { /* summed in row order: the same for any thread count */
             e0 += p->rerr[3 * i];
@@ -642,6 +734,11 @@ static int stack_experts(packer *p, char *err, size_t errlen)
                                      "when they share one dtype.",
                                      m->source, l, quant_type_name(it->runs[0].t->dtype),
                                      quant_type_name(it->runs[e].t->dtype));
+            if (it->runs[0].t->dtype == RAW_F8)
+                return util_errf(err, errlen,
+                                 "%s: the experts of layer %d are F8_E4M3; pack does not read fp8 experts yet "
+                                 "(their scales are per expert).",
+                                 m->source, l);
             it->t = it->runs[0].t;
             it->n_runs = a.n_experts;
             it->run_rows = (uint64_t)a.t[slots[i]].n;
@@ -694,9 +791,10 @@ static int plan(packer *p, char *err, size_t errlen)
                              m->source, m->rope_dim, m->head_dim);
         if (strlen(t->name) > 63)
             return util_errf(err, errlen, "%s: tensor name %s is longer than GGUF's 63 bytes.", m->source, t->name);
-        if (!quant_type_supported(t->dtype))
+        size_t rb;
+        if (src_row_bytes(t, t->ne[0], &rb))
             return util_errf(err, errlen, "%s: tensor %s is stored as %s, which pack cannot read.", m->source, t->name,
-                             quant_type_name(t->dtype));
+                             t->dtype == SPILL_DT_F8_E5M2 ? "F8_E5M2" : quant_type_name(t->dtype));
         if (hf && !strcmp(t->name, "rope_freqs.weight"))
             llama3 = false;
     }
@@ -731,7 +829,7 @@ static int plan(packer *p, char *err, size_t errlen)
             nd = it->runs ? 3 : t->n_dims;
             memcpy(ne, it->runs ? it->ne : t->ne, sizeof ne);
             ty = is_vector(t)                   ? GGML_F32
-                 : is_matrix_to_quantize(p, it) ? target_type(p->o->quant)
+                 : is_matrix_to_quantize(p, it) ? target_type(p, it)
                                                 : t->dtype;
         }
         if ((it->widx = gguf_w_tensor(p->w, it->name, nd, ne, ty, err, errlen)) < 0)
@@ -753,6 +851,8 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
     char path[4096];
     int rc = -1;
     P.t0 = now();
+    for (int c = 0; c < 256; c++)
+        P.f8tab[c] = quant_e4m3_to_fp32((uint8_t)c);
     if (model_resolve(o->model, path, sizeof path, err, errlen) || model_open(path, &p->m, err, errlen))
         return -1;
     const model_desc *m = p->m;
@@ -817,7 +917,7 @@ int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen)
         rep->n_q4_1 += r->dst_type == GGML_Q4_1;
     }
     /* LLAMA_FTYPE_MOSTLY_Q8_0 = 7, _Q4_0 = 2, _Q4_1 = 3 */
-    if (o->quant != PACK_NONE)
+    if (o->quant != PACK_NONE && o->quant != PACK_FP8)
         gguf_w_patch_u32(p->w, "general.file_type", file_type_of(o->quant, rep->n_q4_1 > rep->n_q4_0));
     rep->dst_bytes = gguf_w_file_size(p->w);
     if (gguf_out_finish(&p->out, p->w, err, errlen))
@@ -839,7 +939,7 @@ out:
         free(p->items[i].runs);
     free(p->items);
     free(p->rope_freqs);
-    free(p->x), free(p->src), free(p->dst), free(p->rerr);
+    free(p->x), free(p->src), free(p->dst), free(p->rerr), free(p->scales);
     pool_free(p->pool);
     model_close(p->m);
     if (rc)
@@ -851,7 +951,7 @@ out:
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: spill pack MODEL --quant q8|q4|bf16|none -o OUT.gguf|DIR\n");
+    fprintf(stderr, "usage: spill pack MODEL --quant q8|q4|bf16|fp8|none -o OUT.gguf|DIR\n");
     return SPILL_EX_USAGE;
 }
 
@@ -873,7 +973,7 @@ int pack_main(int argc, char **argv)
     if (!o.model || !o.out || !q)
         return usage();
     if (pack_quant_parse(q, &o.quant)) {
-        fprintf(stderr, "spill pack: --quant '%s' must be q8, q4, bf16 or none.\n", q);
+        fprintf(stderr, "spill pack: --quant '%s' must be q8, q4, bf16, fp8 or none.\n", q);
         return SPILL_EX_USAGE;
     }
     char full[4096];
@@ -900,10 +1000,11 @@ int pack_main(int argc, char **argv)
         fprintf(stderr, "spill pack: %s\n", err);
         return SPILL_EX_DATAERR;
     }
-    printf("%-40s %-6s %-6s %12s %12s %9s\n", "tensor", "from", "to", "bytes in", "bytes out", "rel err");
+    printf("%-40s %-7s %-7s %12s %12s %9s\n", "tensor", "from", "to", "bytes in", "bytes out", "rel err");
     for (size_t i = 0; i < rep.n; i++) {
         const pack_tensor_report *r = &rep.t[i];
-        printf("%-40s %-6s %-6s %12llu %12llu ", r->name, quant_type_name(r->src_type), quant_type_name(r->dst_type),
+        printf("%-40s %-7s %-7s %12llu %12llu ", r->name,
+               r->src_type == RAW_F8 ? "F8_E4M3" : quant_type_name(r->src_type), quant_type_name(r->dst_type),
                (unsigned long long)r->src_bytes, (unsigned long long)r->dst_bytes);
         if (r->requantized)
             printf("%8.3f%%", 100 * r->rel_err);

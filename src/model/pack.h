@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum pack_quant { PACK_NONE, PACK_Q8, PACK_Q4, PACK_BF16 };
+enum pack_quant { PACK_NONE, PACK_Q8, PACK_Q4, PACK_BF16, PACK_FP8 };
 
 typedef struct pack_opts {
     const char *model; /* anything model_resolve accepts: .gguf, HF directory, tag */
@@ -49,8 +49,10 @@ typedef struct pack_report {
  * tokenizer.json as the string `spill.tokenizer.json`.  Tensors: globals
  * first, then each layer in forward-pass order, each 4096-aligned; 2-D
  * weights → Q8_0 (q8), Q4_0 or Q4_1 whichever has the lower measured error
- * (q4), BF16 (bf16), or unchanged (none, and tensors already Q8_0 for q8, Q4_0/Q4_1 for
- * q4 or BF16 for bf16); 1-D tensors → F32.  HF llama checkpoints get
+ * (q4), BF16 (bf16), fp8 rows (fp8: GGML_F8_E4M3_ROW, one scale per row; the embedding table and
+ * head BF16), or unchanged (none, and tensors already Q8_0 for q8, Q4_0/Q4_1 for
+ * q4, BF16 for bf16 or fp8 rows for fp8); 1-D tensors → F32.  An fp8 safetensors source's
+ * F8_E4M3 weights always convert (none: to fp8 rows) with their scales.  HF llama checkpoints get
  * their Q/K rows permuted as convert_hf_to_gguf.py does, so the GGUF `llama`
  * RoPE (consecutive pairs) computes what HF's rotate-half computed.
  * Memory: one chunk of rows at a time (16 MiB of fp32), except q4, which
@@ -59,12 +61,12 @@ typedef struct pack_report {
  */
 int pack_model(const pack_opts *o, pack_report *rep, char *err, size_t errlen);
 
-/* "q8", "q4", "bf16", "none"; and back (0, or -1 for another name). */
+/* "q8", "q4", "bf16", "fp8", "none"; and back (0, or -1 for another name). */
 const char *pack_quant_name(enum pack_quant q);
 int pack_quant_parse(const char *s, enum pack_quant *q);
 void pack_report_free(pack_report *rep);
 
-/* `spill pack MODEL --quant q8|q4|none -o OUT.gguf|DIR` (argv after the command word; with a directory the
+/* `spill pack MODEL --quant q8|q4|bf16|fp8|none -o OUT.gguf|DIR` (argv after the command word; with a directory the
  * file is DIR/<model name>-<quant>.gguf).  Returns 0, 2 on bad arguments, 65 when the model cannot be packed. */
 int pack_main(int argc, char **argv);
 

@@ -20,6 +20,7 @@
  *   Q5_K half d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]  256 elems, 176 B
  *   Q6_K u8 ql[128]; u8 qh[64]; i8 scales[16]; half d        256 elems, 210 B
  *   Q8_K f32 d; i8 qs[256]; i16 bsums[16]           256 elems, 292 B  y = d*qs
+ *   F8_E4M3 (spill's GGML_F8_E4M3_ROW) f32 s; 12 zero bytes; u8 e4m3[K]   one row, 16 + K B  y = s*e4m3
  * In the 32-element types, qs[j] holds element j in its low nibble and
  * element j+16 in its high nibble; qh bit j is element j's fifth bit.  The
  * K-quant sub-block scales follow ggml's get_scale_min_k4 (see dq_q4_k).
@@ -38,6 +39,7 @@
 #include "../base/util.h"
 
 #include <cpuid.h>
+#include <math.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -100,6 +102,61 @@ uint16_t quant_fp32_to_fp16(float f)
 
 float quant_bf16_to_fp32(uint16_t b) { return bits_f32((uint32_t)b << 16); }
 
+/* ---------------------------------------------------------------- e4m3 */
+
+float quant_e4m3_to_fp32(uint8_t c)
+{
+    uint32_t sign = (uint32_t)(c & 0x80) << 24, e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7)
+        return bits_f32(sign | 0x7fc00000u);
+    if (e == 0) /* subnormal: m * 2^-9, exact in fp32 */
+        return bits_f32(sign | f32_bits((float)m * 0x1p-9f));
+    return bits_f32(sign | ((e + 120) << 23) | (m << 20));
+}
+
+uint8_t quant_fp32_to_e4m3(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint8_t sign = (uint8_t)((x >> 24) & 0x80);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u)
+        return sign | 0x7f;
+    if (x >= 0x43e00000u) /* >= 448 (inf included): saturate; 448 < |x| < 464 would round to 448 anyway */
+        return sign | 0x7e;
+    if (x < 0x3c800000u) { /* below 2^-6: a subnormal m * 2^-9 (m = 8 is 2^-6, code 0x08, the first normal) */
+        float v = bits_f32(x) * 0x1p9f; /* exact: a power-of-two scaling */
+        float r = v - floorf(v);
+        int m = (int)floorf(v);
+        if (r > 0.5f || (r == 0.5f && (m & 1)))
+            m++;
+        return sign | (uint8_t)m;
+    }
+    uint32_t code = ((((x >> 23) - 120) << 3) | ((x >> 20) & 7)), rem = x & 0xfffff;
+    if (rem > 0x80000 || (rem == 0x80000 && (code & 1)))
+        code++; /* a carry into the exponent is correct; 447.99.. rounds to 0x7e = 448 at most */
+    return sign | (uint8_t)code;
+}
+
+/* The 256 decoded codes, built once (pthread_once: engines decode from several threads). */
+static float e4m3_tab[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+
+static void e4m3_init(void)
+{
+    for (int c = 0; c < 256; c++)
+        e4m3_tab[c] = quant_e4m3_to_fp32((uint8_t)c);
+}
+
+/* fp8 rows: the scale header, then the codes; y = e4m3 * s, one rounding. */
+static void dq_f8_row(const uint8_t *p, float *dst, int64_t n)
+{
+    pthread_once(&e4m3_once, e4m3_init);
+    float s;
+    memcpy(&s, p, 4);
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = e4m3_tab[p[16 + i]] * s;
+}
+
 uint16_t quant_fp32_to_bf16(float f)
 {
     uint32_t x = f32_bits(f);
@@ -131,6 +188,7 @@ static const type_info TYPES[] = {
     {GGML_Q8_0, "Q8_0", QK, 34},   {GGML_Q4_0, "Q4_0", QK, 18},   {GGML_Q4_1, "Q4_1", QK, 20},
     {GGML_Q5_0, "Q5_0", QK, 22},   {GGML_Q5_1, "Q5_1", QK, 24},   {GGML_Q4_K, "Q4_K", QK_K, 144},
     {GGML_Q5_K, "Q5_K", QK_K, 176}, {GGML_Q6_K, "Q6_K", QK_K, 210}, {GGML_Q8_K, "Q8_K", QK_K, 292},
+    {GGML_F8_E4M3_ROW, "F8_E4M3", 16, 16}, /* plus the 16-byte row header (ggml_type_row_extra) */
 };
 
 static const type_info *find_type(uint32_t type)
@@ -152,7 +210,8 @@ int quant_row_bytes(uint32_t type, int64_t n_elems, size_t *out)
     if (!t || n_elems < 0 || n_elems % t->elems != 0)
         return -1;
     uint64_t b;
-    if (!ck_mul_u64((uint64_t)(n_elems / t->elems), t->bytes, &b) || b > SIZE_MAX)
+    if (!ck_mul_u64((uint64_t)(n_elems / t->elems), t->bytes, &b) || !ck_add_u64(b, ggml_type_row_extra(type), &b) ||
+        b > SIZE_MAX)
         return -1;
     *out = (size_t)b;
     return 0;
@@ -331,6 +390,9 @@ int quant_dequant_row_scalar(uint32_t type, const void *src, float *dst, int64_t
             memcpy(&h, p + 2 * i, 2);
             dst[i] = quant_bf16_to_fp32(h);
         }
+        return 0;
+    case GGML_F8_E4M3_ROW:
+        dq_f8_row(p, dst, n);
         return 0;
     default: {
         dq_block_fn fn = scalar_block_fn(type);
@@ -594,6 +656,9 @@ int quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
         return 0;
     case GGML_BF16:
         dqv_bf16(p, dst, n);
+        return 0;
+    case GGML_F8_E4M3_ROW: /* a table-free scalar decode: the same bits either way */
+        dq_f8_row(p, dst, n);
         return 0;
     default: {
         dq_block_fn fn = simd_block_fn(type);

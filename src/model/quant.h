@@ -2,8 +2,9 @@
  * quant.h — weight element types: sizes, row dequantization, fp16/bf16.
  *
  * Owns the byte layout of every weight dtype spill reads from a file (F32,
- * F16, BF16 and the GGUF block types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
- * Q5_K, Q6_K, Q8_K; ids are enum ggml_type in gguf.h) and turns one row of
+ * F16, BF16, the GGUF block types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K, Q8_K, and spill's fp8 rows GGML_F8_E4M3_ROW; ids are enum
+ * ggml_type in gguf.h), the OCP E4M3FN element codec, and turns one row of
  * any of them into fp32.  It does not multiply anything (cpu.c does) and it
  * never expands a whole tensor: callers dequantize a row or a tile at a time.
  *
@@ -30,14 +31,15 @@ const char *quant_type_name(uint32_t type);
 int64_t quant_block_elems(uint32_t type);
 size_t quant_block_bytes(uint32_t type);
 
-/* Bytes taken by n_elems consecutive elements of `type`.  Returns 0, or -1
- * when the type is unsupported, n_elems < 0, n_elems is not a multiple of the
+/* Bytes taken by a row of n_elems elements of `type` (GGML_F8_E4M3_ROW: 16 + n_elems, its scale header
+ * included).  Returns 0, or -1 when the type is unsupported, n_elems < 0, n_elems is not a multiple of the
  * block size, or the size overflows. */
 int quant_row_bytes(uint32_t type, int64_t n_elems, size_t *out);
 
 /*
  * Dequantizes n elements (one row or part of one; n a multiple of the block
- * size) from src into dst (n floats).  Returns 0, or -1 when the type is
+ * size; GGML_F8_E4M3_ROW: src is the row's start, its header, and the first
+ * n elements are decoded) from src into dst (n floats).  Returns 0, or -1 when the type is
  * unsupported or n is not a whole number of blocks.  Uses AVX2/F16C when
  * quant_simd_active(); the result is bit-identical either way.
  */
@@ -76,6 +78,16 @@ bool quant_simd_force(bool on);
  * kept); fp32 -> fp16 rounds to nearest even, overflow gives inf. */
 float quant_fp16_to_fp32(uint16_t h);
 uint16_t quant_fp32_to_fp16(float f);
+
+/*
+ * OCP FP8 E4M3FN (torch.float8_e4m3fn, safetensors F8_E4M3, CUDA __nv_fp8_e4m3): sign, 4 exponent bits
+ * (bias 7), 3 mantissa bits, no infinities; S.1111.111 is NaN; the largest finite value is ±448, the smallest
+ * subnormal 2^-9.  e4m3 -> fp32 is exact (NaN stays NaN).  fp32 -> e4m3 rounds to nearest even and saturates:
+ * |x| >= 448 (and ±inf) gives ±448, NaN gives 0x7F with the input's sign (CUDA's __NV_SATFINITE conversion,
+ * which the GPU's activation quantizer uses, gives the same bits).
+ */
+float quant_e4m3_to_fp32(uint8_t c);
+uint8_t quant_fp32_to_e4m3(float f);
 
 /* bfloat16 <-> binary32.  bf16 -> fp32 is exact; fp32 -> bf16 rounds to
  * nearest even and quiets NaNs (same as ggml_compute_fp32_to_bf16). */

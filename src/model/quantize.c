@@ -1,5 +1,5 @@
 /*
- * quantize.c — fp32 → Q8_0 / Q4_0 / Q4_1 blocks and F32 / F16 / BF16 rows.
+ * quantize.c — fp32 → Q8_0 / Q4_0 / Q4_1 blocks, fp8 rows and F32 / F16 / BF16 rows.
  *
  * Block layouts (ggml-common.h; fp16 = IEEE half, little-endian):
  *   Q8_0  half d; i8 qs[32]            34 bytes   x[j] ≈ qs[j]*d
@@ -15,6 +15,16 @@
  *         (first one on ties), q = min(15, trunc(x/d + 8.5))
  *   Q4_1: d = (max-min)/15, m = min, q = min(15, trunc((x-m)/d + 0.5))
  * "x/d" is x * (1/d) computed as in the reference (1/d rounded once).
+ *
+ * fp8 rows (spill's GGML_F8_E4M3_ROW, gguf.h): one fp32 scale per row of K,
+ * s = amax/448 (448 = E4M3FN's largest finite value, so the row's largest
+ * element lands on it), code = e4m3(x / s) with the division IEEE-rounded
+ * and the conversion round-to-nearest-even (quant_fp32_to_e4m3); a row of
+ * zeros gets s = 0 and zero codes.  Per row, not per 128x128 block, because
+ * that is what the GPU's FP8 GEMM applies after the product (cuBLASLt's
+ * outer-vector scales: one per weight row, one per token), so no weight is
+ * ever dequantized on the GPU.  The same arithmetic quantizes activations
+ * per token on the GPU (src/cuda/fp8.cu).
  */
 #include "quantize.h"
 
@@ -92,7 +102,19 @@ static void q4_1_block(const float *x, uint8_t *y)
 bool quantize_type_supported(uint32_t type)
 {
     return type == GGML_F32 || type == GGML_F16 || type == GGML_BF16 || type == GGML_Q8_0 || type == GGML_Q4_0 ||
-           type == GGML_Q4_1;
+           type == GGML_Q4_1 || type == GGML_F8_E4M3_ROW;
+}
+
+static void f8_row(const float *x, uint8_t *y, int64_t n)
+{
+    float amax = 0.0f;
+    for (int64_t j = 0; j < n; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    float s = amax / 448.0f;
+    memcpy(y, &s, 4);
+    memset(y + 4, 0, 12);
+    for (int64_t j = 0; j < n; j++)
+        y[16 + j] = s != 0 ? quant_fp32_to_e4m3(x[j] / s) : 0;
 }
 
 int quantize_row(uint32_t type, const float *x, void *dst, int64_t n)
@@ -110,6 +132,11 @@ int quantize_row(uint32_t type, const float *x, void *dst, int64_t n)
             uint16_t h = type == GGML_F16 ? quant_fp32_to_fp16(x[i]) : quant_fp32_to_bf16(x[i]);
             memcpy(y + 2 * i, &h, 2);
         }
+        return 0;
+    case GGML_F8_E4M3_ROW:
+        if (n % 16)
+            return -1;
+        f8_row(x, y, n);
         return 0;
     case GGML_Q8_0:
     case GGML_Q4_0:

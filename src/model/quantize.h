@@ -2,8 +2,9 @@
  * quantize.h — fp32 → weight blocks: the writing side of quant.h.
  *
  * Owns turning rows of fp32 values into the bytes of a GGUF weight type:
- * Q8_0, Q4_0 and Q4_1 (ggml's reference quantizers, bit for bit), and the
- * plain conversions to F32, F16 and BF16.  It does not choose a type (pack.c
+ * Q8_0, Q4_0 and Q4_1 (ggml's reference quantizers, bit for bit), spill's
+ * fp8 rows (E4M3 with one scale per row, quantize.c), and the plain
+ * conversions to F32, F16 and BF16.  It does not choose a type (pack.c
  * does, by measured error) and never sees a whole tensor: callers quantize a
  * row or a chunk of rows at a time.
  */
@@ -13,7 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* True for the types quantize_row can write: F32, F16, BF16, Q8_0, Q4_0, Q4_1. */
+/* True for the types quantize_row can write: F32, F16, BF16, Q8_0, Q4_0, Q4_1, F8_E4M3_ROW (fp8 rows, n % 16 == 0). */
 bool quantize_type_supported(uint32_t type);
 
 /*

@@ -4,7 +4,9 @@
  * Owns: reading and validating the header of each file (pread only; the data
  * buffer is never touched), and joining shards through
  * model.safetensors.index.json.  Does not: read or convert tensor data (the
- * loaders and the streamer do, by absolute offset), or map HF names.
+ * loaders and the streamer do, by absolute offset), or map HF names.  It
+ * does pair an F8_E4M3 weight with its scale tensor (st_model_fp8_scale: the
+ * naming and shape conventions of fp8 checkpoints, checked here).
  *
  * Byte layout:
  *   0       u64 LE N (header length, <= 100,000,000)
@@ -835,6 +837,67 @@ const st_tensor *st_model_find(const st_model *m, const char *name)
     st_tensor key = {.name = (char *)name}, *kp = &key;
     st_tensor **hit = bsearch(&kp, m->by_name, m->n_tensors, sizeof *m->by_name, by_name);
     return hit ? *hit : NULL;
+}
+
+static void shape_str(const st_tensor *t, char *out, size_t cap)
+{
+    size_t o = (size_t)snprintf(out, cap, "[");
+    for (uint32_t d = 0; d < t->n_dims && o < cap; d++)
+        o += (size_t)snprintf(out + o, cap - o, "%s%llu", d ? ", " : "", (unsigned long long)t->shape[d]);
+    if (o < cap)
+        snprintf(out + o, cap - o, "]");
+}
+
+int st_model_fp8_scale(const st_model *m, const st_tensor *w, const char *where, const st_tensor **scale,
+                       enum st_scale_kind *kind, char *err, size_t errlen)
+{
+    char n1[512], n2[512], sh[160];
+    snprintf(n1, sizeof n1, "%s_scale", w->name);
+    snprintf(n2, sizeof n2, "%s_scale_inv", w->name);
+    const st_tensor *a = st_model_find(m, n1), *b = st_model_find(m, n2);
+    if (w->n_dims != 2)
+        return util_errf(err, errlen, "%s: F8_E4M3 tensor %s has %u dimensions; spill reads fp8 matrices of 2.", where,
+                         w->name, w->n_dims);
+    uint64_t N = w->shape[0], K = w->shape[1];
+    if (!a && !b)
+        return util_errf(err, errlen,
+                         "%s: F8_E4M3 weight %s has no %s or %s tensor; spill needs the scales an fp8 checkpoint "
+                         "ships beside its weights.",
+                         where, w->name, n1, n2);
+    if (a && b)
+        return util_errf(err, errlen, "%s: F8_E4M3 weight %s has both %s and %s; keep the one its quantizer wrote.",
+                         where, w->name, n1, n2);
+    const st_tensor *s = a ? a : b;
+    shape_str(s, sh, sizeof sh);
+    if (s->dtype != ST_F32 && s->dtype != ST_BF16 && s->dtype != ST_F16)
+        return util_errf(err, errlen, "%s: scale %s is %s; fp8 scales must be F32, BF16 or F16.", where, s->name,
+                         st_dtype_name(s->dtype));
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < s->n_dims; d++)
+        numel *= s->shape[d];
+    if (a) {
+        bool one = numel == 1 && s->n_dims <= 2;
+        bool row = N > 1 && ((s->n_dims == 1 && s->shape[0] == N) ||
+                             (s->n_dims == 2 && s->shape[0] == N && s->shape[1] == 1));
+        if (!one && !row)
+            return util_errf(err, errlen,
+                             "%s: scale %s has shape %s; for the weight's [%llu, %llu] it must hold 1 value (per "
+                             "tensor) or [%llu] / [%llu, 1] (per row).",
+                             where, s->name, sh, (unsigned long long)N, (unsigned long long)K, (unsigned long long)N,
+                             (unsigned long long)N);
+        *kind = one ? ST_SCALE_TENSOR : ST_SCALE_ROW;
+    } else {
+        uint64_t bn = (N + 127) / 128, bk = (K + 127) / 128;
+        if (s->n_dims != 2 || s->shape[0] != bn || s->shape[1] != bk)
+            return util_errf(err, errlen,
+                             "%s: scale %s has shape %s; for the weight's [%llu, %llu] in 128x128 blocks it must be "
+                             "[%llu, %llu].",
+                             where, s->name, sh, (unsigned long long)N, (unsigned long long)K, (unsigned long long)bn,
+                             (unsigned long long)bk);
+        *kind = ST_SCALE_BLOCK128;
+    }
+    *scale = s;
+    return 0;
 }
 
 /* Builds m->by_name from the shards and rejects names found in two shards. */

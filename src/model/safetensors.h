@@ -64,6 +64,19 @@ int st_model_open(const char *dir, st_model **out, char *err, size_t errlen);
 void st_model_close(st_model *m);
 const st_tensor *st_model_find(const st_model *m, const char *name);
 
+/*
+ * FP8 checkpoints (compressed-tensors / fbgemm / DeepSeek-V3 style): an F8_E4M3 weight NAME [N, K] carries its
+ * dequantization scale in a sibling tensor, value = e4m3 * scale:
+ *   NAME_scale      F32/BF16/F16, 1 value ([], [1], [1, 1]: per tensor) or N values ([N], [N, 1]: per row)
+ *   NAME_scale_inv  F32/BF16, [ceil(N/128), ceil(K/128)]: one per 128x128 block (the name notwithstanding, the
+ *                   multiplier, as DeepSeek-V3's weight_dequant applies it)
+ * Finds and checks w's scale: 0 with *scale and *kind set, or -1 with one sentence (no scale, both kinds, a
+ * shape or dtype that fits neither).  `where` names the model in the sentence.
+ */
+enum st_scale_kind { ST_SCALE_TENSOR = 1, ST_SCALE_ROW, ST_SCALE_BLOCK128 };
+int st_model_fp8_scale(const st_model *m, const st_tensor *w, const char *where, const st_tensor **scale,
+                       enum st_scale_kind *kind, char *err, size_t errlen);
+
 const char *st_dtype_name(uint32_t dtype);
 uint32_t st_dtype_bits(uint32_t dtype);
 

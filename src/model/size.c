@@ -11,7 +11,8 @@
  *    o D×H·S, the dense MLP 3·D×F or, on sparse layers, the router E×D, E experts of 3·D×FE and a shared
  *    expert 3·D×FS with its gate D; norms and biases as vectors.  Fused tensors (Phi-3's qkv, gate_up) hold
  *    the same weights, so they count the same.
- *  - Bytes per weight are the block formats' (Q8_0 34/32, Q4_1 20/32, fp8 1 + 4/16384): the estimate is what
+ *  - Bytes per weight are the block formats' (Q8_0 34/32, Q4_1 20/32, fp8 1 + a 16-byte header per row, its
+ *    embedding table and head 2): the estimate is what
  *    `spill pack` would write within the rounding of block padding, and an upper bound for q4 (pack keeps
  *    Q4_0's 18/32 where it measures less error).
  */
@@ -142,8 +143,13 @@ uint64_t model_size_estimate(const model_shape *s, enum size_quant q)
         return m / 32 * 34 + m % 32 * 2 + 4 * v;
     case SIZE_Q4:
         return m / 32 * 20 + m % 32 * 2 + 4 * v;
-    case SIZE_FP8:
-        return m + m / 16384 * 4 + 2 * v;
+    case SIZE_FP8: { /* spill pack's fp8: the embedding table and head BF16, other matrices a byte a weight plus a
+                      * 16-byte header per row (counted as rows of D: exact for the attention, ~2% high for a narrow
+                      * expert down projection), vectors F32 */
+        uint64_t head = (uint64_t)s->vocab * (uint64_t)s->d_model * (s->tied_embeddings ? 1 : 2);
+        uint64_t rest = m > head ? m - head : 0;
+        return 2 * head + rest + (s->d_model > 0 ? rest / (uint64_t)s->d_model * 16 : 0) + 4 * v;
+    }
     default:
         return 0;
     }

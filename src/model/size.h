@@ -12,7 +12,7 @@
 
 /* The quants spill stores weights in, for the estimate: bf16 (2 bytes per weight), q8 (Q8_0: 34 bytes per 32),
  * q4 (Q4_1's 20 bytes per 32: the larger of spill pack's two choices, so the figure is an upper bound), fp8
- * (1 byte + one f32 scale per 128×128 block). */
+ * (spill pack's fp8 rows: 1 byte + a 16-byte scale header per row; the embedding table and head bf16). */
 enum size_quant { SIZE_BF16, SIZE_Q8, SIZE_Q4, SIZE_FP8, SIZE_N_QUANTS };
 
 /* The shapes an estimate needs (dimension letters as model.h: L D H K S F V, E experts of FE, shared FS). */

@@ -12,7 +12,10 @@
  *    table of the uniform distribution's quantiles on [-a, a] indexed by 16
  *    random bits; a Q8_0 block is d = a/127 with 32 random codes in
  *    [-127, 127]; a Q4_0 block is d = ±a/8 (random sign, so the mean is 0)
- *    with 32 random nibbles.  Every block is valid and decodes to values on
+ *    with 32 random nibbles; an fp8 row (GGML_F8_E4M3_ROW) is the scale a/448
+ *    and E4M3 codes from a 65,536-entry table of the same quantiles (the
+ *    embedding table and head are BF16 then, as spill pack writes fp8).
+ *    Every block is valid and decodes to values on
  *    the type's grid with the intended distribution, and generation runs at
  *    1-1.5 GB/s per core (quantizing fp32 first would cost ~10x that CPU for
  *    no benefit in random data).
@@ -135,8 +138,9 @@ static inline float rng_sym(rng *r)
 
 typedef struct gen {
     uint32_t type;
-    uint16_t table[65536]; /* F16/BF16: bits of the uniform quantiles on [-AMP, AMP] */
+    uint16_t table[65536]; /* F16/BF16: bits of the uniform quantiles on [-AMP, AMP]; fp8: their E4M3 codes / AMP*448 */
     uint16_t q8_d, q4_d;   /* fp16 scales */
+    uint64_t row_k;        /* fp8 rows: K of the matrix being generated */
 } gen;
 
 static void gen_init(gen *g, uint32_t type)
@@ -144,7 +148,9 @@ static void gen_init(gen *g, uint32_t type)
     g->type = type;
     for (int i = 0; i < 65536; i++) {
         float v = AMP * (float)(((double)i + 0.5) / 32768.0 - 1.0);
-        g->table[i] = type == GGML_BF16 ? quant_fp32_to_bf16(v) : quant_fp32_to_fp16(v);
+        g->table[i] = type == GGML_BF16          ? quant_fp32_to_bf16(v)
+                      : type == GGML_F8_E4M3_ROW ? quant_fp32_to_e4m3(v / AMP * 448.0f)
+                                                 : quant_fp32_to_fp16(v);
     }
     g->q8_d = quant_fp32_to_fp16(AMP / 127);
     g->q4_d = quant_fp32_to_fp16(AMP / 8);
@@ -153,6 +159,20 @@ static void gen_init(gen *g, uint32_t type)
 /* Fills n bytes (a whole number of elements or blocks of g->type) of a matrix. */
 static void gen_matrix(const gen *g, rng *r, uint8_t *p, size_t n)
 {
+    if (g->type == GGML_F8_E4M3_ROW) { /* whole rows: header, then codes */
+        const float s = AMP / 448.0f;
+        size_t rb = (size_t)g->row_k + 16;
+        for (size_t o = 0; o + rb <= n; o += rb) {
+            memcpy(p + o, &s, 4);
+            memset(p + o + 4, 0, 12);
+            for (size_t k = 0; k < g->row_k; k += 4) {
+                uint64_t x = rng_next(r);
+                for (int j = 0; j < 4; j++)
+                    p[o + 16 + k + (size_t)j] = (uint8_t)g->table[(x >> (16 * j)) & 0xffff];
+            }
+        }
+        return;
+    }
     if (g->type == GGML_F16 || g->type == GGML_BF16) {
         size_t i = 0;
         for (; i + 8 <= n; i += 8) {
@@ -388,21 +408,25 @@ int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen)
     int L = o->layers > 0 ? o->layers : s->L;
     if (L > s->L)
         return util_errf(err, errlen, "synth: --layers %d is more than the %d layers of %s.", L, s->L, s->name);
-    if (o->wtype != GGML_F16 && o->wtype != GGML_BF16 && o->wtype != GGML_Q8_0 && o->wtype != GGML_Q4_0)
-        return util_errf(err, errlen, "synth: weight type %s cannot be generated; use f16, bf16, q8 or q4.",
+    if (o->wtype != GGML_F16 && o->wtype != GGML_BF16 && o->wtype != GGML_Q8_0 && o->wtype != GGML_Q4_0 &&
+        o->wtype != GGML_F8_E4M3_ROW)
+        return util_errf(err, errlen, "synth: weight type %s cannot be generated; use f16, bf16, q8, q4 or fp8.",
                          quant_type_name(o->wtype));
+    bool fp8 = o->wtype == GGML_F8_E4M3_ROW;
     int rc = -1;
     gguf_w *w = NULL;
     gguf_out out = {.fd = -1};
     spill_pool *pool = NULL;
-    gen *g = malloc(sizeof *g);
+    gen *g = malloc(sizeof *g), *gh = fp8 ? malloc(sizeof *gh) : NULL; /* gh: fp8's BF16 embedding table and head */
     size_t nt_cap = (size_t)L * 16 + 8;
     tdesc *t = calloc(nt_cap, sizeof *t);
-    if (!g || !t) {
+    if (!g || !t || (fp8 && !gh)) {
         util_errf(err, errlen, "synth: out of memory.");
         goto out;
     }
     gen_init(g, o->wtype);
+    if (fp8)
+        gen_init(gh, GGML_BF16);
     if (pool_create(o->threads, 64, &pool, err, errlen))
         goto out;
     size_t nt = tensor_list(s, L, t, nt_cap);
@@ -410,8 +434,12 @@ int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen)
     if (gguf_w_new(ALIGNMENT, &w, err, errlen) || write_keys(w, s, L, o, err, errlen))
         goto out;
     for (size_t i = 0; i < nt; i++)
-        if (gguf_w_tensor(w, t[i].name, t[i].n_dims, t[i].ne, t[i].kind == T_MATRIX ? o->wtype : GGML_F32, err,
-                          errlen) < 0)
+        if (gguf_w_tensor(w, t[i].name, t[i].n_dims, t[i].ne,
+                          t[i].kind != T_MATRIX         ? GGML_F32
+                          : fp8 && !strncmp(t[i].name, "blk.", 4) ? o->wtype
+                          : fp8                          ? GGML_BF16
+                                                         : o->wtype,
+                          err, errlen) < 0)
             goto out;
     if (gguf_out_open(&out, o->path, gguf_w_data_start(w), 64u << 20, err, errlen))
         goto out;
@@ -440,13 +468,19 @@ int synth_write(const synth_opts *o, synth_stats *st, char *err, size_t errlen)
                 goto out;
             left = 0;
         }
+        const gen *gi = fp8 && strncmp(t[i].name, "blk.", 4) ? gh : g;
+        size_t pc = gi == gh ? PIECE_ELEMS * 2 : piece;
+        if (gi->type == GGML_F8_E4M3_ROW) { /* pieces of whole rows */
+            g->row_k = t[i].ne[0];
+            pc = (size_t)(PIECE_ELEMS / t[i].ne[0] > 1 ? PIECE_ELEMS / t[i].ne[0] : 1) * (size_t)(t[i].ne[0] + 16);
+        }
         while (t[i].kind == T_MATRIX && left) {
-            size_t n = left < piece * CHUNK_PIECES ? (size_t)left : piece * CHUNK_PIECES;
-            gen_job j = {g, o->seed, name_h, next_piece, NULL, n, piece};
+            size_t n = left < pc * CHUNK_PIECES ? (size_t)left : pc * CHUNK_PIECES;
+            gen_job j = {gi, o->seed, name_h, next_piece, NULL, n, pc};
             if (gguf_out_reserve(&out, n, &j.p, err, errlen))
                 goto out;
-            pool_run(pool, gen_task, &j, (int64_t)((n + piece - 1) / piece));
-            next_piece += (n + piece - 1) / piece;
+            pool_run(pool, gen_task, &j, (int64_t)((n + pc - 1) / pc));
+            next_piece += (n + pc - 1) / pc;
             gguf_out_commit(&out, n);
             left -= n;
             if (o->progress && now() - last_draw > 0.5) {
@@ -472,6 +506,7 @@ out:
     pool_free(pool);
     free(t);
     free(g);
+    free(gh);
     return rc;
 }
 
@@ -480,7 +515,7 @@ out:
 static int usage(void)
 {
     fprintf(stderr, "usage: spill synth --like llama3-8b|llama3-70b|qwen2.5-7b|smollm2-135m|tiny [--layers N] "
-                    "[--quant f16|bf16|q8|q4] [--seed N] [--sparse] -o PATH\n");
+                    "[--quant f16|bf16|q8|q4|fp8] [--seed N] [--sparse] -o PATH\n");
     return SPILL_EX_USAGE;
 }
 
@@ -533,8 +568,10 @@ int synth_main(int argc, char **argv)
         o.wtype = GGML_Q8_0;
     else if (!strcmp(q, "q4"))
         o.wtype = GGML_Q4_0;
+    else if (!strcmp(q, "fp8"))
+        o.wtype = GGML_F8_E4M3_ROW;
     else {
-        fprintf(stderr, "spill synth: --quant '%s' must be f16, bf16, q8 or q4.\n", q);
+        fprintf(stderr, "spill synth: --quant '%s' must be f16, bf16, q8, q4 or fp8.\n", q);
         return SPILL_EX_USAGE;
     }
     char full[4096];

@@ -30,7 +30,7 @@ const synth_shape *synth_find(const char *name);
 typedef struct synth_opts {
     const char *like; /* preset name */
     int layers;       /* 0 = the preset's L; else 1..L */
-    uint32_t wtype;   /* matrices: GGML_F16, GGML_BF16, GGML_Q8_0 or GGML_Q4_0 */
+    uint32_t wtype;   /* matrices: GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_0 or GGML_F8_E4M3_ROW (fp8; head BF16) */
     uint64_t seed;
     int threads;      /* generator threads; 0 = every online CPU */
     const char *path; /* output .gguf */
