@@ -175,8 +175,18 @@ static json_t *answers(const char *dir, int *n_lines, int *dups, int *bad)
             if (json_object_get(map, id))
                 (*dups)++;
             json_t *body = json_object_get(json_object_get(o, "response"), "body");
-            json_t *canon = json_pack("{s:i,s:O?,s:O?}", "file", fi, "usage", json_object_get(body, "usage"),
-                                      "error", json_object_get(body, "error"));
+            /* cached_tokens depends on the schedule (which rank ran the row, which prefixes its batch had
+             * indexed), not on the answer: held to 0 <= cached <= prompt and left out of the comparison. */
+            json_t *usage = json_deep_copy(json_object_get(body, "usage"));
+            json_t *details = json_object_get(usage, "prompt_tokens_details");
+            if (details) {
+                json_int_t cached = json_integer_value(json_object_get(details, "cached_tokens"));
+                if (cached < 0 || cached > json_integer_value(json_object_get(usage, "prompt_tokens")))
+                    (*bad)++;
+                json_object_del(usage, "prompt_tokens_details");
+            }
+            json_t *canon = json_pack("{s:i,s:o?,s:O?}", "file", fi, "usage", usage, "error",
+                                      json_object_get(body, "error"));
             json_t *chs = json_array(), *c;
             size_t i;
             json_array_foreach(json_object_get(body, "choices"), i, c)
