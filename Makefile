@@ -76,7 +76,7 @@ fuzz: fuzz-build
 	@bash fuzz/run.sh $(FUZZ_SECONDS) $(FUZZERS)
 
 # Benchmarks (not part of make test: tests check correctness, benchmarks measure speed).
-MATMUL_SRC := src/engine/cpu.c src/base/pool.c src/model/quant.c src/base/util.c
+MATMUL_SRC := src/engine/cpu.c src/base/pool.c src/model/quant.c src/model/gguf.c src/base/util.c
 build/bench/bench_matmul: bench/bench_matmul.c $(MATMUL_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O2 -g -Isrc -o $@ bench/bench_matmul.c $(MATMUL_SRC) -lcrypto -lcurl -lpthread -lm

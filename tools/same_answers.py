@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Compares two spill results.jsonl files row by row, by custom_id, ignoring what differs between runs by design
 (line and response ids, created timestamps, the run stamp): each row's status, choices (text, finish_reason,
-logprobs) and usage must be identical.
+logprobs) and usage must be identical — usage's prompt_tokens_details aside: cached_tokens says how the schedule
+shared prefixes (and is 0 with --prefix-cache off), not what the row answered.
 
 usage: python3 tools/same_answers.py A/results.jsonl B/results.jsonl   (exit 1 and the first differences otherwise)
 """
@@ -16,7 +17,9 @@ def rows(path):
             o = json.loads(line)
             r = o.get("response") or {}
             b = r.get("body") or {}
-            out[o["custom_id"]] = (r.get("status_code"), b.get("choices"), b.get("usage"), o.get("error"))
+            usage = dict(b.get("usage") or {})
+            usage.pop("prompt_tokens_details", None)
+            out[o["custom_id"]] = (r.get("status_code"), b.get("choices"), usage, o.get("error"))
     return out
 
 
