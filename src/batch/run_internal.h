@@ -136,6 +136,8 @@ typedef struct runner {
 
     /* progress */
     uint64_t rows_total, rows_done, rows_failed, tokens_generated, tokens_scored, prompt_tokens;
+    uint64_t dec_steps, dec_tokens; /* decode steps (a choice's one per pass) and the tokens they kept */
+    uint64_t spec_accepted;  /* speculative passes: proposed tokens kept */
     uint64_t shared_expect;  /* prefix cache: prompt tokens the queue order expects rows to map (share_hints) */
     double t_start;
     bool tty;

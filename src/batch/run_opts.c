@@ -217,12 +217,6 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
     }
     if (np != (resume ? 1 : 2) || o->batch < 0 || o->prefill_chunk < 0 || o->page_tokens < 0 || o->threads < 0)
         return -1;
-    if (o->speculate == 1) { /* the proposer and the KV roll-back exist (spec.c, kv_row_truncate); the pass loop
-                                does not verify proposals yet, so the option is refused rather than ignored */
-        fprintf(stderr, "spill: --speculate lookup is not wired into the pass loop yet (issue 20); run with "
-                        "--speculate off.\n");
-        return -1;
-    }
     if (o->spec_k < 0 || o->spec_k > SPEC_K_MAX) {
         fprintf(stderr, "spill: --spec-k takes 1 to %d proposed tokens per row per pass, not %d.\n", SPEC_K_MAX,
                 o->spec_k);
