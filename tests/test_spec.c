@@ -6,12 +6,21 @@
  *   - kv_row_truncate (kv.h): pages past the kept length go back through the
  *     reference counts (free, idle when indexed, one count less when another
  *     row maps them), a shared or indexed page the row would write again is
- *     refused, and kv_check agrees with every page's count after each step.
- * Exact integer results: no tolerance is involved.
+ *     refused, and kv_check agrees with every page's count after each step;
+ *   - whole jobs through the binary (cli.h) on tests/data/tiny/tiny-smollm2.gguf with SPILL_KV_CHECK=1: greedy
+ *     chat and completions rows (prompts that repeat text, stop strings, max_tokens ending mid-proposal, n = 2,
+ *     rows that cannot speculate: sampled, log-probs) answer with --speculate lookup exactly as with off, also
+ *     at --batch 1 and under a --kv-mem that preempts; and the summary shows more than 1.00 tokens per row per
+ *     pass.  That threshold only asks that some proposal was accepted: the fixture's random weights copy little
+ *     of their prompt, so no acceptance rate is promised for it (bench/results measures a real model).
+ * Exact results: answers compared as JSON, no tolerance.
  */
 #include "batch/spec.h"
+#include "cli.h"
 #include "engine/kv.h"
 #include "test.h"
+
+#define MODEL "tests/data/tiny/tiny-smollm2.gguf"
 
 static void test_propose(void)
 {
@@ -110,9 +119,117 @@ static void test_truncate(void)
     kv_destroy(&c);
 }
 
+/* The answers of a job (custom_id -> choices), without ids and timestamps; NULL when results.jsonl is missing. */
+static json_t *job_answers(const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/results.jsonl", dir);
+    json_t *lines = read_lines(path), *map = json_object();
+    size_t i;
+    json_t *o;
+    json_array_foreach(lines, i, o)
+    {
+        json_t *body = json_object_get(json_object_get(o, "response"), "body");
+        json_object_set(map, json_string_value(json_object_get(o, "custom_id")), json_object_get(body, "choices"));
+    }
+    json_decref(lines);
+    return map;
+}
+
+static void write_rows(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < 18; i++) {
+        char txt[600] = "";
+        for (int r = 0; r < 2 + i % 4; r++)
+            strcat(txt, "one two three four five six seven eight nine ten ");
+        char extra[200] = ",\"temperature\":0";
+        if (i % 6 == 1)
+            strcat(extra, ",\"stop\":[\"heuristic\",\" aud\"]");
+        else if (i % 6 == 3)
+            strcat(extra, ",\"n\":2");
+        else if (i % 6 == 5)
+            snprintf(extra, sizeof extra, i % 12 == 5 ? ",\"temperature\":0.9,\"seed\":%d"
+                                                      : ",\"temperature\":0,\"logprobs\":2", i); /* completions' log-probs */
+        int mt = 7 + (i * 13) % 90; /* odd lengths: max_tokens ends in the middle of proposals */
+        if (i % 2)
+            fprintf(f, "{\"custom_id\":\"r%d\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"model\":\"t\","
+                       "\"prompt\":\"%s\",\"max_tokens\":%d%s}}\n", i, txt, mt, extra);
+        else
+            fprintf(f, "{\"custom_id\":\"r%d\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
+                       "\"t\",\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":%d%s}}\n",
+                    i, txt, mt, extra);
+    }
+    fclose(f);
+}
+
+/* tokens per row per pass from a job's summary, -1 when the line is missing */
+static double per_pass(const char *log)
+{
+    FILE *f = fopen(log, "r");
+    char line[1024];
+    double v = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "speculation (lookup");
+        if (p && (p = strchr(p, ':')))
+            v = strtod(p + 1, NULL);
+    }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+static void test_jobs(void)
+{
+    char tmp[] = "/tmp/spill_test_spec_XXXXXX";
+    if (!mkdtemp(tmp)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    char in[200];
+    snprintf(in, sizeof in, "%s/in.jsonl", tmp);
+    write_rows(in);
+    CHECK(sh("SPILL_KV_CHECK=1 %s run %s %s -o %s/off --quiet --speculate off >%s/off.log 2>&1", bin(), MODEL, in,
+             tmp, tmp) == 0, "the run without speculation failed (%s/off.log)", tmp);
+    json_t *ref = job_answers(strcat(strcpy((char[256]){0}, tmp), "/off"));
+    CHECK(json_object_size(ref) == 18, "the reference answered %zu rows of 18", json_object_size(ref));
+    static const char *const variants[][2] = {{"lookup", ""}, {"b1", "--batch 1 --spec-k 6"},
+                                              {"kv", "--batch 12 --kv-mem 40K --spec-k 3"}};
+    for (int v = 0; v < 3; v++) {
+        char dir[256], log[300];
+        snprintf(dir, sizeof dir, "%s/%s", tmp, variants[v][0]);
+        snprintf(log, sizeof log, "%s.log", dir);
+        int rc = sh("SPILL_KV_CHECK=1 %s run %s %s -o %s --speculate lookup %s >%s 2>&1", bin(), MODEL, in, dir,
+                    variants[v][1], log);
+        CHECK(rc == 0, "%s: the speculating run failed (%s)", variants[v][0], log);
+        json_t *got = job_answers(dir);
+        CHECK(json_equal(got, ref), "%s: answers differ from --speculate off", variants[v][0]);
+        const char *k;
+        json_t *a;
+        int shown = 0;
+        json_object_foreach(ref, k, a) if (!json_equal(a, json_object_get(got, k)) && shown++ < 2)
+        {
+            char *x = json_dumps(a, JSON_COMPACT), *y = json_dumps(json_object_get(got, k), JSON_COMPACT);
+            fprintf(stderr, "  %s want %.200s\n  %s got  %.200s\n", k, x, k, y ? y : "(missing)");
+            free(x), free(y);
+        }
+        double pp = per_pass(log);
+        fprintf(stderr, "%s: %.2f tokens per row per pass\n", variants[v][0], pp);
+        CHECK(pp > 1.0, "%s: %.2f tokens per row per pass (want > 1.00: some proposal accepted)", variants[v][0], pp);
+        json_decref(got);
+    }
+    char kvlog[300];
+    snprintf(kvlog, sizeof kvlog, "%s/kv.log", tmp);
+    CHECK(sh("grep -q ' [1-9][0-9]* preemptions' %s", kvlog) == 0, "the --kv-mem 40K run did not preempt (%s)", kvlog);
+    json_decref(ref);
+    if (!test_failures)
+        sh("rm -rf %s", tmp);
+}
+
 int main(void)
 {
     test_propose();
     test_truncate();
+    test_jobs();
     return test_finish("test_spec");
 }
