@@ -149,6 +149,11 @@ static int accept_token(runner *r, row *w, choice *c, const sample_result *sr, c
             alts[k] = (out_alt){(const char *)ab, ab ? bl : 0, sr->top_logprob[k]};
         }
     }
+    if (r->s.cfg.spec_k) { /* the proposer reads the row's tokens */
+        if (sched_gen_room(c, err, errlen))
+            return -1;
+        c->gen[c->n_gen] = tok;
+    }
     c->n_gen++;
     r->tokens_generated++;
     c->next = tok;
@@ -629,6 +634,33 @@ static int forward_and_draw(runner *r, int ns, int nl, char *err, size_t errlen)
     return 0;
 }
 
+/* A speculating decode step (sequence q, its logits rows li .. li + k): the draw after its fed token is kept,
+ * and so is each next one while the token drawn equals the proposal the pass fed after it (the greedy row
+ * would have fed that very token; its logits row is then the one a plain pass would compute), until the choice
+ * ends; the KV of the positions not kept is rolled back.  Exact: the tokens kept are the plain run's. */
+static int apply_spec(runner *r, int q, int li, char *err, size_t errlen)
+{
+    sched *s = &r->s;
+    row *w = &r->rows[s->seq_row[q]];
+    choice *ch = &w->ch[s->seq_choice[q]];
+    int k = s->seq_spec[q], j = 0;
+    for (;; j++) {
+        if (r->src[li + j])
+            return util_errf(err, errlen, "row %s: no token could be drawn (every logit is NaN or -inf).",
+                             w->custom_id);
+        sched_spec_keep(s, q, j);
+        int32_t tok = r->sres[li + j].token;
+        if (accept_token(r, w, ch, &r->sres[li + j], err, errlen))
+            return -1;
+        if (ch->done || j == k || tok != ch->spec[j + 1])
+            break;
+    }
+    r->dec_steps++;
+    r->dec_tokens += (uint64_t)j + 1;
+    r->spec_accepted += (uint64_t)j;
+    return sched_spec_settle(s, q, err, errlen);
+}
+
 static int run_passes(runner *r, char *err, size_t errlen)
 {
     int pass = 0;
@@ -683,6 +715,14 @@ static int run_passes(runner *r, char *err, size_t errlen)
         /* apply the draws in sequence order */
         for (int li = 0; li < nl; li++) {
             int q = r->sidx[li];
+            if (s->seq_spec[q] > 0) {
+                if (apply_spec(r, q, li, err, errlen))
+                    return -1;
+                li += s->seq_spec[q];
+                continue;
+            }
+            if (s->seq_spec[q] == 0)
+                r->dec_steps++, r->dec_tokens++;
             row *w = &r->rows[s->seq_row[q]];
             choice *ch = &w->ch[s->seq_choice[q]];
             const float *lg = r->logits + (size_t)li * (size_t)r->m->vocab;
@@ -743,7 +783,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
         if (r->pass_log) {
             int dec = 0;
             for (int q = 0; q < ns; q++)
-                dec += s->seqs[q].n == 1 && s->seqs[q].pos0 >= r->rows[s->seq_row[q]].n_prompt;
+                dec += s->seq_spec[q] >= 0 ? s->seqs[q].n : 0; /* decode steps, speculated tokens included */
             fprintf(r->pass_log, "%d,%d,%d,%d,%.6f,%.6f,%llu,%d\n", pass + 1, ns, dec, (int)pass_tokens - dec, pass_s,
                     now_s() - r->t_start, (unsigned long long)plan_rss_now(), s->kv->n_pages - s->kv->n_free);
         }
@@ -940,6 +980,13 @@ static void size_batch(runner *r)
         extra = (int)(cap < r->o.prefill_chunk ? cap : r->o.prefill_chunk);
         extra = extra < 1 ? 1 : extra;
     }
+    /* speculative passes: up to --spec-k more rows for each decode step, within the same caps */
+    if (r->o.speculate == 1) {
+        bool gpu = r->o.device != 1 && spill_gpu_open;
+        int64_t cap = (int64_t)(gpu ? 1u << 30 : 256u << 20) / ((int64_t)r->m->vocab * 4);
+        int64_t want = (int64_t)r->max_seqs * r->o.spec_k;
+        extra += (int)(want < cap ? want : cap);
+    }
     r->max_logit_rows = r->max_seqs + extra;
 }
 
@@ -1133,7 +1180,7 @@ static int setup_passes(runner *r, char *err, size_t errlen)
             return -1;
     sched_cfg sc = {&r->be, r->tok, r->m->vocab, r->job_seed, r->batch, r->max_seqs, r->o.prefill_chunk,
                     r->mem.plan.guard, r->max_logit_rows, r->o.batch == 0, r->o.prefix_cache != 2,
-                    r->o.settings.kv_check};
+                    r->o.settings.kv_check, r->o.speculate == 1 ? r->o.spec_k : 0};
     return sched_init(&r->s, &sc, r->rows, r->n_rows, err, errlen);
 }
 
@@ -1282,6 +1329,13 @@ static void print_done(runner *r, const char *dir, double el)
                (unsigned long long)r->prompt_tokens, (unsigned long long)r->s.prefix_tokens, r->s.pages_saved_peak,
                ix, (unsigned long long)ev, (unsigned long long)r->s.prefix_waits);
     }
+    if (r->s.cfg.spec_k)
+        printf("speculation (lookup, k <= %d): %.2f tokens per row per pass over %llu decode steps, %llu of %llu "
+               "proposed tokens accepted (%.1f%%)\n",
+               r->s.cfg.spec_k, r->dec_steps ? (double)r->dec_tokens / (double)r->dec_steps : 0.0,
+               (unsigned long long)r->dec_steps, (unsigned long long)r->spec_accepted,
+               (unsigned long long)r->s.spec_proposed,
+               r->s.spec_proposed ? 100.0 * (double)r->spec_accepted / (double)r->s.spec_proposed : 0.0);
     bool scored = r->tokens_generated == 0 && r->tokens_scored > 0; /* --score, echo with max_tokens 0 */
     uint64_t toks = scored ? r->tokens_scored : r->tokens_generated;
     printf("done: %llu rows answered, %llu failed, %llu tokens %s in %.1f s (%.1f tok/s), %llu preemptions · "

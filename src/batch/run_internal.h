@@ -56,6 +56,8 @@ typedef struct run_opts {
                             name once the job is open (what it stores for a resume) */
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
     int prefix_cache;    /* --prefix-cache: 0 unset (on), 1 on, 2 off (sched_cfg.prefix) */
+    int speculate;       /* --speculate: 0 unset (off), 1 lookup (spec.h's proposer), 2 off */
+    int spec_k;          /* --spec-k: most tokens proposed per row per pass (0 unset: 4) */
     bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
     spill_settings settings; /* the environment's diagnostic switches, read with the options */
     /* spill distill (cmd 1): every row's answer carries distill_k top log-probs per token (-1: the rows' own);
@@ -134,6 +136,8 @@ typedef struct runner {
 
     /* progress */
     uint64_t rows_total, rows_done, rows_failed, tokens_generated, tokens_scored, prompt_tokens;
+    uint64_t dec_steps, dec_tokens; /* decode steps (a choice's one per pass) and the tokens they kept */
+    uint64_t spec_accepted;  /* speculative passes: proposed tokens kept */
     uint64_t shared_expect;  /* prefix cache: prompt tokens the queue order expects rows to map (share_hints) */
     double t_start;
     bool tty;

@@ -19,6 +19,7 @@
 
 #include "run_internal.h"
 #include "runs.h"
+#include "spec.h"
 #include "../base/util.h"
 
 static int parse_bytes(const char *s, uint64_t *out)
@@ -56,7 +57,7 @@ static int parse_int(const char *name, const char *s, int *out)
 
 /* Every option of spill run (and resume, but -o): the parser reads this table and --help prints it, so the
  * two cannot drift apart. */
-enum opt_kind { OPT_INT, OPT_BYTES, OPT_STR, OPT_TRUE, OPT_SET, OPT_KV_DTYPE, OPT_ON_OFF };
+enum opt_kind { OPT_INT, OPT_BYTES, OPT_STR, OPT_TRUE, OPT_SET, OPT_KV_DTYPE, OPT_ON_OFF, OPT_SPECULATE };
 typedef struct run_opt {
     const char *name, *alt; /* spelling, and another one or NULL */
     const char *arg;        /* the value's name in --help, NULL for a flag */
@@ -104,6 +105,9 @@ static const run_opt opts[] = {
      "GPU: KV pages in bf16 (default) or int8 (twice the rows per GB)", false},
     {"--prefix-cache", NULL, "on|off", OPT_ON_OFF, OFF(prefix_cache), 0, false,
      "rows whose prompts start alike share the KV pages of that prefix, computed once (default on)", false},
+    {"--speculate", NULL, "lookup|off", OPT_SPECULATE, OFF(speculate), 0, false,
+     "speculative passes: greedy rows also verify tokens proposed from their own text (default off)", false},
+    {"--spec-k", NULL, "N", OPT_INT, OFF(spec_k), 0, false, "most tokens proposed per row per pass (default 4)", false},
     {"--pass-log", NULL, "FILE", OPT_STR, OFF(pass_log), 0, false, "a CSV line per pass (rows, tokens, seconds)", false},
     {"--quiet", "-q", NULL, OPT_TRUE, OFF(quiet), 0, false, "no progress line", false},
 };
@@ -172,6 +176,14 @@ static int apply_opt(const run_opt *d, int argc, char **argv, int *i, run_opts *
         }
         *(int *)field = !strcmp(v, "on") ? 1 : 2;
         return 0;
+    case OPT_SPECULATE:
+        if (strcmp(v, "lookup") && strcmp(v, "off")) {
+            fprintf(stderr, "spill: --speculate takes lookup (tokens proposed from the row's own text) or off, not "
+                            "\"%.40s\".\n", v);
+            return -1;
+        }
+        *(int *)field = !strcmp(v, "lookup") ? 1 : 2;
+        return 0;
     }
     return -1;
 }
@@ -205,6 +217,11 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
     }
     if (np != (resume ? 1 : 2) || o->batch < 0 || o->prefill_chunk < 0 || o->page_tokens < 0 || o->threads < 0)
         return -1;
+    if (o->spec_k < 0 || o->spec_k > SPEC_K_MAX) {
+        fprintf(stderr, "spill: --spec-k takes 1 to %d proposed tokens per row per pass, not %d.\n", SPEC_K_MAX,
+                o->spec_k);
+        return -1;
+    }
     if (o->quant && !run_quant_valid(o->quant)) {
         fprintf(stderr, "spill: --quant %s: give bf16, q8, q4, fp8 or auto.\n", o->quant);
         return -1;
@@ -235,7 +252,9 @@ json_t *run_opts_json(const run_opts *o)
                           (json_int_t)o->gpu_mem, "mode", o->mode, "stream_slots", o->stream_slots, "quiet", o->quiet,
                           "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype",
                           o->kv_dtype, "model", o->model_spec);
-    if (j && json_object_set_new(j, "prefix_cache", json_boolean(o->prefix_cache != 2))) {
+    if (j && (json_object_set_new(j, "prefix_cache", json_boolean(o->prefix_cache != 2)) ||
+              json_object_set_new(j, "speculate", json_string(o->speculate == 1 ? "lookup" : "off")) ||
+              json_object_set_new(j, "spec_k", json_integer(o->spec_k)))) {
         json_decref(j);
         return NULL;
     }
@@ -290,6 +309,10 @@ int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char 
         o->kv_dtype = (int)json_integer_value(json_object_get(opt, "kv_dtype"));
     if (!o->prefix_cache && json_is_false(json_object_get(opt, "prefix_cache")))
         o->prefix_cache = 2;
+    if (!o->speculate && json_is_string(json_object_get(opt, "speculate")))
+        o->speculate = !strcmp(json_string_value(json_object_get(opt, "speculate")), "lookup") ? 1 : 2;
+    if (!o->spec_k)
+        o->spec_k = (int)json_integer_value(json_object_get(opt, "spec_k"));
     const json_t *d = json_object_get(opt, "distill");
     if (json_is_object(d)) { /* a distill job resumes as one, with its own settings */
         o->cmd = 1;
@@ -314,4 +337,6 @@ void run_defaults(run_opts *o)
         o->mem_budget = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 4 * 3;
     if (!o->stream_slots)
         o->stream_slots = 3;
+    if (!o->spec_k)
+        o->spec_k = 4;
 }

@@ -50,6 +50,7 @@ static void choice_free(choice *c, kv_cache *kv)
     free(c->lp);
     free(c->alts);
     free(c->gs);
+    free(c->gen);
     memset(c, 0, sizeof *c);
 }
 
@@ -330,12 +331,13 @@ int sched_init(sched *s, const sched_cfg *cfg, row *rows, size_t n_rows, char *e
     s->seqs = malloc((size_t)cfg->max_seqs * sizeof *s->seqs);
     s->seq_row = malloc((size_t)cfg->max_seqs * sizeof *s->seq_row);
     s->seq_choice = malloc((size_t)cfg->max_seqs * sizeof *s->seq_choice);
+    s->seq_spec = calloc((size_t)cfg->max_seqs, sizeof *s->seq_spec);
     int32_t longest = 0;
     for (size_t i = 0; i < n_rows; i++)
         longest = rows[i].n_prompt > longest ? rows[i].n_prompt : longest;
     s->find_cap = longest / s->kv->page_tokens + 1;
     s->find = malloc((size_t)s->find_cap * sizeof *s->find);
-    if (!s->queue || !s->active || !s->seqs || !s->seq_row || !s->seq_choice || !s->find)
+    if (!s->queue || !s->active || !s->seqs || !s->seq_row || !s->seq_choice || !s->seq_spec || !s->find)
         return util_errf(err, errlen, "out of memory for %zu rows.", n_rows);
     if (cfg->prefix && kv_prefix_enable(s->kv, err, errlen))
         return -1;
@@ -377,6 +379,7 @@ void sched_free(sched *s)
     free(s->seqs);
     free(s->seq_row);
     free(s->seq_choice);
+    free(s->seq_spec);
     free(s->find);
     memset(s, 0, sizeof *s);
 }
@@ -489,11 +492,57 @@ static int reserve(sched *s, size_t row_idx, choice *c, int32_t need)
 
 /* ---------------------------------------------------------------- building a pass */
 
+/* True for a row whose tokens speculation can verify exactly: greedy with nothing that depends on the tokens
+ * drawn before in the same pass (penalties count them, a grammar walks them) and nothing reported per position
+ * that a rejected one would have to undo (log-probs, kept logits, scoring). */
+static bool spec_row(const row *w)
+{
+    const sample_params *sp = &w->sp;
+    return sp->temperature == 0 && sp->frequency_penalty == 0 && sp->presence_penalty == 0 &&
+           (sp->repetition_penalty == 0 || sp->repetition_penalty == 1) && !sp->logprobs && !w->grammar &&
+           !w->full_logits && w->score_from == 0 && w->max_new > 0;
+}
+
+/* Decode step q (one token so far) of an eligible choice proposes up to min(spec_k, room) more tokens, capped so
+ * the choice never emits past max_tokens and so its KV stays within the pages it holds or, from the free pages,
+ * within the pages its row is planned at (its expected length; never a preemption).  Returns the tokens added. */
+static int speculate(sched *s, int q, int room)
+{
+    row *w = &s->rows[s->seq_row[q]];
+    choice *ch = &w->ch[s->seq_choice[q]];
+    if (s->seq_spec[q] != 0 || !spec_row(w))
+        return 0;
+    int64_t left = w->max_new - ch->n_gen - 1; /* the step emits 1 + accepted tokens */
+    int k = s->cfg.spec_k < room ? s->cfg.spec_k : room;
+    k = left < k ? (int)(left > 0 ? left : 0) : k;
+    if (k <= 0)
+        return 0;
+    k = spec_propose(w->prompt, w->n_prompt, ch->gen, ch->n_gen, k, ch->spec + 1);
+    if (k <= 0)
+        return 0;
+    int32_t P = s->kv->page_tokens, plan = sched_row_expect_pages(s->kv, w) / w->n_choices;
+    int32_t need = kv_pages_for(s->kv, ch->fed + 1 + k);
+    if (need > ch->kv.n_pages && (need > plan || kv_row_reserve(s->kv, &ch->kv, ch->fed + 1 + k)))
+        k = ch->kv.n_pages * P - ch->fed - 1; /* what the pages it holds take */
+    if (k <= 0)
+        return 0;
+    ch->spec[0] = ch->next;
+    fwd_seq *sq = &s->seqs[q];
+    sq->n = 1 + k;
+    sq->tokens = ch->spec;
+    sq->all_logits = true;
+    sq->logits_skip = 0;
+    s->seq_spec[q] = k;
+    s->spec_proposed += (uint64_t)k;
+    return k;
+}
+
 static void add_seq(sched *s, fwd_seq q, size_t row_idx, int c)
 {
     s->seqs[s->n_seqs] = q;
     s->seq_row[s->n_seqs] = (int)row_idx;
     s->seq_choice[s->n_seqs] = c;
+    s->seq_spec[s->n_seqs] = q.tokens == &s->rows[row_idx].ch[c].next ? 0 : -1;
     s->n_seqs++;
 }
 
@@ -528,11 +577,17 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
         if (s->rows[s->seq_row[q]].state == ROW_ACTIVE) {
             s->seqs[keep] = s->seqs[q];
             s->seq_row[keep] = s->seq_row[q];
-            s->seq_choice[keep++] = s->seq_choice[q];
+            s->seq_choice[keep] = s->seq_choice[q];
+            s->seq_spec[keep++] = s->seq_spec[q];
         }
     s->n_seqs = keep;
-    /* logits rows scored chunks take beyond the one every sequence may return (max_seqs of those fit) */
+    /* logits rows scored chunks and speculating steps take beyond the one every sequence may return */
     int extra = 0, extra_cap = s->cfg.max_logit_rows - s->cfg.max_seqs;
+    for (int q = 0; s->cfg.spec_k > 0 && q < s->n_seqs && budget > 0 && extra < extra_cap; q++) {
+        int k = speculate(s, q, budget < extra_cap - extra ? budget : extra_cap - extra);
+        budget -= k;
+        extra += k;
+    }
     /* then prompt chunks, in admission order, up to the token cap */
     for (size_t ai = 0; ai < s->n_active && budget > 0; ai++) {
         size_t idx = s->active[ai];
@@ -608,7 +663,7 @@ void sched_finish_pass(sched *s)
     for (int q = 0; q < s->n_seqs; q++) {
         row *w = &s->rows[s->seq_row[q]];
         choice *ch = &w->ch[s->seq_choice[q]];
-        ch->fed += s->seqs[q].n;
+        ch->fed += s->seq_spec[q] > 0 ? 1 : s->seqs[q].n;
         /* choice 0's full prompt pages are complete: the index can hand them to the rows that start alike */
         if (s->cfg.prefix && s->seq_choice[q] == 0 && s->seqs[q].pos0 < w->n_prompt)
             kv_prefix_insert(s->kv, &ch->chain, &ch->kv, w->prompt, ch->fed < w->n_prompt ? ch->fed : w->n_prompt);
@@ -624,6 +679,34 @@ void sched_finish_pass(sched *s)
     int32_t saved = entries - (s->kv->n_pages - s->kv->n_free);
     if (saved > s->pages_saved_peak)
         s->pages_saved_peak = saved;
+}
+
+void sched_spec_keep(sched *s, int q, int32_t j)
+{
+    choice *ch = &s->rows[s->seq_row[q]].ch[s->seq_choice[q]];
+    ch->fed = s->seqs[q].pos0 + 1 + j;
+}
+
+int sched_spec_settle(sched *s, int q, char *err, size_t errlen)
+{
+    choice *ch = &s->rows[s->seq_row[q]].ch[s->seq_choice[q]];
+    if (kv_row_truncate(s->kv, &ch->kv, ch->fed))
+        return util_errf(err, errlen, "internal error: row %s's speculative positions sit on a shared KV page.",
+                         s->rows[s->seq_row[q]].custom_id);
+    return 0;
+}
+
+int sched_gen_room(choice *c, char *err, size_t errlen)
+{
+    if (c->n_gen < c->gen_cap)
+        return 0;
+    int32_t cap = c->gen_cap ? c->gen_cap * 2 : 64;
+    int32_t *g = realloc(c->gen, (size_t)cap * sizeof *g);
+    if (!g)
+        return util_errf(err, errlen, "out of memory for the tokens of %d generated.", cap);
+    c->gen = g;
+    c->gen_cap = cap;
+    return 0;
 }
 
 int sched_share_prompt(sched *s, row *w, int c, char *err, size_t errlen)

@@ -41,6 +41,7 @@
 #include "output.h"
 #include "request.h"
 #include "sample.h"
+#include "spec.h"
 #include "stop.h"
 #include "toolcall.h"
 
@@ -65,6 +66,10 @@ typedef struct choice {
     gstate *gs;          /* structured output: where the answer is in its row's grammar (owned), or NULL */
     int32_t mapped;      /* pages of kv mapped from another row (the prefix index, or choice 0's prompt) */
     kv_chain chain;      /* choice 0 with the prefix cache: how far its prompt pages are in the index (scheduler) */
+    int32_t *gen;        /* (gen_cap) speculative passes: the generated tokens kept, in order (the caller's, grown
+                            geometrically by sched_gen_room), what the proposer reads after the prompt */
+    int32_t gen_cap;
+    int32_t spec[1 + SPEC_K_MAX]; /* a speculating decode step's tokens: next, then the proposal (scheduler) */
 } choice;
 
 /* One request line of the job. */
@@ -136,6 +141,7 @@ typedef struct sched_cfg {
     bool prefix;             /* the prefix cache: full prompt pages indexed and mapped by rows that start alike, the
                                 queue grouped by prefix, a row's n choices mapping its prompt pages */
     bool kv_check;           /* after every pass, check each page's count against the rows mapping it (slow) */
+    int spec_k;              /* speculative passes: tokens proposed at most per greedy choice per pass; 0 = off */
 } sched_cfg;
 
 typedef struct sched {
@@ -152,6 +158,9 @@ typedef struct sched {
     fwd_seq *seqs;           /* (max_seqs) the pass sched_build_pass built */
     int *seq_row, *seq_choice; /* (max_seqs) row index and choice of each sequence */
     int n_seqs;
+    int *seq_spec;           /* (max_seqs) per sequence: tokens proposed after its decode token, 0 none, -1 a prompt
+                                chunk */
+    uint64_t spec_proposed;  /* tokens proposed over the job */
     uint64_t preemptions;       /* rows sent back to the queue, for any reason */
     uint64_t stall_preemptions; /* of them, to break a prefill deadlock */
     uint64_t guard_pauses;      /* passes that admitted nobody because of the live guard */
@@ -218,8 +227,17 @@ int sched_build_pass(sched *s, char *err, size_t errlen);
  * pairs attended. */
 void sched_pass_work(const sched *s, double *tokens, double *att);
 
-/* The built pass ran: every sequence's tokens are in the cache (advances each choice's fed). */
+/* The built pass ran: every sequence's tokens are in the cache (advances each choice's fed; a speculating
+ * decode step's by its first token only: the caller keeps more with sched_spec_keep). */
 void sched_finish_pass(sched *s);
+
+/* Speculative passes: sequence q (seq_spec[q] > 0) keeps its first 1 + j tokens' positions (j <= seq_spec[q]):
+ * its choice's fed becomes pos0 + 1 + j; call it before applying each token drawn after the j-th proposal. */
+void sched_spec_keep(sched *s, int q, int32_t j);
+/* Then rolls back the KV of the positions sequence q did not keep (kv_row_truncate).  0, or -1 with a sentence. */
+int sched_spec_settle(sched *s, int q, char *err, size_t errlen);
+/* Makes room in c->gen for token c->n_gen.  0, or -1 with a sentence. */
+int sched_gen_room(choice *c, char *err, size_t errlen);
 
 /* Choice c > 0 of w takes a copy of choice 0's prompt pages (n > 1 share one prefill).  1 when copied (the
  * choice then draws its first token from the same logits), 0 when no pages are free (it prefills itself later,

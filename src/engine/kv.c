@@ -252,6 +252,27 @@ void kv_row_release(kv_cache *c, kv_row *r)
     r->len = 0;
 }
 
+int kv_row_truncate(kv_cache *c, kv_row *r, int32_t n_tokens)
+{
+    int32_t keep = kv_pages_for(c, n_tokens < 0 ? 0 : n_tokens);
+    if (keep >= r->n_pages) {
+        if (r->len > n_tokens)
+            r->len = n_tokens;
+        return 0;
+    }
+    if (n_tokens % c->page_tokens) { /* the row writes on into its kept last page: never a shared one */
+        int32_t p = r->pages[keep - 1];
+        if (c->ref[p] > 1 || (c->ix && c->ix->indexed[p]))
+            return -1;
+    }
+    for (int32_t i = r->n_pages - 1; i >= keep; i--) /* from the end, as kv_row_release */
+        put_page(c, r->pages[i]);
+    r->n_pages = keep;
+    if (r->len > n_tokens)
+        r->len = n_tokens;
+    return 0;
+}
+
 void kv_row_free(kv_cache *c, kv_row *r)
 {
     kv_row_release(c, r);

@@ -79,6 +79,12 @@ int kv_row_reserve(kv_cache *c, kv_row *r, int32_t n_tokens);
 /* Returns every page of the row to the free list and empties it (keeps the table allocation). */
 void kv_row_release(kv_cache *c, kv_row *r);
 void kv_row_free(kv_cache *c, kv_row *r);
+/* Shrinks row r to its first n_tokens positions (a speculative pass's rejected positions rolled back): the pages
+ * past kv_pages_for(n_tokens) are dropped through the same count kv_row_release uses (a page another row still
+ * maps keeps its count less one; an indexed one goes idle; only a page nobody maps or indexes is freed) and
+ * r->len becomes at most n_tokens.  The page that holds position n_tokens, when kept, is written again by the
+ * row, so it must be the row's own: 0, or -1 (nothing changed) when it is shared (count > 1) or indexed. */
+int kv_row_truncate(kv_cache *c, kv_row *r, int32_t n_tokens);
 /* Makes dst a copy of the first n_tokens positions of src: the pages dst already holds (mapped from src by
  * kv_row_map) are kept, the rest are fresh pages whose contents are copied (the prompt KV shared by a row's n
  * choices: the full pages mapped, the partial last one copied).  Same returns as kv_row_reserve. */
