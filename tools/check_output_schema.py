@@ -41,6 +41,24 @@ def no_extras(m, path="body"):
             no_extras(x, f"{path}[{i}]")
 
 
+def echo_first_null(body):
+    """An echo + logprobs completion's first prompt token has no log-prob: the API (and vLLM) send null for it in
+    token_logprobs and top_logprobs, which openai-python's Completion type does not allow (its lists hold floats
+    and dicts only).  Only that first entry may be null (an echoed prompt's first token);
+    it is replaced by a placeholder for the type check and every other entry is checked as it is."""
+    body = json.loads(json.dumps(body))
+    for ch in body.get("choices") or []:
+        lp = ch.get("logprobs")
+        if not isinstance(lp, dict):
+            continue
+        tl, tt = lp.get("token_logprobs"), lp.get("top_logprobs")
+        if isinstance(tl, list) and tl and tl[0] is None:
+            tl[0] = 0.0
+            if isinstance(tt, list) and tt and tt[0] is None:
+                tt[0] = {}
+    return body
+
+
 def check_line(obj):
     if not isinstance(obj, dict):
         raise ValueError("not an object")
@@ -64,7 +82,7 @@ def check_line(obj):
     body = resp["body"]
     if resp["status_code"] == 200:
         model = ChatCompletion if body.get("object") == "chat.completion" else Completion
-        m = model.model_validate(body)
+        m = model.model_validate(echo_first_null(body) if model is Completion else body)
         no_extras(m)
         return body["object"]
     if not (400 <= resp["status_code"] <= 599) or set(body) != {"error"}:
