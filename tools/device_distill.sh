@@ -10,15 +10,9 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/distill-local}
-mkdir -p "$OUT"
-BIN=${BIN:-.carry/bin}
-for d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in os.listdir(p)))' 2>/dev/null); do
-    [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$d"
-done
-export LD_LIBRARY_PATH
+. tools/device_env.sh  # log, runlog, LD_LIBRARY_PATH, BIN, SPILL_HOME
 W=/tmp/distill
 rm -rf $W && mkdir -p $W
-log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
 
 # 1. echo vs transformers
 for m in tests/data/ref/*/; do

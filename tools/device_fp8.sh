@@ -18,27 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/device-fp8}
-mkdir -p "$OUT"
-log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
-runlog() { # runlog NAME TIMEOUT CMD...: echo, run under timeout into $OUT/NAME.log, record the exit code
-    local name=$1 t=$2
-    shift 2
-    log "run: $* > $OUT/$name.log"
-    local rc=0
-    timeout "$t" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
-    log "$name rc=$rc"
-    [ $rc -eq 0 ] || FAILED=1
-    return 0
-}
-FAILED=0
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do
-    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-for d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in os.listdir(p)))' 2>/dev/null || true); do
-    [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$d"
-done
-export LD_LIBRARY_PATH
-BIN=${BIN:-.carry/bin}
+. tools/device_env.sh  # log, runlog, FAILED, LD_LIBRARY_PATH, BIN, SPILL_HOME
 [ -x "$BIN/test_cuda_fp8" ] || BIN=build/cuda
 for f in test_cuda_fp8 bench_fp8 spill-cuda; do
     if [ ! -x "$BIN/$f" ]; then
@@ -52,7 +32,6 @@ if ldd "$BIN/test_cuda_fp8" | grep -q "not found"; then
 fi
 { nvidia-smi; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,pcie.link.gen.current,pcie.link.width.current --format=csv; uname -a; nproc; free -g; } > "$OUT/machine.txt" 2>&1 || true
 log "binaries: $BIN; commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-export SPILL_HOME=${SPILL_HOME:-/tmp/spillhome}
 LAYERS=${LAYERS:-16}
 ROWS_LIST=${ROWS_LIST:-1024 2048 4096}
 MACHINE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo unknown)

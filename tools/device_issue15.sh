@@ -8,15 +8,9 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/issue15-local}
-mkdir -p "$OUT"
-log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
-for d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in os.listdir(p)))' 2>/dev/null); do
-    [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$d"
-done
-export LD_LIBRARY_PATH
+. tools/device_env.sh  # log, runlog, LD_LIBRARY_PATH, BIN, SPILL_HOME
 B=.carry/bin/spill-cuda
 { ldconfig -p | grep -E "libcurl" ; ldd $B | grep -E "not found|curl"; } > "$OUT/libs.txt" 2>&1
-export SPILL_HOME=/tmp/spillhome
 for s in ${*:-tests e2e mem}; do
     case $s in
     tests)

@@ -12,14 +12,8 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/issue18-local}
-mkdir -p "$OUT"
-log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
-for d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in os.listdir(p)))' 2>/dev/null); do
-    [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$d"
-done
-export LD_LIBRARY_PATH
+. tools/device_env.sh  # log, runlog, LD_LIBRARY_PATH, BIN, SPILL_HOME
 B=.carry/bin/spill-cuda
-export SPILL_HOME=/tmp/spillhome
 LAYERS=${LAYERS:-16}
 ROWS=${ROWS:-2048}
 for s in ${*:-tests dq}; do

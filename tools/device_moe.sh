@@ -10,15 +10,9 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/moe-local}
-mkdir -p "$OUT"
-BIN=.carry/bin
-for d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in os.listdir(p)))' 2>/dev/null); do
-    [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$d"
-done
-export LD_LIBRARY_PATH
+. tools/device_env.sh  # log, runlog, LD_LIBRARY_PATH, BIN, SPILL_HOME
 W=/tmp/moe
 mkdir -p $W
-log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
 rows() { # rows N FILE: N completions rows of short prompts, up to 8 tokens each
     python3 - "$1" "$2" <<'EOF'
 import json, sys
