@@ -15,7 +15,7 @@ make -j2 cuda MPI_OK=no CUDA_LIBS="$A/libjansson.a $A/libpcre2-8.a $A/libcrypto.
     CUDA_SPILL_LIBS="$A/libmicrohttpd.a -lgnutls $A/libjansson.a $A/libpcre2-8.a $A/libutf8proc.a $A/libcrypto.a -lcurl -ldl -lpthread"
 mkdir -p .carry/bin
 grep -qx '/.carry/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.carry/' >> .git/info/exclude; }
-cp build/cuda/test_* build/cuda/bench_pass build/cuda/bench_dequant build/cuda/spill-cuda .carry/bin/
+cp build/cuda/test_* build/cuda/bench_pass build/cuda/bench_dequant build/cuda/bench_fp8 build/cuda/spill-cuda .carry/bin/
 rm -f .carry/bin/*.o
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

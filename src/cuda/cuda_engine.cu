@@ -286,6 +286,8 @@ static int alloc_pass(cuda_engine *e, char *err, size_t errlen)
                dalloc(e, (void **)&e->f8ws, p.f8ws, "the fp8 GEMM scales", err, errlen)))
         return -1;
     size_t meta = p.meta + (size_t)e->kv.n_pages * 4; /* the page table rides with the metadata */
+    e->meta_fixed = p.meta;
+    e->pt_cap = e->kv.n_pages;
     size_t kv_bytes;
     if (!ck_mul_size(kv_page_bytes_as(m->n_layers, m->n_kv_heads, m->head_dim, e->kv.page_tokens, e->kv.dtype),
                      (size_t)e->kv.n_pages, &kv_bytes))
@@ -728,6 +730,39 @@ static int forward_layer(cuda_engine *e, const pass_meta *pm, const dlayer *w, c
     return 0;
 }
 
+/* Makes the pass metadata (device and pinned host) hold page tables of at least npt entries: a prefix page mapped by
+ * several rows is in each of their tables, so a pass's tables can outgrow the arena's page count.  The new buffers
+ * are allocated before the old ones are freed (a failure leaves the engine as it was); the compute stream is drained
+ * first (the previous pass's metadata copy reads the pinned buffer).  The growth is a few MB at most (4 bytes per
+ * entry, twice): outside the HBM plan, as the cuBLAS handle's own allocations are. */
+static int meta_grow(cuda_engine *e, int32_t npt, char *err, size_t errlen)
+{
+    int64_t cap = (int64_t)e->pt_cap * 2 > npt ? (int64_t)e->pt_cap * 2 : npt;
+    if (cap > INT32_MAX)
+        cap = INT32_MAX;
+    size_t bytes = e->meta_fixed + (size_t)cap * 4;
+    int32_t *d = NULL, *h = NULL;
+    CU(cudaStreamSynchronize(e->cs));
+    if (cudaMalloc((void **)&d, bytes) != cudaSuccess || cudaHostAlloc((void **)&h, bytes, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        if (d)
+            cudaFree(d);
+        return util_errf(err, errlen,
+                         "the pass's page tables need %d entries (shared prefix pages count once per row that maps "
+                         "them) and the pass metadata cannot grow to %zu bytes; run with a smaller --batch.",
+                         npt, bytes);
+    }
+    for (size_t i = 0; i < e->n_allocs; i++)
+        if (e->allocs[i] == e->d_meta)
+            e->allocs[i] = d;
+    cudaFree(e->d_meta);
+    cudaFreeHost(e->h_meta);
+    e->d_meta = d;
+    e->h_meta = h;
+    e->pt_cap = (int32_t)cap;
+    return 0;
+}
+
 /* Validates the pass and lays its metadata into the pinned staging buffer. */
 static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *T_out, int *R_out, size_t *n_ints,
                       char *err, size_t errlen)
@@ -761,11 +796,13 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
                              "a pass asked for more than the engine's %d rows of logits; raise "
                              "max_logit_rows.",
                              e->max_rows);
-        npt += kv_pages_for(&e->kv, sq->pos0 + sq->n);
-        if (npt > e->kv.n_pages)
-            return util_errf(err, errlen, "the pass's page tables hold more than the %d pages of the KV arena.",
-                             e->kv.n_pages);
+        int32_t np = kv_pages_for(&e->kv, sq->pos0 + sq->n);
+        if (np > INT32_MAX - npt)
+            return util_errf(err, errlen, "the pass's page tables hold more than %d entries.", INT32_MAX);
+        npt += np;
     }
+    if (npt > e->pt_cap && meta_grow(e, npt, err, errlen))
+        return -1;
     int32_t *tok = e->h_meta, *pos = tok + Tmax, *seq = pos + Tmax, *rows = seq + Tmax;
     int32_t *pt_off = rows + e->max_rows, *tiles = pt_off + e->max_seqs, *singles = tiles + 2 * Tmax;
     int32_t *lng = singles + Tmax, *ad = lng + e->max_seqs, *pages = ad + Tmax;

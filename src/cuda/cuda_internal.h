@@ -149,6 +149,9 @@ struct cuda_engine {
     uint8_t *f8x;             /* (T8, K8) the GEMM input's E4M3 codes: T8 the most rows one GEMM takes (MoE: T*k), */
     float *f8xs, *f8ws;       /* (T8) its per-token scales; (N8) the weight rows' scales; K8, N8 the largest */
     int32_t *d_meta, *h_meta; /* tok pos seq (T) rows (R) pt_off (B) tiles (2T) singles (T) lng (B) ad (T) pages */
+    size_t meta_fixed;        /* their bytes before the page table */
+    int32_t pt_cap;           /* page-table entries they hold: the arena's pages, grown when shared prefix pages
+                                 (mapped by several rows) make a pass's tables longer (build_meta) */
     float *h_logits;                                        /* pinned (R, V) */
     int32_t *d_want, *h_want;                               /* (R) pick requests, device and pinned */
     pick_out *d_picks, *h_picks;                            /* (R) */

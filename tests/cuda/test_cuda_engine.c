@@ -864,6 +864,55 @@ static void run_gguf(void)
               "9 logit rows refused: %s", err);
     }
 
+    /* shared prefix pages (the prefix cache: kv_row_map): a source row's 8 full pages mapped by 4 rows that each
+     * decode one token on a page of their own.  The pass's page tables then hold 4 x 9 = 36 entries, more than the
+     * 32-page arena (the metadata grows), and each row's logits equal the CPU engine's on the same mapping. */
+    if (rc == 0) {
+        enum { SP = 8 * 16, NM = 4 };
+        int32_t src[SP], dec[NM];
+        for (int i = 0; i < SP; i++)
+            src[i] = (int32_t)(rnd() % (uint32_t)V);
+        for (int i = 0; i < NM; i++)
+            dec[i] = (int32_t)(rnd() % (uint32_t)V);
+        kv_row sc0 = {0}, sg0 = {0}, mc[NM] = {{0}}, mg[NM] = {{0}};
+        int ok = kv_row_reserve(engine_kv(ce), &sc0, SP) == 0 && kv_row_reserve(cuda_engine_kv(ge), &sg0, SP) == 0;
+        for (int half = 0; ok && half < 2; half++) {
+            fwd_seq a = {&sc0, half * 64, 64, src + half * 64, false, false, 0, 0};
+            fwd_seq b = {&sg0, half * 64, 64, src + half * 64, false, false, 0, 0};
+            ok = engine_forward(ce, &a, 1, NULL, err, sizeof err) == 0 &&
+                 cuda_engine_forward(ge, &b, 1, NULL, err, sizeof err) == 0;
+        }
+        CHECK(ok, "shared pages: the source row's prefill: %s", err);
+        fwd_seq fc[NM], fg[NM];
+        for (int i = 0; ok && i < NM; i++) {
+            ok = kv_row_map(engine_kv(ce), &mc[i], &sc0, 8) == 0 && kv_row_map(cuda_engine_kv(ge), &mg[i], &sg0, 8) == 0 &&
+                 kv_row_reserve(engine_kv(ce), &mc[i], SP + 1) == 0 &&
+                 kv_row_reserve(cuda_engine_kv(ge), &mg[i], SP + 1) == 0;
+            fc[i] = (fwd_seq){&mc[i], SP, 1, &dec[i], true, false, 0, 0};
+            fg[i] = (fwd_seq){&mg[i], SP, 1, &dec[i], true, false, 0, 0};
+        }
+        CHECK(ok, "shared pages: map and reserve");
+        float *pc = malloc((size_t)NM * V * 4), *pg = malloc((size_t)NM * V * 4);
+        int r1 = ok ? engine_forward(ce, fc, NM, pc, err, sizeof err) : -1;
+        CHECK(!ok || r1 == 0, "shared pages: cpu forward: %s", err);
+        int r2 = ok ? cuda_engine_forward(ge, fg, NM, pg, err, sizeof err) : -1;
+        CHECK(!ok || r2 == 0, "shared pages: cuda forward (36 page-table entries, 32 pages): %s", err);
+        double sw = 0;
+        for (int i = 0; i < NM && r1 == 0 && r2 == 0; i++) {
+            double d = compare(pg + (size_t)i * V, pc + (size_t)i * V, V);
+            sw = !(d <= sw) ? d : sw;
+        }
+        CHECK(r1 == 0 && r2 == 0 && sw <= TOL_LOGSOFTMAX,
+              "shared pages: max |dlogsoftmax| CUDA vs CPU %.3g over %d rows mapping one prefix", sw, NM);
+        free(pc), free(pg);
+        for (int i = 0; i < NM; i++) {
+            kv_row_free(engine_kv(ce), &mc[i]);
+            kv_row_free(cuda_engine_kv(ge), &mg[i]);
+        }
+        kv_row_free(engine_kv(ce), &sc0);
+        kv_row_free(cuda_engine_kv(ge), &sg0);
+    }
+
     /* a bad token is refused before any GPU work, and the engine goes on */
     if (rc == 0) {
         int32_t bad = V + 5;
