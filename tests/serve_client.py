@@ -171,6 +171,18 @@ while time.time() - t < 120:
         break
     time.sleep(0.1)
 ok(x.status == "in_progress" and 0 < x.request_counts.completed < 40, "request_counts grow while it runs")
+# the status page's view of the running batch (GET /v1/batches/{id}/progress): a key needed; the counts as the API's
+st, _ = raw("GET", f"/v1/batches/{bl.id}/progress")
+ok(st == 401, "the running batch's progress needs a key")
+st, body = raw("GET", f"/v1/batches/{bl.id}/progress", headers={"Authorization": "Bearer " + KEY})
+pj = json.loads(body) if st == 200 else {}
+ok(st == 200 and pj["counts"]["total"] == 40 and pj["counts"]["completed"] >= x.request_counts.completed,
+   "the progress counts agree with request_counts")
+ok(pj.get("plan", "").startswith(("spill run: ", "spill resume: ")), "the progress shows the job's pre-run line")
+ok(pj["passes"] >= 1 and pj["chart_tok_s"].lstrip().startswith("<") and "</svg>" in pj["chart_seconds"],
+   "the progress carries the pass charts (SVG)")
+ok(all(t["custom_id"] in {f"r{i}" for i in range(40)} and t["status_code"] == 200 for t in pj["tail"]) and pj["tail"],
+   "the progress's tail holds answered rows")
 c = client.batches.cancel(bl.id)
 ok(c.status == "cancelling", "cancel → cancelling")
 c = wait(client, bl.id, ("cancelled",))
@@ -202,6 +214,46 @@ ids = [json.loads(l)["custom_id"] for l in lines]
 ok(x.status == "completed" and len(ids) == 40 and len(set(ids)) == 40, "after kill -9 and restart: 40 rows, none twice")
 ok(answers(client, x) == want, "the same answers as the uninterrupted batch")
 
+# spill run --status-port: the same view for a job started on the command line, on 127.0.0.1 with a printed key
+sp = PORT + 1 if PORT < 65535 else PORT - 1
+run_in = rows_file("status.jsonl", 24, 30)
+log = open(os.path.join(WORK, "status-run.log"), "w+")
+env = dict(os.environ, SPILL_HOME=os.path.join(WORK, "home"))
+run = subprocess.Popen([BIN, "run", MODEL, run_in, "-o", os.path.join(WORK, "status-job"), "--cpu", "--batch", "2",
+                        "--status-port", str(sp), "--quiet"], env=env, stdout=subprocess.DEVNULL, stderr=log)
+url = None
+t = time.time()
+while time.time() - t < 60 and url is None and run.poll() is None:
+    log.seek(0)
+    for line in log:
+        if "status page at http://127.0.0.1:" in line:
+            url = line.split("status page at ")[1].strip()
+    time.sleep(0.05)
+ok(url is not None and "#key=" in url, "spill run --status-port prints the page's URL with a key")
+rkey = url.split("#key=")[1]
+def sget(path, key=None):
+    c = http.client.HTTPConnection("127.0.0.1", sp, timeout=10)
+    c.request("GET", path, headers={"Authorization": "Bearer " + key} if key else {})
+    r = c.getresponse()
+    return r.status, r.read()
+st, page = sget("/")
+ok(st == 200 and b"/progress" in page and b"<script>" in page and b"r0" not in page, "the run's page shell")
+st, _ = sget("/progress")
+ok(st == 401, "the run's progress needs its key")
+st, _ = sget("/progress", "0" * 32)
+ok(st == 401, "a wrong key is refused")
+seen = None
+t = time.time()
+while time.time() - t < 60 and run.poll() is None:
+    st, body = sget("/progress", rkey)
+    pj = json.loads(body)
+    if pj["passes"] >= 2 and pj["tail"]:
+        seen = pj
+        break
+    time.sleep(0.1)
+ok(seen is not None and seen["counts"]["total"] == 24 and seen["plan"].startswith("spill run: ") and
+   "</svg>" in seen["chart_tok_s"] and seen["last_pass"]["rows"] >= 1, "the run's progress while it runs")
+ok(run.wait(120) == 0, "the job with a status page completes")
 # delete
 d = client.files.delete(f.id)
 ok(d.deleted and d.id == f.id, "delete a file")

@@ -45,6 +45,7 @@
 #include "mpi_run.h"
 #include "npy.h"
 #include "run_internal.h"
+#include "../serve/progress.h"
 #include "runs.h"
 #include "../engine/probe.h"
 #include "../base/util.h"
@@ -797,6 +798,8 @@ static int run_passes(runner *r, char *err, size_t errlen)
 
 static void runner_free(runner *r)
 {
+    status_server_stop(r->status); /* before the pass log and the pre-run line it reads go */
+    r->status = NULL;
     if (r->pass_log)
         fclose(r->pass_log);
     sched_free(&r->s);
@@ -1244,6 +1247,20 @@ int run_open_job(runner *r, const job_stored *stored, char *err, size_t errlen)
     return rc;
 }
 
+/* --status-port: the job's page on 127.0.0.1 (progress.h), its URL with the key printed once, after the pre-run
+ * line it shows (the passes go to DIR/passes.csv when no --pass-log was named: set before the log opens).  A port that cannot be bound is said and the job goes on without
+ * the page: the rows matter more than the view. */
+static void start_status(runner *r)
+{
+    char key[40], e2[SPILL_ERRLEN];
+    r->status = status_server_start(r->o.status_port, job_dir(r->j), r->o.pass_log, r->ready_line, r->rows_total, key,
+                                    sizeof key, e2, sizeof e2);
+    if (!r->status)
+        fprintf(stderr, "spill: %s The job goes on without its status page.\n", e2);
+    else
+        fprintf(stderr, "spill: status page at http://127.0.0.1:%d/#key=%s\n", r->o.status_port, key);
+}
+
 /* The line printed once the job is ready, before the first pass. */
 static void print_ready(runner *r, bool resuming, double t_open, uint64_t already)
 {
@@ -1280,11 +1297,13 @@ static void print_ready(runner *r, bool resuming, double t_open, uint64_t alread
         fmt_count(r->shared_expect, sx, sizeof sx);
         snprintf(px, sizeof px, " (%s of them expected from the prefix cache)", sx);
     }
-    printf("spill %s: %s (%s, %s: %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill%s · %s · engine "
-           "%s · %s · ETA %s · job %s · ready in %.1f s\n",
-           resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->quant_name, r->m->quant_summary, wb,
-           (unsigned long long)r->rows_total, (unsigned long long)already, pt, px, bt, r->be.name, mem, eta0,
-           r->o.out_dir, now_s() - t_open);
+    snprintf(r->ready_line, sizeof r->ready_line,
+             "spill %s: %s (%s, %s: %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill%s · %s · engine "
+             "%s · %s · ETA %s · job %s · ready in %.1f s",
+             resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->quant_name, r->m->quant_summary, wb,
+             (unsigned long long)r->rows_total, (unsigned long long)already, pt, px, bt, r->be.name, mem, eta0,
+             r->o.out_dir, now_s() - t_open);
+    printf("%s\n", r->ready_line);
     fflush(stdout);
 }
 
@@ -1525,12 +1544,20 @@ static int run_job(runner *r, const job_stored *stored)
 #endif
     r->rows_done = job_rows_completed(r->j);
     r->rows_failed = job_rows_failed(r->j);
-    if (r->o.pass_log && (r->pass_log = fopen(r->o.pass_log, "w")))
+    if (r->o.status_port && r->rank == 0 && !r->o.pass_log) { /* the status page's charts read the passes */
+        snprintf(r->status_csv, sizeof r->status_csv, "%s/passes.csv", job_dir(r->j));
+        r->o.pass_log = r->status_csv;
+    }
+    if (r->o.pass_log && (r->pass_log = fopen(r->o.pass_log, "w"))) {
+        setvbuf(r->pass_log, NULL, _IOLBF, 0); /* a line per pass, readable as it lands (the status page) */
         fprintf(r->pass_log, "pass,seqs,decode_tokens,prefill_tokens,seconds,elapsed,rss_bytes,kv_pages_used\n");
+    }
     r->t_start = now_s(); /* the job's clock: rows read, engine loaded; passes start now */
     /* several ranks: no replay prices rows that other ranks will take */
     r->eta_prerun = r->n_ranks ? -1 : sched_estimate(&r->s, &r->cal_stored);
     print_ready(r, stored != NULL, t_open, already);
+    if (r->o.status_port && r->rank == 0)
+        start_status(r);
 
     /* the passes */
     r->started = true;

@@ -55,6 +55,7 @@ typedef struct run_opts {
     const char *quant;   /* --quant bf16|q8|q4|fp8|auto, NULL = the file's own types (run_quant.c); the resolved
                             name once the job is open (what it stores for a resume) */
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
+    int status_port;     /* --status-port: the job's status page on 127.0.0.1 (progress.h); 0 none */
     int prefix_cache;    /* --prefix-cache: 0 unset (on), 1 on, 2 off (sched_cfg.prefix) */
     int speculate;       /* --speculate: 0 unset (off), 1 lookup (spec.h's proposer), 2 off */
     int spec_k;          /* --spec-k: most tokens proposed per row per pass (0 unset: 4) */
@@ -144,6 +145,10 @@ typedef struct runner {
     double last_log;
     int drawn_lines;
     FILE *pass_log;
+    /* --status-port: the page's server, the pre-run line it shows, its pass log when the user named none */
+    struct status_server *status;
+    char ready_line[2048];
+    char status_csv[4200];
 } runner;
 
 

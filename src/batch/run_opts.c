@@ -109,6 +109,8 @@ static const run_opt opts[] = {
      "speculative passes: greedy rows also verify tokens proposed from their own text (default off)", false},
     {"--spec-k", NULL, "N", OPT_INT, OFF(spec_k), 0, false, "most tokens proposed per row per pass (default 4)", false},
     {"--pass-log", NULL, "FILE", OPT_STR, OFF(pass_log), 0, false, "a CSV line per pass (rows, tokens, seconds)", false},
+    {"--status-port", NULL, "N", OPT_INT, OFF(status_port), 0, false,
+     "a status page for this job on 127.0.0.1:N (its URL, with a key, is printed at the start)", false},
     {"--quiet", "-q", NULL, OPT_TRUE, OFF(quiet), 0, false, "no progress line", false},
 };
 #undef OFF

@@ -15,7 +15,9 @@
  * the next start resumes the job exactly (the job store's own guarantee).  A child per batch is the decision:
  * the run API is a process-level entry (run_main) with its own signal handling and exit codes, and a child
  * keeps an engine fault from taking the HTTP side down; the cost is a model load per batch (not kept resident
- * across batches).  request_counts follow the job manifest's committed counts while it runs.  Cancel sends
+ * across batches).  request_counts follow the job manifest's committed counts while it runs; the child writes
+ * its passes to the job's passes.csv (--pass-log) for GET /v1/batches/{id}/progress, the status page's view of
+ * the running job (progress.c).  Cancel sends
  * SIGINT: the job checkpoints and exits 75, the rows answered stay in the output file.
  *
  * Safety: bearer keys (constant-time compare; the keys file must not be world-readable); 401/404/413 as
@@ -55,6 +57,7 @@
 #include "../base/util.h"
 #include "../batch/check.h"
 #include "../batch/job.h"
+#include "progress.h"
 
 #define ID_CHARS 24
 #define BODY_MAX (64 * 1024) /* a JSON request body (POST /v1/batches) */
@@ -646,6 +649,23 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
                 memcpy(id, rest + 1, n);
                 id[n] = '\0';
                 bool cancel = !strcmp(sub, "/cancel") && post;
+                if (serve_id_valid(id, "batch_") && !strcmp(sub, "/progress") && get) {
+                    /* spill's own route (the status page): the batch's job as progress.c shows it */
+                    pthread_mutex_lock(&S.mu);
+                    json_t *m = json_object_get(S.batches, id), *o = m ? json_object_get(m, "object") : NULL;
+                    json_int_t total = json_integer_value(json_object_get(json_object_get(o, "request_counts"), "total"));
+                    pthread_mutex_unlock(&S.mu);
+                    if (o) {
+                        char jobdir[4400], csv[4500], logp[4400], plan[4096];
+                        snprintf(jobdir, sizeof jobdir, "%s/%s.job", S.batches_dir, id);
+                        snprintf(csv, sizeof csv, "%s/passes.csv", jobdir);
+                        snprintf(logp, sizeof logp, "%s/%s.log", S.batches_dir, id);
+                        progress_plan_from_log(logp, plan, sizeof plan);
+                        json_t *pj = progress_json(jobdir, csv, plan, (unsigned long long)total);
+                        json_object_set_new(pj, "id", json_string(id));
+                        return reply_json(c, 200, pj);
+                    }
+                }
                 if (serve_id_valid(id, "batch_") && ((!*sub && get) || cancel)) {
                     pthread_mutex_lock(&S.mu);
                     json_t *m = json_object_get(S.batches, id), *o = m ? json_object_get(m, "object") : NULL;
@@ -829,8 +849,9 @@ static void fail_batch(const char *id, json_t *o, const char *code, long line, c
 /* Runs one batch's job in a child; returns when it ended, was cancelled, or the server stops. */
 static void run_batch(const char *id, json_t *o, const char *model)
 {
-    char jobdir[4400], data[4400], logp[4400], man[4500];
+    char jobdir[4400], data[4400], logp[4400], man[4500], csv[4500];
     snprintf(jobdir, sizeof jobdir, "%s/%s.job", S.batches_dir, id);
+    snprintf(csv, sizeof csv, "%s/passes.csv", jobdir); /* the status page's charts (the passes since this start) */
     snprintf(logp, sizeof logp, "%s/%s.log", S.batches_dir, id);
     snprintf(man, sizeof man, "%s/manifest.json", jobdir);
     snprintf(data, sizeof data, "%s/%s/data", S.files_dir, json_string_value(json_object_get(o, "input_file_id")));
@@ -845,9 +866,9 @@ static void run_batch(const char *id, json_t *o, const char *model)
             dup2(fd, 2);
         }
         if (resume)
-            execl(S.self_exe, "spill", "resume", jobdir, "--quiet", (char *)NULL);
+            execl(S.self_exe, "spill", "resume", jobdir, "--quiet", "--pass-log", csv, (char *)NULL);
         else
-            execl(S.self_exe, "spill", "run", model, data, "-o", jobdir, "--quiet", (char *)NULL);
+            execl(S.self_exe, "spill", "run", model, data, "-o", jobdir, "--quiet", "--pass-log", csv, (char *)NULL);
         _exit(127);
     }
     int status = 0;
