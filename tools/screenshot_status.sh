@@ -3,7 +3,8 @@
 # Starts ./spill serve on the tiny model (SPILL_HOME in a temp dir), runs one short batch to completion and
 # starts a long one, then (1) dumps the page's DOM once the short batch is done and checks that the numbers the
 # page shows (completed / failed / total) equal GET /v1/batches' request_counts, and (2) screenshots the page
-# while the long batch runs.  OUT_DIR (default bench/results/serve-status) gets status.png and check.txt.
+# while the long batch runs (with the running job's view: charts, plan, tail), and (3) screenshots the page of a
+# `spill run --status-port` job.  OUT_DIR (default bench/results/serve-status) gets status.png, run.png, check.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench/results/serve-status}
@@ -43,5 +44,17 @@ echo "status page numbers equal GET /v1/batches request_counts: $(cat "$out/chec
 rows 60 40; b2=$(batch "$work/in60.jsonl")
 until [ "$(status "$b2")" = in_progress ]; do sleep 0.2; done
 sleep 2
-$chrome --window-size=1100,400 --screenshot="$out/status.png" "http://127.0.0.1:$port/#key=$key" 2>/dev/null
+$chrome --window-size=1100,1500 --screenshot="$out/status.png" "http://127.0.0.1:$port/#key=$key" 2>/dev/null
 echo "screenshot: $out/status.png"
+# (3) spill run --status-port: the page of a job started on the command line, during its passes
+rows 200 60
+rport=$((port + 1))
+./spill run tests/data/tiny/tiny-smollm2.gguf "$work/in200.jsonl" -o "$work/runjob" --cpu --batch 4 --status-port "$rport" \
+    --quiet > /dev/null 2> "$work/run.err" &
+job=$!
+until grep -q "status page at" "$work/run.err" 2>/dev/null; do sleep 0.2; done
+url=$(sed -n 's/.*status page at //p' "$work/run.err")
+sleep 4
+$chrome --window-size=1100,1500 --screenshot="$out/run.png" "$url" 2>/dev/null
+kill $job 2>/dev/null || true
+echo "screenshot: $out/run.png"
