@@ -191,6 +191,23 @@ ok(c.request_counts.completed == len(got) and len(got) >= 1 and len(got) < 40,
    f"cancelled keeps the {len(got)} answered rows in the output file")
 slow.close()
 
+# the completion window runs out mid-batch (spill takes "2s" as well as OpenAI's "24h"): expired, the answered rows
+# in the output file, every other row once in the error file with code batch_expired, counted as failed
+st, body = raw("POST", "/v1/batches", body=json.dumps({"input_file_id": fl.id, "endpoint": "/v1/chat/completions",
+               "completion_window": "25x"}), headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+ok(st == 400 and b"completion_window" in body, "400 for a completion_window that is not a duration")
+be = client.batches.create(input_file_id=fl.id, endpoint="/v1/chat/completions", completion_window="2s")
+ok(be.expires_at - be.created_at == 2, "expires_at = created_at + the window")
+e = wait(client, be.id, ("expired", "completed"), 120)
+ok(e.status == "expired" and e.expired_at and e.expired_at >= e.expires_at, "the batch expires at its window's end")
+got_e = answers(client, e)
+err_lines = [json.loads(l) for l in client.files.content(e.error_file_id).text.splitlines()] if e.error_file_id else []
+exp_ids = [l["custom_id"] for l in err_lines if (l.get("error") or {}).get("code") == "batch_expired"]
+ok(len(exp_ids) >= 1 and e.request_counts.failed == len(err_lines) and e.request_counts.completed == len(got_e),
+   f"expired: {len(got_e)} answered rows kept, {len(exp_ids)} batch_expired lines, counted as failed")
+ok(sorted(list(got_e) + exp_ids) == sorted(f"r{i}" for i in range(40)) and e.request_counts.total == 40,
+   "every row once: answered or expired")
+
 # kill -9 mid-batch, restart: the same results as uninterrupted
 fk = client.files.create(file=open(long_in, "rb"), purpose="batch")
 refb = wait(client, client.batches.create(input_file_id=fk.id, endpoint="/v1/chat/completions",

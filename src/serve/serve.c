@@ -17,7 +17,8 @@
  * keeps an engine fault from taking the HTTP side down; the cost is a model load per batch (not kept resident
  * across batches).  request_counts follow the job manifest's committed counts while it runs; the child writes
  * its passes to the job's passes.csv (--pass-log) for GET /v1/batches/{id}/progress, the status page's view of
- * the running job (progress.c).  Cancel sends
+ * the running job (progress.c).  Expiry: completion_window is OpenAI's "24h" or N s|m|h (spill's, up to 7 days);
+ * a batch still queued or running at expires_at is stopped like a cancel and becomes `expired` (expire_batch).  Cancel sends
  * SIGINT: the job checkpoints and exits 75, the rows answered stay in the output file.
  *
  * Safety: bearer keys (constant-time compare; the keys file must not be world-readable); 401/404/413 as
@@ -477,6 +478,23 @@ static enum MHD_Result upload_finish(struct MHD_Connection *c, req *q)
     return reply_json(c, 200, copy);
 }
 
+/* A completion window in seconds: OpenAI's "24h", or (spill's own, for short-lived batches and tests) N followed
+ * by s, m or h, at most 7 days.  -1 for anything else. */
+static long window_seconds(const char *w)
+{
+    if (!w || !*w)
+        return -1;
+    char *end;
+    errno = 0;
+    long n = strtol(w, &end, 10);
+    if (errno || n <= 0 || end == w || end[0] == '\0' || end[1] != '\0' || w[0] == '+' || w[0] == ' ')
+        return -1;
+    long mul = end[0] == 's' ? 1 : end[0] == 'm' ? 60 : end[0] == 'h' ? 3600 : 0;
+    if (!mul || n > 7L * 86400 / mul)
+        return -1;
+    return n * mul;
+}
+
 static enum MHD_Result batch_create(struct MHD_Connection *c, req *q)
 {
     json_error_t je;
@@ -493,8 +511,9 @@ static enum MHD_Result batch_create(struct MHD_Connection *c, req *q)
     if (!ep || (strcmp(ep, "/v1/chat/completions") && strcmp(ep, "/v1/completions")))
         rc = reply_err(c, 400, "invalid_request_error", "invalid_endpoint",
                        "endpoint must be /v1/chat/completions or /v1/completions.");
-    else if (!win || strcmp(win, "24h"))
-        rc = reply_err(c, 400, "invalid_request_error", "invalid_completion_window", "completion_window must be '24h'.");
+    else if (window_seconds(win) < 0)
+        rc = reply_err(c, 400, "invalid_request_error", "invalid_completion_window",
+                       "completion_window must be '24h' (or, on spill, N followed by s, m or h, up to 7 days).");
     else if (meta && !json_is_null(meta) && (!json_is_object(meta) || json_object_size(meta) > 16))
         rc = reply_err(c, 400, "invalid_request_error", "invalid_metadata",
                        "metadata must be an object of at most 16 string pairs.");
@@ -512,9 +531,9 @@ static enum MHD_Result batch_create(struct MHD_Connection *c, req *q)
             json_int_t now = time(NULL);
             json_t *o = json_pack(
                 "{s:s,s:s,s:s,s:n,s:s,s:s,s:s,s:n,s:n,s:I,s:n,s:I,s:n,s:n,s:n,s:n,s:n,s:n,s:{s:i,s:i,s:i},s:O}", "id",
-                id, "object", "batch", "endpoint", ep, "errors", "input_file_id", fid, "completion_window", "24h",
+                id, "object", "batch", "endpoint", ep, "errors", "input_file_id", fid, "completion_window", win,
                 "status", "validating", "output_file_id", "error_file_id", "created_at", now, "in_progress_at",
-                "expires_at", now + 86400, "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
+                "expires_at", now + (json_int_t)window_seconds(win), "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
                 "cancelled_at", "request_counts", "total", 0, "completed", 0, "failed", 0, "metadata",
                 meta ? meta : json_null());
             json_object_set_new(S.batches, id, json_pack("{s:o,s:I}", "object", o, "seq", (json_int_t)++S.seq));
@@ -846,7 +865,99 @@ static void fail_batch(const char *id, json_t *o, const char *code, long line, c
     save_batch(id);
 }
 
-/* Runs one batch's job in a child; returns when it ended, was cancelled, or the server stops. */
+static bool past_window(json_t *o)
+{
+    json_t *e = json_object_get(o, "expires_at");
+    return json_is_integer(e) && (json_int_t)time(NULL) >= json_integer_value(e);
+}
+
+/* Adds every custom_id of the JSONL file at path to set (lines that do not parse are skipped). */
+static void ids_of(const char *path, json_t *set)
+{
+    FILE *f = fopen(path, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while (f && (n = getline(&line, &cap, f)) > 0) {
+        json_t *j = json_loadb(line, (size_t)n, 0, NULL);
+        const char *id = json_string_value(json_object_get(j, "custom_id"));
+        if (id)
+            json_object_set_new(set, id, json_true());
+        json_decref(j);
+    }
+    free(line);
+    if (f)
+        fclose(f);
+}
+
+/* The completion window ran out (OpenAI's `expired`): the rows answered stay in the output file; the error file
+ * is the job's errors plus one line per row never answered, code batch_expired, counted as failed.  The error
+ * file is written beside the batch (tmp + fsync + rename), never into the job's own files.  Lock held. */
+static void expire_batch(const char *id, json_t *o, const char *jobdir)
+{
+    char res[4500], errs[4500], exp[4500], data[4400];
+    snprintf(res, sizeof res, "%s/results.jsonl", jobdir);
+    snprintf(errs, sizeof errs, "%s/errors.jsonl", jobdir);
+    snprintf(exp, sizeof exp, "%s/%s.errors.jsonl", S.batches_dir, id);
+    snprintf(data, sizeof data, "%s/%s/data", S.files_dir, json_string_value(json_object_get(o, "input_file_id")));
+    read_counts(jobdir, o);
+    json_t *done = json_object();
+    ids_of(res, done);
+    ids_of(errs, done);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&buf, &len);
+    FILE *ef = fopen(errs, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while (mf && ef && (n = getline(&line, &cap, ef)) > 0)
+        fwrite(line, 1, (size_t)n, mf);
+    if (ef)
+        fclose(ef);
+    long expired = 0;
+    FILE *in = fopen(data, "r");
+    while (mf && in && (n = getline(&line, &cap, in)) > 0) {
+        json_t *j = json_loadb(line, (size_t)n, 0, NULL);
+        const char *cid = json_string_value(json_object_get(j, "custom_id"));
+        char rid[48];
+        if (cid && !json_object_get(done, cid) && !new_id("batch_req_", rid, sizeof rid)) {
+            json_object_set_new(done, cid, json_true()); /* a custom_id twice in the input: one line */
+            json_t *l = json_pack("{s:s,s:s,s:n,s:{s:s,s:s}}", "id", rid, "custom_id", cid, "response", "error",
+                                  "code", "batch_expired", "message",
+                                  "This request could not be executed before the completion window expired.");
+            char *t = json_dumps(l, JSON_COMPACT);
+            if (t)
+                fprintf(mf, "%s\n", t);
+            free(t);
+            json_decref(l);
+            expired++;
+        }
+        json_decref(j);
+    }
+    if (in)
+        fclose(in);
+    free(line);
+    json_decref(done);
+    if (mf)
+        fclose(mf);
+    char err[SPILL_ERRLEN];
+    json_t *rc = json_object_get(o, "request_counts");
+    json_int_t failed = json_integer_value(json_object_get(rc, "failed")) + expired;
+    json_object_set_new(rc, "failed", json_integer(failed));
+    json_int_t total = json_integer_value(json_object_get(rc, "completed")) + failed;
+    if (json_integer_value(json_object_get(rc, "total")) < total)
+        json_object_set_new(rc, "total", json_integer(total));
+    json_object_set_new(o, "output_file_id", output_file(res, "batch_output.jsonl"));
+    if (buf && util_write_atomic(exp, buf, len, err, sizeof err))
+        fprintf(stderr, "spill serve: batch %s: %s\n", id, err);
+    json_object_set_new(o, "error_file_id", output_file(exp, "batch_errors.jsonl"));
+    free(buf);
+    batch_set(o, "expired", "expired_at");
+    save_batch(id);
+}
+
+/* Runs one batch's job in a child; returns when it ended, was cancelled, expired, or the server stops. */
 static void run_batch(const char *id, json_t *o, const char *model)
 {
     char jobdir[4400], data[4400], logp[4400], man[4500], csv[4500];
@@ -872,7 +983,7 @@ static void run_batch(const char *id, json_t *o, const char *model)
         _exit(127);
     }
     int status = 0;
-    bool sent = false;
+    bool sent = false, expiring = false;
     for (;;) {
         pid_t w = pid > 0 ? waitpid(pid, &status, WNOHANG) : -1;
         pthread_mutex_lock(&S.mu);
@@ -880,7 +991,9 @@ static void run_batch(const char *id, json_t *o, const char *model)
             break;
         read_counts(jobdir, o);
         bool cancel = !strcmp(json_string_value(json_object_get(o, "status")), "cancelling");
-        if ((cancel || S.stop) && !sent) {
+        if (!cancel && !expiring && past_window(o))
+            expiring = true; /* the job checkpoints on SIGINT; its answered rows stay */
+        if ((cancel || S.stop || expiring) && !sent) {
             kill(pid, SIGINT);
             sent = true;
         }
@@ -890,9 +1003,11 @@ static void run_batch(const char *id, json_t *o, const char *model)
     /* the lock is held here */
     const char *st = json_string_value(json_object_get(o, "status"));
     int code = pid > 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    if (S.stop && strcmp(st, "cancelling"))
+    if (S.stop && strcmp(st, "cancelling") && !expiring)
         return; /* stays in_progress: the next start resumes it */
-    if (!strcmp(st, "cancelling") && (code == SPILL_EX_TEMPFAIL || code == 0))
+    if (expiring && strcmp(st, "cancelling") && code != 0 && (code == SPILL_EX_TEMPFAIL || code == -1))
+        expire_batch(id, o, jobdir);
+    else if (!strcmp(st, "cancelling") && (code == SPILL_EX_TEMPFAIL || code == 0))
         finalize(id, o, jobdir, "cancelled", "cancelled_at");
     else if (code == 0)
         finalize(id, o, jobdir, "completed", "completed_at");
@@ -942,6 +1057,11 @@ static void *worker(void *arg)
         json_incref(m);
         json_t *o = json_object_get(m, "object");
         const char *st = json_string_value(json_object_get(o, "status"));
+        if ((!strcmp(st, "validating") || !strcmp(st, "in_progress")) && past_window(o)) {
+            expire_batch(id, o, jobdir); /* waited past its window (or the server was down through it) */
+            json_decref(m);
+            continue;
+        }
         if (!strcmp(st, "validating") || (!strcmp(st, "cancelling") && !json_is_integer(json_object_get(o, "in_progress_at")))) {
             if (!strcmp(st, "cancelling")) {
                 batch_set(o, "cancelled", "cancelled_at");
