@@ -278,4 +278,32 @@ st, _ = raw("GET", f"/v1/files/{f.id}", headers={"Authorization": "Bearer " + KE
 ok(st == 404, "a deleted file is gone")
 srv.send_signal(signal.SIGTERM)
 srv.wait(30)
+
+# IPv6: --host ::1 (when this machine has IPv6 loopback; containers often lack it)
+try:
+    probe = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    probe.bind(("::1", 0))
+    probe.close()
+    have6 = True
+except OSError:
+    have6 = False
+if have6:
+    p6 = PORT + 2 if PORT < 65533 else PORT - 2
+    s6 = subprocess.Popen([BIN, "serve", "--model", MODEL, "--host", "::1", "--port", str(p6), "--keys", keys], env=env,
+                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(WORK, "serve6.log"), "w"))
+    st6 = None
+    for _ in range(200):
+        try:
+            c = http.client.HTTPConnection("::1", p6, timeout=2)
+            c.request("GET", "/v1/models", headers={"Authorization": "Bearer " + KEY})
+            r6 = c.getresponse()
+            st6 = r6.status, json.loads(r6.read())
+            break
+        except OSError:
+            time.sleep(0.05)
+    ok(st6 is not None and st6[0] == 200 and st6[1]["data"], "--host ::1 serves over IPv6")
+    s6.send_signal(signal.SIGTERM)
+    s6.wait(30)
+else:
+    print("skip: no IPv6 loopback here; --host ::1 not checked")
 print(f"{checks} checks passed")

@@ -1194,7 +1194,8 @@ int serve_main(int argc, char **argv)
         fprintf(stderr, "spill serve: TLS needs both --tls-cert and --tls-key.\n");
         return SPILL_EX_USAGE;
     }
-    bool loopback = !strcmp(host, "127.0.0.1") || !strcmp(host, "localhost") || !strcmp(host, "::1");
+    bool loopback = !strcmp(host, "127.0.0.1") || !strcmp(host, "localhost") || !strcmp(host, "::1") ||
+                    !strcmp(host, "[::1]");
     if (!keys && !loopback) {
         fprintf(stderr, "spill serve: a server on %s needs --keys FILE (without keys it listens on 127.0.0.1 only).\n",
                 host);
@@ -1223,17 +1224,35 @@ int serve_main(int argc, char **argv)
     S.batches = json_object();
     load_store();
 
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
+    /* IPv4 (127.0.0.1, 0.0.0.0, …) or IPv6 (::1, [::1], :: — which also takes IPv4 clients where the system
+     * allows dual-stack sockets) */
+    struct sockaddr_storage ss = {0};
+    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+    char h6[64] = "";
     if (!strcmp(host, "localhost"))
         host = "127.0.0.1";
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        fprintf(stderr, "spill serve: --host takes an IPv4 address such as 127.0.0.1 or 0.0.0.0, not '%s'.\n", host);
+    size_t hl = strlen(host);
+    if (host[0] == '[' && hl > 2 && hl < sizeof h6 + 1 && host[hl - 1] == ']')
+        snprintf(h6, sizeof h6, "%.*s", (int)(hl - 2), host + 1);
+    else
+        snprintf(h6, sizeof h6, "%s", host);
+    bool v6 = false;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
+    if (inet_pton(AF_INET, host, &s4->sin_addr) == 1) {
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons((uint16_t)port);
+    } else if (inet_pton(AF_INET6, h6, &s6->sin6_addr) == 1) {
+        s6->sin6_family = AF_INET6;
+        s6->sin6_port = htons((uint16_t)port);
+        v6 = true;
+        flags |= !strcmp(h6, "::") ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
+    } else {
+        fprintf(stderr, "spill serve: --host takes an IPv4 or IPv6 address such as 127.0.0.1, 0.0.0.0, ::1 or ::, "
+                        "not '%s'.\n", host);
         return SPILL_EX_USAGE;
     }
     char *cert_pem = NULL, *key_pem = NULL;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
     if (cert) {
         if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
             fprintf(stderr, "spill serve: this libmicrohttpd has no TLS; serve plain HTTP behind a TLS proxy.\n");
@@ -1255,24 +1274,24 @@ int serve_main(int argc, char **argv)
     pthread_create(&wt, NULL, worker, NULL);
     struct MHD_Daemon *d;
     if (cert)
-        d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, &sa,
+        d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                              MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_CONNECTION_LIMIT,
                              4096u, MHD_OPTION_NOTIFY_COMPLETED, req_done, NULL, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_HTTPS_MEM_CERT, cert_pem,
                              MHD_OPTION_HTTPS_MEM_KEY, key_pem, MHD_OPTION_END);
     else
-        d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, &sa,
+        d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                              MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_CONNECTION_LIMIT,
                              4096u, MHD_OPTION_NOTIFY_COMPLETED, req_done, NULL, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_END);
     int rc = 0;
     if (!d) {
-        fprintf(stderr, "spill serve: cannot listen on %s:%d (in use, or the TLS certificate/key is bad).\n", host,
-                port);
+        fprintf(stderr, "spill serve: cannot listen on %s%s%s:%d (in use, or the TLS certificate/key is bad).\n",
+                v6 ? "[" : "", h6, v6 ? "]" : "", port);
         rc = SPILL_EX_UNAVAILABLE;
     } else {
-        fprintf(stderr, "spill serve: listening on %s://%s:%d (store %s)\n", cert ? "https" : "http", host, port,
-                S.home);
+        fprintf(stderr, "spill serve: listening on %s://%s%s%s:%d (store %s)\n", cert ? "https" : "http", v6 ? "[" : "",
+                h6, v6 ? "]" : "", port, S.home);
         while (!g_signal)
             pause();
         fprintf(stderr, "spill serve: stopping (a running batch checkpoints and resumes on the next start).\n");
