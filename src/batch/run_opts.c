@@ -57,7 +57,8 @@ static int parse_int(const char *name, const char *s, int *out)
 
 /* Every option of spill run (and resume, but -o): the parser reads this table and --help prints it, so the
  * two cannot drift apart. */
-enum opt_kind { OPT_INT, OPT_BYTES, OPT_STR, OPT_TRUE, OPT_SET, OPT_KV_DTYPE, OPT_ON_OFF, OPT_SPECULATE };
+/* OPT_CHOICE: one of the words its arg lists ("on|off"), stored as the word's place from 1 (0 stays "unset") */
+enum opt_kind { OPT_INT, OPT_BYTES, OPT_STR, OPT_TRUE, OPT_SET, OPT_KV_DTYPE, OPT_CHOICE };
 typedef struct run_opt {
     const char *name, *alt; /* spelling, and another one or NULL */
     const char *arg;        /* the value's name in --help, NULL for a flag */
@@ -103,9 +104,9 @@ static const run_opt opts[] = {
      "GPU: read streamed layers from storage every pass (no pinned RAM copy)", false},
     {"--kv-dtype", NULL, "bf16|int8", OPT_KV_DTYPE, OFF(kv_dtype), 0, false,
      "GPU: KV pages in bf16 (default) or int8 (twice the rows per GB)", false},
-    {"--prefix-cache", NULL, "on|off", OPT_ON_OFF, OFF(prefix_cache), 0, false,
+    {"--prefix-cache", NULL, "on|off", OPT_CHOICE, OFF(prefix_cache), 0, false,
      "rows whose prompts start alike share the KV pages of that prefix, computed once (default on)", false},
-    {"--speculate", NULL, "lookup|off", OPT_SPECULATE, OFF(speculate), 0, false,
+    {"--speculate", NULL, "lookup|off", OPT_CHOICE, OFF(speculate), 0, false,
      "speculative passes: greedy rows also verify tokens proposed from their own text (default off)", false},
     {"--spec-k", NULL, "N", OPT_INT, OFF(spec_k), 0, false, "most tokens proposed per row per pass (default 4)", false},
     {"--pass-log", NULL, "FILE", OPT_STR, OFF(pass_log), 0, false, "a CSV line per pass (rows, tokens, seconds)", false},
@@ -171,21 +172,23 @@ static int apply_opt(const run_opt *d, int argc, char **argv, int *i, run_opts *
         }
         *(int *)field = !strcmp(v, "int8") ? KV_I8 : KV_BF16;
         return 0;
-    case OPT_ON_OFF:
-        if (strcmp(v, "on") && strcmp(v, "off")) {
-            fprintf(stderr, "spill: %s takes on or off, not \"%.40s\".\n", d->name, v);
-            return -1;
+    case OPT_CHOICE: {
+        size_t vl = strlen(v);
+        int place = 1;
+        for (const char *w = d->arg; *w; place++) {
+            size_t wl = strcspn(w, "|");
+            if (wl == vl && !strncmp(w, v, vl)) {
+                *(int *)field = place;
+                return 0;
+            }
+            w += wl + (w[wl] == '|');
         }
-        *(int *)field = !strcmp(v, "on") ? 1 : 2;
-        return 0;
-    case OPT_SPECULATE:
-        if (strcmp(v, "lookup") && strcmp(v, "off")) {
-            fprintf(stderr, "spill: --speculate takes lookup (tokens proposed from the row's own text) or off, not "
-                            "\"%.40s\".\n", v);
-            return -1;
-        }
-        *(int *)field = !strcmp(v, "lookup") ? 1 : 2;
-        return 0;
+        char words[96] = "";
+        for (const char *w = d->arg; *w && strlen(words) < sizeof words - 8; w++)
+            *w == '|' ? strcat(words, " or ") : strncat(words, w, 1);
+        fprintf(stderr, "spill: %s takes %s, not \"%.40s\".\n", d->name, words, v);
+        return -1;
+    }
     }
     return -1;
 }
