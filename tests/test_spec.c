@@ -9,9 +9,12 @@
  *     refused, and kv_check agrees with every page's count after each step;
  *   - whole jobs through the binary (cli.h) on tests/data/tiny/tiny-smollm2.gguf with SPILL_KV_CHECK=1: greedy
  *     chat and completions rows (prompts that repeat text, stop strings, max_tokens ending mid-proposal, n = 2,
- *     rows that cannot speculate: sampled, log-probs) answer with --speculate lookup exactly as with off, also
- *     at --batch 1 and under a --kv-mem that preempts; and the summary shows more than 1.00 tokens per row per
- *     pass.  That threshold only asks that some proposal was accepted: the fixture's random weights copy little
+ *     log-probs) and seeded sampled rows (frequency/presence penalties; top_p, repetition_penalty and log-probs)
+ *     answer with --speculate lookup exactly as with off, also at --batch 1 and under a --kv-mem that preempts:
+ *     a speculative position draws the token the plain run draws there with the same RNG value (sample.c), so
+ *     on the CPU, whose logits do not depend on how many tokens a sequence feeds, even sampled answers agree
+ *     token for token (a stronger check than the distribution test below); and the summary shows more than
+ *     1.00 tokens per row per pass.  That threshold only asks that some proposal was accepted: the fixture's random weights copy little
  *     of their prompt, so no acceptance rate is promised for it (bench/results measures a real model).
  * Exact results: answers compared as JSON, no tolerance.
  */
@@ -148,9 +151,14 @@ static void write_rows(const char *path)
             strcat(extra, ",\"stop\":[\"heuristic\",\" aud\"]");
         else if (i % 6 == 3)
             strcat(extra, ",\"n\":2");
-        else if (i % 6 == 5)
-            snprintf(extra, sizeof extra, i % 12 == 5 ? ",\"temperature\":0.9,\"seed\":%d"
-                                                      : ",\"temperature\":0,\"logprobs\":2", i); /* completions' log-probs */
+        else if (i == 5) /* sampled, with the penalties that count the tokens before each speculative position */
+            snprintf(extra, sizeof extra, ",\"temperature\":0.9,\"seed\":%d,\"frequency_penalty\":0.5,"
+                                          "\"presence_penalty\":0.3", i);
+        else if (i == 11) /* greedy with completions' log-probs */
+            strcpy(extra, ",\"temperature\":0,\"logprobs\":2");
+        else if (i == 17) /* sampled with top_p, repetition_penalty and log-probs */
+            snprintf(extra, sizeof extra, ",\"temperature\":1.1,\"top_p\":0.9,\"seed\":%d,\"repetition_penalty\":1.3,"
+                                          "\"logprobs\":3", i);
         int mt = 7 + (i * 13) % 90; /* odd lengths: max_tokens ends in the middle of proposals */
         if (i % 2)
             fprintf(f, "{\"custom_id\":\"r%d\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"model\":\"t\","

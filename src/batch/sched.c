@@ -492,15 +492,13 @@ static int reserve(sched *s, size_t row_idx, choice *c, int32_t need)
 
 /* ---------------------------------------------------------------- building a pass */
 
-/* True for a row whose tokens speculation can verify exactly: greedy with nothing that depends on the tokens
- * drawn before in the same pass (penalties count them, a grammar walks them) and nothing reported per position
- * that a rejected one would have to undo (log-probs, kept logits, scoring). */
+/* True for a row whose tokens speculation can verify exactly: greedy or sampled, penalties and log-probs
+ * included (each position is drawn as if the proposals before it were generated: sample_next_ahead; a token's
+ * log-probs are those of its own position's logits), but not a grammar (its mask at a position would need the
+ * grammar walked over the proposals), kept logits or scoring (the runner records those outside apply_spec). */
 static bool spec_row(const row *w)
 {
-    const sample_params *sp = &w->sp;
-    return sp->temperature == 0 && sp->frequency_penalty == 0 && sp->presence_penalty == 0 &&
-           (sp->repetition_penalty == 0 || sp->repetition_penalty == 1) && !sp->logprobs && !w->grammar &&
-           !w->full_logits && w->score_from == 0 && w->max_new > 0;
+    return !w->grammar && !w->full_logits && w->score_from == 0 && w->max_new > 0;
 }
 
 /* Decode step q (one token so far) of an eligible choice proposes up to min(spec_k, room) more tokens, capped so
