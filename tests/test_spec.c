@@ -16,8 +16,17 @@
  *     token for token (a stronger check than the distribution test below); and the summary shows more than
  *     1.00 tokens per row per pass.  That threshold only asks that some proposal was accepted: the fixture's random weights copy little
  *     of their prompt, so no acceptance rate is promised for it (bench/results measures a real model).
+ *   - sample_next_ahead (sample.h): position j of a speculating step draws exactly what sample_next draws for a
+ *     state that observed the j proposals (and spent their j draws), penalties included, and leaves the state
+ *     alone; sample_skip then puts the state where the plain run's is;
+ *   - the sampled rule's distribution, by a two-sample chi-square test (chi2_two below): on synthetic logits,
+ *     the runner's rule passes and two wrong ones (always keep the proposal; on a rejection draw again from the
+ *     whole p) are rejected by the same statistic and threshold; then on the tiny model, 1,000 seeded rows at
+ *     temperature 1 with speculation against 1,000 others without (disjoint seeds, so the samples are
+ *     independent): the third and fourth tokens' marginals agree.
  * Exact results: answers compared as JSON, no tolerance.
  */
+#include "batch/sample.h"
 #include "batch/spec.h"
 #include "cli.h"
 #include "engine/kv.h"
@@ -234,10 +243,277 @@ static void test_jobs(void)
         sh("rm -rf %s", tmp);
 }
 
+/* ---- sampled rows: the rule and its distribution ------------------------------------------------------------ */
+
+/*
+ * The two-sample chi-square test, its parameters fixed before any sample was looked at:
+ *   cells     the CHI_TOP categories with the largest pooled count (ties: the caller's order), then "other"
+ *             (the rest); a cell whose pooled count is below CHI_MIN joins "other", so every expected count
+ *             is >= 5 per sample (the usual condition for the chi-square approximation) — an empty "other"
+ *             is no cell;
+ *   statistic for samples of equal size, sum over cells of (a - b)^2 / (a + b), chi-square with cells - 1
+ *             degrees of freedom under the null (same distribution);
+ *   alpha     0.001 per test (three tests in this file: the correct rule on synthetic logits and the two model
+ *             positions), so a true null fails none of them with probability > 0.99; the seeds are fixed, so the
+ *             outcome is deterministic, and a wrong rule still shows: the two wrong rules below move a cell's
+ *             probability by 0.18 and 0.76, statistics in the hundreds at these sizes.
+ */
+#define CHI_TOP 7
+#define CHI_MIN 10
+static const double chi2_crit_001[] = {0, 10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322}; /* df 1..7 */
+
+typedef struct cat {
+    int a, b; /* counts in the two samples */
+} cat;
+
+static int cat_cmp(const void *x, const void *y)
+{
+    const cat *p = x, *q = y;
+    return (q->a + q->b) - (p->a + p->b);
+}
+
+/* The statistic over categories c[0..n) (reordered: stable within equal pooled counts is not needed, the counts
+ * alone decide the cells' contents); *df its degrees of freedom. */
+static double chi2_two(cat *c, int n, int *df)
+{
+    qsort(c, (size_t)n, sizeof *c, cat_cmp);
+    double x = 0;
+    int cells = 0;
+    cat other = {0, 0};
+    for (int i = 0; i < n; i++) {
+        if (i >= CHI_TOP || c[i].a + c[i].b < CHI_MIN) {
+            other.a += c[i].a, other.b += c[i].b;
+            continue;
+        }
+        double d = c[i].a - c[i].b;
+        x += d * d / (c[i].a + c[i].b);
+        cells++;
+    }
+    if (other.a + other.b > 0) {
+        double d = other.a - other.b;
+        x += d * d / (other.a + other.b);
+        cells++;
+    }
+    *df = cells - 1;
+    return x;
+}
+
+/* True when the test rejects "same distribution" (df outside the table: too few cells to test counts as a
+ * failure of the setup, reported by the caller). */
+static bool chi2_rejects(double x, int df)
+{
+    return df < 1 || df > 7 || x > chi2_crit_001[df];
+}
+
+/* sample_next_ahead against sample_next on a state that really observed the proposals. */
+static void test_ahead_exact(void)
+{
+    char err[256];
+    enum { V = 40 };
+    float logits[V];
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)(((i * 37) % 17) - 8) * 0.3f;
+    int32_t ahead[3] = {5, 9, 5}; /* a repeated id: counted twice */
+    sample_params ps[3];
+    memset(ps, 0, sizeof ps);
+    ps[0].temperature = 1, ps[0].top_p = 1, ps[0].frequency_penalty = 0.7f, ps[0].presence_penalty = 0.4f;
+    ps[1].temperature = 0.8f, ps[1].top_p = 0.9f, ps[1].top_k = 12, ps[1].repetition_penalty = 1.3f;
+    ps[1].logprobs = true, ps[1].n_top_logprobs = 3;
+    int32_t prompt[] = {9, 11};
+    ps[1].prompt = prompt, ps[1].n_prompt = 2;
+    ps[2].temperature = 0, ps[2].top_p = 1, ps[2].frequency_penalty = 2.5f;
+    sample_scratch sc;
+    CHECK(sample_scratch_init(&sc, V, err, sizeof err) == 0, "scratch: %s", err);
+    int agree = 0, total = 0;
+    for (int k = 0; k < 3; k++)
+        for (int seed = 0; seed < 100; seed++)
+            for (int j = 0; j <= 3; j++) {
+                sample_state a, b;
+                CHECK(sample_state_init(&a, &ps[k], (uint64_t)seed, 0, V, 16, err, sizeof err) == 0 &&
+                          sample_state_init(&b, &ps[k], (uint64_t)seed, 0, V, 16, err, sizeof err) == 0,
+                      "state: %s", err);
+                sample_result ra, rb, r2a, r2b;
+                /* a: the plain run generated ahead[0..j) (one draw each), then draws */
+                for (int i = 0; i < j; i++)
+                    sample_next(logits, V, &ps[k], &a, &sc, &ra, err, sizeof err), sample_observe(&a, ahead[i], err, sizeof err);
+                sample_next(logits, V, &ps[k], &a, &sc, &ra, err, sizeof err);
+                /* b: speculative position j */
+                CHECK(sample_next_ahead(logits, V, &ps[k], &b, ahead, j, &sc, &rb, err, sizeof err) == 0, "ahead: %s",
+                      err);
+                bool same = ra.token == rb.token && ra.logprob == rb.logprob && ra.n_top == rb.n_top;
+                for (int t = 0; same && t < ra.n_top; t++)
+                    same = ra.top_id[t] == rb.top_id[t];
+                /* then b keeps ahead[0..j) and ra's token: skip their draws, observe; the next draws agree */
+                for (int i = 0; i < j; i++)
+                    sample_observe(&b, ahead[i], err, sizeof err);
+                sample_observe(&b, rb.token, err, sizeof err);
+                sample_skip(&b, &ps[k], j + 1);
+                sample_observe(&a, ra.token, err, sizeof err);
+                sample_next(logits, V, &ps[k], &a, &sc, &r2a, err, sizeof err);
+                sample_next(logits, V, &ps[k], &b, &sc, &r2b, err, sizeof err);
+                agree += same && r2a.token == r2b.token;
+                total++;
+                sample_state_free(&a);
+                sample_state_free(&b);
+            }
+    CHECK(agree == total, "sample_next_ahead agreed with the observed state in %d of %d draws", agree, total);
+    sample_scratch_free(&sc);
+}
+
+/* The rule (a position's draw is kept; the proposal stays only when the draw equals it) against plain draws, and
+ * two wrong rules that the same statistic must reject. */
+static void test_rule_chi2(void)
+{
+    char err[256];
+    enum { V = 6, N = 2000 };
+    const float logits[V] = {2.0f, 1.5f, 1.0f, 0.5f, 0.0f, -0.5f}; /* p ~ .39 .24 .14 .09 .05 .03 */
+    const int32_t x = 1;                                           /* the proposal */
+    sample_params p = {0};
+    p.temperature = 1, p.top_p = 1;
+    sample_scratch sc;
+    CHECK(sample_scratch_init(&sc, V, err, sizeof err) == 0, "scratch: %s", err);
+    cat ref_rule[V] = {{0, 0}}, ref_always[V] = {{0, 0}}, ref_redraw[V] = {{0, 0}};
+    for (int s = 0; s < N; s++) {
+        sample_state a, b;
+        sample_result r;
+        sample_state_init(&a, &p, (uint64_t)s, 7, V, 4, err, sizeof err);
+        sample_state_init(&b, &p, (uint64_t)(N + s), 7, V, 4, err, sizeof err);
+        sample_next(logits, V, &p, &a, &sc, &r, err, sizeof err);
+        ref_rule[r.token].a++, ref_always[r.token].a++, ref_redraw[r.token].a++;
+        /* the runner's rule: position 0's draw t; x kept when t == x, else t is the corrected token */
+        sample_next_ahead(logits, V, &p, &b, NULL, 0, &sc, &r, err, sizeof err);
+        int32_t t = r.token;
+        ref_rule[t].b++;
+        ref_always[x].b++; /* wrong: the proposal always kept */
+        if (t != x) /* wrong: on a rejection a fresh draw from the whole p (x included) */
+            sample_next_ahead(logits, V, &p, &b, &x, 1, &sc, &r, err, sizeof err), t = r.token;
+        ref_redraw[t].b++;
+        sample_state_free(&a);
+        sample_state_free(&b);
+    }
+    int df;
+    double c = chi2_two(ref_rule, V, &df);
+    CHECK(!chi2_rejects(c, df), "the rule: chi-square %.2f with %d df rejected at 0.001", c, df);
+    fprintf(stderr, "synthetic: the rule %.2f (df %d)", c, df);
+    c = chi2_two(ref_always, V, &df);
+    CHECK(chi2_rejects(c, df), "always keeping the proposal: chi-square %.2f with %d df not rejected", c, df);
+    fprintf(stderr, ", always keep %.2f (df %d)", c, df);
+    c = chi2_two(ref_redraw, V, &df);
+    CHECK(chi2_rejects(c, df), "redrawing from the whole p: chi-square %.2f with %d df not rejected", c, df);
+    fprintf(stderr, ", redraw from p %.2f (df %d)\n", c, df);
+    sample_scratch_free(&sc);
+}
+
+/* Category index of token text t in names (appended when new); n its count. */
+static int cat_of(json_t *names, const char *t)
+{
+    size_t i;
+    json_t *v;
+    json_array_foreach(names, i, v) if (!strcmp(json_string_value(v), t)) return (int)i;
+    json_array_append_new(names, json_string(t));
+    return (int)json_array_size(names) - 1;
+}
+
+/* speculation's proposed tokens from a job's summary line, -1 when missing */
+static long proposed(const char *log)
+{
+    FILE *f = fopen(log, "r");
+    char line[1024];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *q = strstr(line, "proposed tokens accepted");
+        long acc, prop;
+        if (q && (q = strstr(line, "decode steps, ")) && sscanf(q, "decode steps, %ld of %ld", &acc, &prop) == 2)
+            v = prop;
+    }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/*
+ * The tiny model at temperature 1 on a prompt of repeated " NF": its answers mostly go " evidence evidence ...",
+ * so from the third token on the lookup proposes " evidence" (a unigram of its own output) and the rule decides
+ * every time.  Tokens 3 and 4 (positions 2 and 3) are compared, each by its own test.  N = 600 rows a side:
+ * the sanitizer build samples ~4 ms a token over the 49,152-token vocabulary, so the two jobs take ~20 s of 2
+ * cores; a cell's share is then resolved to about +-2 points (the wrong rules above move one by 18 and more).
+ */
+static void test_model_chi2(void)
+{
+    enum { N = 600, MT = 4 };
+    char tmp[] = "/tmp/spill_test_spec_chi2_XXXXXX";
+    if (!mkdtemp(tmp)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    static const char *const arm[2] = {"off", "lookup"};
+    json_t *names = json_array();
+    cat c[2][2048];
+    memset(c, 0, sizeof c);
+    int n_cat = 0;
+    for (int a = 0; a < 2; a++) {
+        char in[300];
+        snprintf(in, sizeof in, "%s/%s.jsonl", tmp, arm[a]);
+        FILE *f = fopen(in, "w");
+        for (int i = 0; i < N; i++) /* disjoint seeds: off 0..N-1, lookup N..2N-1 */
+            fprintf(f, "{\"custom_id\":\"r%d\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"model\":"
+                       "\"t\",\"prompt\":\" NF NF NF NF NF NF NF NF\",\"max_tokens\":%d,\"temperature\":1,"
+                       "\"seed\":%d,\"logprobs\":0}}\n", i, MT, a * N + i);
+        fclose(f);
+        int rc = sh("%s run %s %s -o %s/%s --quiet --speculate %s >%s/%s.log 2>&1", bin(), MODEL, in, tmp, arm[a],
+                    arm[a], tmp, arm[a]);
+        CHECK(rc == 0, "the %s run failed (%s/%s.log)", arm[a], tmp, arm[a]);
+        char path[300];
+        snprintf(path, sizeof path, "%s/%s/results.jsonl", tmp, arm[a]);
+        json_t *lines = read_lines(path);
+        CHECK(json_array_size(lines) == N, "%s: %zu answers of %d", arm[a], json_array_size(lines), N);
+        size_t i;
+        json_t *o;
+        json_array_foreach(lines, i, o)
+        {
+            json_t *ch = json_array_get(json_object_get(json_object_get(json_object_get(o, "response"), "body"),
+                                                        "choices"), 0);
+            json_t *toks = json_object_get(json_object_get(ch, "logprobs"), "tokens");
+            for (int pos = 2; pos < 4; pos++) {
+                const char *t = json_string_value(json_array_get(toks, (size_t)pos));
+                int k = cat_of(names, t ? t : "(none: the answer ended)");
+                if (k < 2048) {
+                    if (a == 0)
+                        c[pos - 2][k].a++;
+                    else
+                        c[pos - 2][k].b++;
+                }
+            }
+        }
+        json_decref(lines);
+    }
+    n_cat = (int)json_array_size(names);
+    CHECK(n_cat <= 2048, "%d categories overflow the table", n_cat);
+    char log[300];
+    snprintf(log, sizeof log, "%s/lookup.log", tmp);
+    long prop = proposed(log);
+    CHECK(prop >= N / 5, "%ld tokens proposed over %d rows: too few for the rule to be tested (want >= %d)", prop, N,
+          N / 5);
+    for (int pos = 0; pos < 2; pos++) {
+        int df;
+        double x = chi2_two(c[pos], n_cat < 2048 ? n_cat : 2048, &df);
+        fprintf(stderr, "tiny model, token %d: chi-square %.2f with %d df (critical %.2f), %ld proposed\n", pos + 3, x,
+                df, df >= 1 && df <= 7 ? chi2_crit_001[df] : 0.0, prop);
+        CHECK(!chi2_rejects(x, df), "token %d: with and without speculation differ (chi-square %.2f, %d df)", pos + 3,
+              x, df);
+    }
+    json_decref(names);
+    if (!test_failures)
+        sh("rm -rf %s", tmp);
+}
+
 int main(void)
 {
     test_propose();
     test_truncate();
+    test_ahead_exact();
+    test_rule_chi2();
+    test_model_chi2();
     test_jobs();
     return test_finish("test_spec");
 }
