@@ -24,9 +24,17 @@
  *     whole p) are rejected by the same statistic and threshold; then on the tiny model, 1,000 seeded rows at
  *     temperature 1 with speculation against 1,000 others without (disjoint seeds, so the samples are
  *     independent): the third and fourth tokens' marginals agree.
+ *   - k per row (sched_spec_k / sched_spec_learn): a newcomer proposes 4, a row whose proposals are all kept
+ *     climbs to the cap, one whose proposals are all rejected drops to 0, proposes again after some quiet
+ *     steps (the history fades) and climbs back once its proposals are kept, a row keeping 60% of its proposals sits at 1-2, a choice that ends mid-step is not
+ *     counted as a rejection; and a job at --prefill-chunk 4 --spec-k 8 never carries more than 4 verify
+ *     tokens in a pass (its --pass-log) while answering as --speculate off.
  * Exact results: answers compared as JSON, no tolerance.
  */
+#include <math.h>
+
 #include "batch/sample.h"
+#include "batch/sched.h"
 #include "batch/spec.h"
 #include "cli.h"
 #include "engine/kv.h"
@@ -210,9 +218,11 @@ static void test_jobs(void)
              tmp, tmp) == 0, "the run without speculation failed (%s/off.log)", tmp);
     json_t *ref = job_answers(strcat(strcpy((char[256]){0}, tmp), "/off"));
     CHECK(json_object_size(ref) == 18, "the reference answered %zu rows of 18", json_object_size(ref));
-    static const char *const variants[][2] = {{"lookup", ""}, {"b1", "--batch 1 --spec-k 6"},
-                                              {"kv", "--batch 12 --kv-mem 40K --spec-k 3"}};
-    for (int v = 0; v < 3; v++) {
+    char plog[300];
+    snprintf(plog, sizeof plog, "--prefill-chunk 4 --spec-k 8 --pass-log %s/passes.csv", tmp);
+    const char *const variants[][2] = {{"lookup", ""}, {"b1", "--batch 1 --spec-k 6"},
+                                       {"kv", "--batch 12 --kv-mem 40K --spec-k 3"}, {"chunk4", plog}};
+    for (int v = 0; v < 4; v++) {
         char dir[256], log[300];
         snprintf(dir, sizeof dir, "%s/%s", tmp, variants[v][0]);
         snprintf(log, sizeof log, "%s.log", dir);
@@ -238,9 +248,90 @@ static void test_jobs(void)
     char kvlog[300];
     snprintf(kvlog, sizeof kvlog, "%s/kv.log", tmp);
     CHECK(sh("grep -q ' [1-9][0-9]* preemptions' %s", kvlog) == 0, "the --kv-mem 40K run did not preempt (%s)", kvlog);
+    /* --prefill-chunk 4: a pass without prompt tokens (the CSV's 4th column) carries its decode steps (2nd) and at
+     * most 4 verify tokens on top (3rd: decode tokens, verify included) */
+    char csv[300], line[256];
+    snprintf(csv, sizeof csv, "%s/passes.csv", tmp);
+    FILE *f = fopen(csv, "r");
+    int passes = 0, over = 0, max_verify = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        int pass, ns, dec, prompt;
+        if (sscanf(line, "%d,%d,%d,%d", &pass, &ns, &dec, &prompt) != 4 || prompt != 0)
+            continue;
+        passes++;
+        over += dec - ns > 4;
+        max_verify = dec - ns > max_verify ? dec - ns : max_verify;
+    }
+    if (f)
+        fclose(f);
+    CHECK(passes > 10 && over == 0 && max_verify > 0, "--prefill-chunk 4: %d of %d decode passes carried more than 4 "
+          "verify tokens (most %d; want some, none over 4)", over, passes, max_verify);
     json_decref(ref);
     if (!test_failures)
         sh("rm -rf %s", tmp);
+}
+
+/* ---- k per row ---------------------------------------------------------------------------------------------- */
+
+static void test_k_policy(void)
+{
+    choice c;
+    memset(&c, 0, sizeof c);
+    c.n_gen = 1;
+    CHECK(sched_spec_k(&c, 4) == 4 && sched_spec_k(&c, 16) == 4, "a newcomer's k: %d (cap 4), %d (cap 16); want 4",
+          sched_spec_k(&c, 4), sched_spec_k(&c, 16));
+    CHECK(sched_spec_k(&c, 2) == 2 && sched_spec_k(&c, 0) == 0, "caps 2 and 0 give %d and %d", sched_spec_k(&c, 2),
+          sched_spec_k(&c, 0));
+    /* every proposal kept: k climbs to the cap within a few steps */
+    int k = 0, steps = 0;
+    for (; steps < 20 && (k = sched_spec_k(&c, 16)) < 16; steps++)
+        sched_spec_learn(&c, k, k, false), c.n_gen += k + 1;
+    CHECK(k == 16 && steps <= 10, "all kept: k %d after %d steps, want 16 within 10", k, steps);
+    /* then every first proposal rejected: down to 0 within a few steps */
+    for (steps = 0; steps < 20 && (k = sched_spec_k(&c, 16)) > 0; steps++)
+        sched_spec_learn(&c, k, 0, false);
+    CHECK(k == 0 && steps <= 10, "all rejected: k %d after %d steps, want 0 within 10", k, steps);
+    /* a row that never copies, over 160 more decode steps: quiet steps fade the history, so it proposes again now
+     * and then and is rejected each time — about one verify token in 8 steps (sched.c); want 1/16 .. 1/4 */
+    int verify = 0;
+    for (steps = 0; steps < 160; steps++) {
+        k = sched_spec_k(&c, 16);
+        verify += k;
+        sched_spec_learn(&c, k, 0, false);
+    }
+    CHECK(verify >= 10 && verify <= 40, "never copying: %d verify tokens in 160 steps, want 10..40", verify);
+    /* kept again: the row is noticed */
+    for (steps = 0; steps < 20 && (k = sched_spec_k(&c, 16)) < 4; steps++)
+        sched_spec_learn(&c, k, k, false);
+    CHECK(k >= 4 && steps <= 10, "kept again: k %d after %d steps, want >= 4 within 10", k, steps);
+    /* each proposal kept with probability 0.6 (a fixed LCG): p^2 = 0.36, p^3 = 0.22, so k should sit at 1..2 (the
+     * per-step average reads low, towards 1); averaged over steps 20..59, decided before running: 1.0 .. 2.5 */
+    memset(&c, 0, sizeof c);
+    c.n_gen = 1;
+    uint32_t lcg = 12345;
+    double ksum = 0;
+    for (int i = 0; i < 60; i++) {
+        k = sched_spec_k(&c, 16);
+        int kept = 0;
+        while (kept < k && ((lcg = lcg * 1664525u + 1013904223u) >> 8) % 1000 < 600)
+            kept++;
+        sched_spec_learn(&c, k, kept, false); /* k 0: a quiet step, as speculate() records it */
+        c.n_gen += kept + 1;
+        if (i >= 20)
+            ksum += k;
+    }
+    CHECK(ksum / 40 >= 1.0 && ksum / 40 <= 2.5, "60%% kept: mean k %.2f, want 1.0 .. 2.5", ksum / 40);
+    /* a step that ended the choice: the proposals after its end are not rejections */
+    memset(&c, 0, sizeof c);
+    sched_spec_learn(&c, 4, 2, true);
+    CHECK(c.spec_kept == 1 && c.spec_steps == 1, "an ended step counted %.2f of %.2f steps", c.spec_kept,
+          c.spec_steps);
+    sched_spec_learn(&c, 4, 2, false);
+    CHECK(fabsf(c.spec_kept - (0.7f + 2.0f / 3)) < 1e-6f && fabsf(c.spec_steps - 1.7f) < 1e-6f,
+          "after a rejection: %.3f of %.3f steps, want 1.367 of 1.7", c.spec_kept, c.spec_steps);
+    sched_spec_learn(&c, 0, 0, false);
+    CHECK(fabsf(c.spec_steps - 1.53f) < 1e-6f, "a step without proposals: %.3f steps, want 1.7 faded to 1.53",
+          c.spec_steps);
 }
 
 /* ---- sampled rows: the rule and its distribution ------------------------------------------------------------ */
@@ -511,6 +602,7 @@ int main(void)
 {
     test_propose();
     test_truncate();
+    test_k_policy();
     test_ahead_exact();
     test_rule_chi2();
     test_model_chi2();
