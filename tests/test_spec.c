@@ -14,7 +14,7 @@
  *     a speculative position draws the token the plain run draws there with the same RNG value (sample.c), so
  *     on the CPU, whose logits do not depend on how many tokens a sequence feeds, even sampled answers agree
  *     token for token (a stronger check than the distribution test below); and the summary shows more than
- *     1.00 tokens per row per pass.  That threshold only asks that some proposal was accepted: the fixture's random weights copy little
+ *     1.00 tokens per row per pass, which the final progress line shows too (`N.NN tok/row/pass`).  That threshold only asks that some proposal was accepted: the fixture's random weights copy little
  *     of their prompt, so no acceptance rate is promised for it (bench/results measures a real model).
  *   - sample_next_ahead (sample.h): position j of a speculating step draws exactly what sample_next draws for a
  *     state that observed the j proposals (and spent their j draws), penalties included, and leaves the state
@@ -242,6 +242,11 @@ static void test_jobs(void)
         }
         double pp = per_pass(log);
         fprintf(stderr, "%s: %.2f tokens per row per pass\n", variants[v][0], pp);
+        /* the final progress line shows the same figure */
+        char pat[64];
+        snprintf(pat, sizeof pat, "%.2f tok/row/pass", pp);
+        CHECK(sh("grep -q '^rows .* · %s' %s", pat, log) == 0, "%s: no progress line with '%s' (%s)", variants[v][0],
+              pat, log);
         CHECK(pp > 1.0, "%s: %.2f tokens per row per pass (want > 1.00: some proposal accepted)", variants[v][0], pp);
         json_decref(got);
     }

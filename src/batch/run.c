@@ -502,6 +502,9 @@ static void show_progress(runner *r, int pass, double pass_s, bool final)
     snprintf(line, sizeof line,
              "rows %s/%s%s · pass %d (%.2f s) · %s tok/s · ETA %s · %s · batch %zu · mem %.2f/%.2f GB", rows, total,
              ranks, pass, pass_s, tps, etas, r->quant_name, in_flight, mem, budget);
+    if (r->s.cfg.spec_k) /* speculative passes: decode tokens kept per decode step so far */
+        snprintf(line + strlen(line), sizeof line - strlen(line), " · %.2f tok/row/pass",
+                 r->dec_steps ? (double)r->dec_tokens / (double)r->dec_steps : 1.0);
     if (r->s.preemptions)
         snprintf(line + strlen(line), sizeof line - strlen(line), " · %llu preempted",
                  (unsigned long long)r->s.preemptions);
