@@ -503,6 +503,9 @@ static void show_progress(runner *r, int pass, double pass_s, bool final)
     snprintf(line, sizeof line,
              "rows %s/%s%s · pass %d (%.2f s) · %s tok/s · ETA %s · %s · batch %zu · mem %.2f/%.2f GB", rows, total,
              ranks, pass, pass_s, tps, etas, r->quant_name, in_flight, mem, budget);
+    if (r->s.cfg.spec_k) /* speculative passes: decode tokens kept per decode step so far */
+        snprintf(line + strlen(line), sizeof line - strlen(line), " · %.2f tok/row/pass",
+                 r->dec_steps ? (double)r->dec_tokens / (double)r->dec_steps : 1.0);
     if (r->s.preemptions)
         snprintf(line + strlen(line), sizeof line - strlen(line), " · %llu preempted",
                  (unsigned long long)r->s.preemptions);
@@ -587,7 +590,11 @@ static void draw_task(void *ctx, int64_t j, int tid)
     }
     if (r->tgt[k] >= 0) /* teacher forcing: the prompt token's log-prob, never a draw */
         r->src[k] = sample_score(lg, r->m->vocab, r->tgt[k], w->score_top, &r->sres[k], err, sizeof err);
-    else
+    else if (r->s.seq_spec[q] > 0) { /* position j of a speculating step: drawn as if proposals 1..j were kept */
+        int j = (int)(r->lpos[k] - r->s.seqs[q].pos0);
+        r->src[k] = sample_next_ahead(lg, r->m->vocab, &w->sp, &ch->ss, ch->spec + 1, j, &r->scs[tid], &r->sres[k],
+                                      err, sizeof err);
+    } else
         r->src[k] = sample_next(lg, r->m->vocab, &w->sp, &ch->ss, &r->scs[tid], &r->sres[k], err, sizeof err);
 }
 
@@ -636,9 +643,11 @@ static int forward_and_draw(runner *r, int ns, int nl, char *err, size_t errlen)
 }
 
 /* A speculating decode step (sequence q, its logits rows li .. li + k): the draw after its fed token is kept,
- * and so is each next one while the token drawn equals the proposal the pass fed after it (the greedy row
- * would have fed that very token; its logits row is then the one a plain pass would compute), until the choice
- * ends; the KV of the positions not kept is rolled back.  Exact: the tokens kept are the plain run's. */
+ * and so is each next one while the token drawn equals the proposal the pass fed after it (the row would have
+ * fed that very token; its logits row is then the one a plain pass would compute), until the choice ends; the
+ * KV of the positions not kept is rolled back and the choice's RNG skips the kept tokens' draws.  Exact: each
+ * position was drawn as the plain run draws that token (sample_next_ahead), so greedy rows keep the plain run's
+ * tokens and sampled rows follow the rejection rule for a point-mass proposal (sample.c). */
 static int apply_spec(runner *r, int q, int li, char *err, size_t errlen)
 {
     sched *s = &r->s;
@@ -656,6 +665,7 @@ static int apply_spec(runner *r, int q, int li, char *err, size_t errlen)
         if (ch->done || j == k || tok != ch->spec[j + 1])
             break;
     }
+    sample_skip(&ch->ss, &w->sp, j + 1);
     r->dec_steps++;
     r->dec_tokens += (uint64_t)j + 1;
     r->spec_accepted += (uint64_t)j;

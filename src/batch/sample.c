@@ -51,6 +51,20 @@
  * shared between rows, so batch composition and the order in which rows are
  * sampled cannot change a row's tokens.
  *
+ * Speculative positions (sample_next_ahead): a decode step that also fed k
+ * proposed tokens x1..xk has a logits row per position.  Position j draws
+ * what sample_next would once the choice had generated x1..xj: the
+ * penalties count them and the draw is the stream's (j+1)-th value from
+ * here, without moving the state; the runner keeps positions while the draw
+ * equals the next proposal, then sample_skip advances the state past the
+ * draws of the tokens kept.  For a proposer that is a point mass on x this
+ * IS the standard rejection rule: x is kept with probability p(x) (the draw
+ * is x), otherwise the token kept is the draw, which is distributed as p with
+ * x removed and renormalised; after k kept proposals the last position's
+ * draw is the bonus token.  Each kept token is the one the row would draw
+ * without speculation from the same logits with the same RNG value, so a
+ * seeded row's answer depends on its seed only, whatever k and the batch.
+ *
  * Determinism: all sums are doubles accumulated in a fixed order (index
  * order for the softmax normaliser, key order for kept masses); no threads,
  * no vector reductions, no -ffast-math, no FP contraction in ISO C11 mode.
@@ -375,6 +389,30 @@ static float weight_of(double d)
     return d < -110.0 ? 0.0f : expf((float)d);
 }
 
+/* How often id occurs in ahead[0..n). */
+static int32_t ahead_count(const int32_t *ahead, int n, int32_t id)
+{
+    int32_t c = 0;
+    for (int j = 0; j < n; j++)
+        c += ahead[j] == id;
+    return c;
+}
+
+/* The state's count of id (0 when unseen or when the row has no penalties). */
+static int32_t state_count(const sample_state *st, int32_t id)
+{
+    if (!st->slot)
+        return 0;
+    uint64_t mask = ((uint64_t)1 << st->slot_bits) - 1;
+    for (uint64_t h = ((uint32_t)id * 2654435761u) >> (32 - st->slot_bits);; h = (h + 1) & mask) {
+        int32_t k = st->slot[h];
+        if (k < 0)
+            return 0;
+        if (st->ids[k] == id)
+            return st->counts[k];
+    }
+}
+
 /* What dist_build kept: one token (greedy), every id, or a sorted candidate prefix. */
 typedef struct kept {
     int32_t token; /* greedy: the argmax; else -1 */
@@ -385,11 +423,13 @@ typedef struct kept {
 
 /*
  * Steps 1-6 of the file comment: fills sc->z (V) and, unless greedy, sc->e
- * (V) and the kept set.  Returns 0, or -1 with a sentence when no id is
- * drawable or the scratch is too small.
+ * (V) and the kept set, for the state st as if it had also observed
+ * ahead[0..n_ahead) (a speculative position: the proposals before it).
+ * Returns 0, or -1 with a sentence when no id is drawable or the scratch is
+ * too small.
  */
-static int dist_build(const float *logits, int V, const sample_params *p, const sample_state *st, sample_scratch *sc,
-                      kept *k, char *err, size_t errlen)
+static int dist_build(const float *logits, int V, const sample_params *p, const sample_state *st,
+                      const int32_t *ahead, int n_ahead, sample_scratch *sc, kept *k, char *err, size_t errlen)
 {
     memset(k, 0, sizeof *k);
     k->token = -1;
@@ -406,19 +446,28 @@ static int dist_build(const float *logits, int V, const sample_params *p, const 
         if (id >= 0 && id < V)
             z[id] = to_logit((double)z[id] + p->logit_bias[i]);
     }
+    /* every id once, with its count in the state plus in ahead: the numerics of a state that observed ahead */
     for (int32_t i = 0; st->slot && i < st->n; i++) {
         int32_t id = st->ids[i];
         if (id >= V)
             continue;
-        double c = st->counts[i];
+        double c = st->counts[i] + ahead_count(ahead, n_ahead, id);
+        z[id] = to_logit((double)z[id] - c * p->frequency_penalty - (c > 0 ? p->presence_penalty : 0.0));
+    }
+    for (int j = 0; st->slot && j < n_ahead; j++) {
+        int32_t id = ahead[j];
+        if (id < 0 || id >= V || ahead_count(ahead, j, id) > 0 || state_count(st, id) > 0)
+            continue; /* out of range, or counted already */
+        double c = ahead_count(ahead, n_ahead, id);
         z[id] = to_logit((double)z[id] - c * p->frequency_penalty - (c > 0 ? p->presence_penalty : 0.0));
     }
     if (p->repetition_penalty > 0 && p->repetition_penalty != 1) {
         /* once per distinct token of the prompt and the generated ones (e marks them; it is rewritten below) */
         double rp = p->repetition_penalty;
         memset(e, 0, (size_t)V * sizeof *e);
-        for (size_t i = 0; i < p->n_prompt + (size_t)(st->slot ? st->n : 0); i++) {
-            int32_t id = i < p->n_prompt ? p->prompt[i] : st->ids[i - p->n_prompt];
+        size_t n_seen = p->n_prompt + (size_t)(st->slot ? st->n : 0);
+        for (size_t i = 0; i < n_seen + (size_t)(st->slot ? n_ahead : 0); i++) {
+            int32_t id = i < p->n_prompt ? p->prompt[i] : i < n_seen ? st->ids[i - p->n_prompt] : ahead[i - n_seen];
             if (id < 0 || id >= V || e[id] != 0)
                 continue;
             e[id] = 1;
@@ -615,7 +664,7 @@ int sample_next(const float *logits, int V, const sample_params *p, sample_state
     out->logprob = 0;
     out->n_top = 0;
     kept k;
-    if (dist_build(logits, V, p, st, sc, &k, err, errlen) < 0)
+    if (dist_build(logits, V, p, st, NULL, 0, sc, &k, err, errlen) < 0)
         return -1;
     out->token = k.token >= 0 ? k.token : draw(sc, V, &k, rng_uniform(st->rng));
     if (p->logprobs)
@@ -623,11 +672,40 @@ int sample_next(const float *logits, int V, const sample_params *p, sample_state
     return 0;
 }
 
+int sample_next_ahead(const float *logits, int V, const sample_params *p, const sample_state *st,
+                      const int32_t *ahead, int n_ahead, sample_scratch *sc, sample_result *out, char *err,
+                      size_t errlen)
+{
+    out->token = 0;
+    out->logprob = 0;
+    out->n_top = 0;
+    kept k;
+    if (dist_build(logits, V, p, st, ahead, n_ahead, sc, &k, err, errlen) < 0)
+        return -1;
+    if (k.token >= 0)
+        out->token = k.token;
+    else {
+        uint64_t rng[4] = {st->rng[0], st->rng[1], st->rng[2], st->rng[3]};
+        for (int j = 0; j < n_ahead; j++)
+            rng_next(rng);
+        out->token = draw(sc, V, &k, rng_uniform(rng));
+    }
+    if (p->logprobs)
+        logprobs_fill(logits, V, p, out->token, out);
+    return 0;
+}
+
+void sample_skip(sample_state *st, const sample_params *p, int n)
+{
+    for (int j = 0; p->temperature > 0 && j < n; j++)
+        rng_next(st->rng);
+}
+
 int sample_dist(const float *logits, int V, const sample_params *p, const sample_state *st, sample_scratch *sc,
                 float *probs, char *err, size_t errlen)
 {
     kept k;
-    if (dist_build(logits, V, p, st, sc, &k, err, errlen) < 0)
+    if (dist_build(logits, V, p, st, NULL, 0, sc, &k, err, errlen) < 0)
         return -1;
     memset(probs, 0, (size_t)V * sizeof *probs);
     if (k.token >= 0) {

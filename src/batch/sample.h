@@ -136,6 +136,21 @@ int sample_next(const float *logits, int V, const sample_params *p, sample_state
                 sample_result *out, char *err, size_t errlen);
 
 /*
+ * Speculative verification (see sample.c): the draw sample_next would make for these logits once the choice had
+ * also generated ahead[0..n_ahead) (the penalties count them, and the draw is the RNG's (n_ahead + 1)-th value
+ * from the state), without changing st, so the positions of one decode step may be drawn in parallel.  The
+ * caller keeps the positions whose draw equals the next proposal, then calls sample_skip with the number kept.
+ * Returns as sample_next.
+ */
+int sample_next_ahead(const float *logits, int V, const sample_params *p, const sample_state *st,
+                      const int32_t *ahead, int n_ahead, sample_scratch *sc, sample_result *out, char *err,
+                      size_t errlen);
+
+/* Advances st's RNG past the draws of n sampled steps (none for temperature 0): after a speculative step kept n
+ * tokens drawn by sample_next_ahead. */
+void sample_skip(sample_state *st, const sample_params *p, int n);
+
+/*
  * Teacher forcing (scoring, echo): out->token = target, out->logprob its log-softmax of the raw logits and the
  * n_top most likely alternatives, with sample_next's numerics (the GPU's target pick matches it).  -1 with a
  * sentence for a target outside [0, V) or logits that are all NaN / -inf (out->token then -1).

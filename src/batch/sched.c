@@ -492,18 +492,57 @@ static int reserve(sched *s, size_t row_idx, choice *c, int32_t need)
 
 /* ---------------------------------------------------------------- building a pass */
 
-/* True for a row whose tokens speculation can verify exactly: greedy with nothing that depends on the tokens
- * drawn before in the same pass (penalties count them, a grammar walks them) and nothing reported per position
- * that a rejected one would have to undo (log-probs, kept logits, scoring). */
+/* True for a row whose tokens speculation can verify exactly: greedy or sampled, penalties and log-probs
+ * included (each position is drawn as if the proposals before it were generated: sample_next_ahead; a token's
+ * log-probs are those of its own position's logits), but not a grammar (its mask at a position would need the
+ * grammar walked over the proposals), kept logits or scoring (the runner records those outside apply_spec). */
 static bool spec_row(const row *w)
 {
-    const sample_params *sp = &w->sp;
-    return sp->temperature == 0 && sp->frequency_penalty == 0 && sp->presence_penalty == 0 &&
-           (sp->repetition_penalty == 0 || sp->repetition_penalty == 1) && !sp->logprobs && !w->grammar &&
-           !w->full_logits && w->score_from == 0 && w->max_new > 0;
+    return !w->grammar && !w->full_logits && w->score_from == 0 && w->max_new > 0;
 }
 
-/* Decode step q (one token so far) of an eligible choice proposes up to min(spec_k, room) more tokens, capped so
+/*
+ * Per-row k.  A verify token is worth feeding when it is likely to be kept: on a streamed or GPU pass it costs
+ * little next to the weights' trip, on the CPU as much as a decode token, so the threshold is a middle one:
+ * the i-th proposal is fed while its chance p^i of being kept is >= 0.3.  p is an average over the choice's
+ * speculating steps of each step's kept / decided proposals (decided: the kept ones and the first rejected),
+ * decayed by 0.7 a step, with a prior worth one step at 0.75, which gives a newcomer k = 4 (the --spec-k
+ * default).  A decode step that proposes nothing (k 0, or no match) fades the history by 0.9, so a row whose k
+ * fell to 0 proposes again after ~8 such steps: a row that starts copying is noticed, one that never does pays
+ * about one verify token in 8 decode steps.  Per step, not per token: a row that copied 16 tokens a step and then stops copying must not go
+ * on proposing 16 for the dozen steps a token-weighted average would take to notice (a per-step average of a
+ * geometric acceptance reads a little low, which only errs towards fewer verify tokens).  Left out: pricing
+ * each verify token with the calibrated pass-cost fit (the pass's token budget caps them, sched_build_pass).
+ */
+#define SCHED_SPEC_GAIN 0.3
+#define SCHED_SPEC_DECAY 0.7f
+#define SCHED_SPEC_PRIOR_P 0.75
+#define SCHED_SPEC_FADE 0.9f
+
+int sched_spec_k(const choice *c, int cap)
+{
+    double p = (c->spec_kept + SCHED_SPEC_PRIOR_P) / (c->spec_steps + 1.0);
+    int k = 0;
+    for (double g = p; k < cap && g >= SCHED_SPEC_GAIN; g *= p)
+        k++;
+    return k;
+}
+
+void sched_spec_learn(choice *c, int proposed, int kept, bool ended)
+{
+    int decided = kept + (kept < proposed && !ended);
+    if (proposed == 0) { /* a step that proposed nothing: the history fades towards the prior */
+        c->spec_kept *= SCHED_SPEC_FADE;
+        c->spec_steps *= SCHED_SPEC_FADE;
+        return;
+    }
+    if (decided == 0)
+        return;
+    c->spec_kept = SCHED_SPEC_DECAY * c->spec_kept + (float)kept / (float)decided;
+    c->spec_steps = SCHED_SPEC_DECAY * c->spec_steps + 1.0f;
+}
+
+/* Decode step q (one token so far) of an eligible choice proposes up to min(its k, room) more tokens, capped so
  * the choice never emits past max_tokens and so its KV stays within the pages it holds or, from the free pages,
  * within the pages its row is planned at (its expected length; never a preemption).  Returns the tokens added. */
 static int speculate(sched *s, int q, int room)
@@ -513,13 +552,18 @@ static int speculate(sched *s, int q, int room)
     if (s->seq_spec[q] != 0 || !spec_row(w))
         return 0;
     int64_t left = w->max_new - ch->n_gen - 1; /* the step emits 1 + accepted tokens */
-    int k = s->cfg.spec_k < room ? s->cfg.spec_k : room;
+    int k = sched_spec_k(ch, s->cfg.spec_k);
+    if (k == 0)
+        sched_spec_learn(ch, 0, 0, false);
+    k = k < room ? k : room;
     k = left < k ? (int)(left > 0 ? left : 0) : k;
     if (k <= 0)
         return 0;
     k = spec_propose(w->prompt, w->n_prompt, ch->gen, ch->n_gen, k, ch->spec + 1);
-    if (k <= 0)
+    if (k <= 0) {
+        sched_spec_learn(ch, 0, 0, false);
         return 0;
+    }
     int32_t P = s->kv->page_tokens, plan = sched_row_expect_pages(s->kv, w) / w->n_choices;
     int32_t need = kv_pages_for(s->kv, ch->fed + 1 + k);
     if (need > ch->kv.n_pages && (need > plan || kv_row_reserve(s->kv, &ch->kv, ch->fed + 1 + k)))
@@ -581,11 +625,15 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
             s->seq_spec[keep++] = s->seq_spec[q];
         }
     s->n_seqs = keep;
-    /* logits rows scored chunks and speculating steps take beyond the one every sequence may return */
+    /* logits rows scored chunks and speculating steps take beyond the one every sequence may return; verify
+     * tokens come out of the pass's token budget, at most the prompt-chunk share of it (prefill_chunk), so a
+     * pass never carries more tokens than the engine was sized for, nor more verify tokens than a prompt chunk */
     int extra = 0, extra_cap = s->cfg.max_logit_rows - s->cfg.max_seqs;
-    for (int q = 0; s->cfg.spec_k > 0 && q < s->n_seqs && budget > 0 && extra < extra_cap; q++) {
-        int k = speculate(s, q, budget < extra_cap - extra ? budget : extra_cap - extra);
+    int verify = budget < s->cfg.prefill_chunk ? budget : s->cfg.prefill_chunk;
+    for (int q = 0; s->cfg.spec_k > 0 && q < s->n_seqs && verify > 0 && extra < extra_cap; q++) {
+        int k = speculate(s, q, verify < extra_cap - extra ? verify : extra_cap - extra);
         budget -= k;
+        verify -= k;
         extra += k;
     }
     /* then prompt chunks, in admission order, up to the token cap */
@@ -690,6 +738,7 @@ void sched_spec_keep(sched *s, int q, int32_t j)
 int sched_spec_settle(sched *s, int q, char *err, size_t errlen)
 {
     choice *ch = &s->rows[s->seq_row[q]].ch[s->seq_choice[q]];
+    sched_spec_learn(ch, s->seq_spec[q], ch->fed - s->seqs[q].pos0 - 1, ch->done);
     if (kv_row_truncate(s->kv, &ch->kv, ch->fed))
         return util_errf(err, errlen, "internal error: row %s's speculative positions sit on a shared KV page.",
                          s->rows[s->seq_row[q]].custom_id);

@@ -70,6 +70,8 @@ typedef struct choice {
                             geometrically by sched_gen_room), what the proposer reads after the prompt */
     int32_t gen_cap;
     int32_t spec[1 + SPEC_K_MAX]; /* a speculating decode step's tokens: next, then the proposal (scheduler) */
+    float spec_kept, spec_steps;  /* speculation's history (scheduler): the sum of its steps' kept / decided
+                                     proposals, and of its steps, each decayed by 0.7 a step (sched.c) */
 } choice;
 
 /* One request line of the job. */
@@ -141,7 +143,7 @@ typedef struct sched_cfg {
     bool prefix;             /* the prefix cache: full prompt pages indexed and mapped by rows that start alike, the
                                 queue grouped by prefix, a row's n choices mapping its prompt pages */
     bool kv_check;           /* after every pass, check each page's count against the rows mapping it (slow) */
-    int spec_k;              /* speculative passes: tokens proposed at most per greedy choice per pass; 0 = off */
+    int spec_k;              /* speculative passes: tokens proposed at most per choice per pass (--spec-k); 0 = off */
 } sched_cfg;
 
 typedef struct sched {
@@ -234,8 +236,17 @@ void sched_finish_pass(sched *s);
 /* Speculative passes: sequence q (seq_spec[q] > 0) keeps its first 1 + j tokens' positions (j <= seq_spec[q]):
  * its choice's fed becomes pos0 + 1 + j; call it before applying each token drawn after the j-th proposal. */
 void sched_spec_keep(sched *s, int q, int32_t j);
-/* Then rolls back the KV of the positions sequence q did not keep (kv_row_truncate).  0, or -1 with a sentence. */
+/* Then rolls back the KV of the positions sequence q did not keep (kv_row_truncate) and adds the step to its
+ * choice's history (sched_spec_learn).  0, or -1 with a sentence. */
 int sched_spec_settle(sched *s, int q, char *err, size_t errlen);
+/* Speculation's k for choice c, from its history: p = the smoothed rate at which its proposals are kept; the
+ * i-th proposal of a step is kept only if the i - 1 before it were, so with probability ~p^i, and k is the
+ * largest i <= cap with p^i >= 0.3 (0 when even the first is unlikely; sched.c says why these figures). */
+int sched_spec_k(const choice *c, int cap);
+/* Adds one decode step of choice c to its history: `proposed` tokens fed after its decode token, `kept` of them
+ * kept; `ended`: the choice finished inside the step (the proposals after it were not rejected).  A step that
+ * proposed nothing fades the history towards the prior (so k comes back from 0). */
+void sched_spec_learn(choice *c, int proposed, int kept, bool ended);
 /* Makes room in c->gen for token c->n_gen.  0, or -1 with a sentence. */
 int sched_gen_room(choice *c, char *err, size_t errlen);
 
