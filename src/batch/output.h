@@ -158,6 +158,22 @@ typedef struct out_score {
  * U+FFFD), sum and mean over the answer's log-probs in double. */
 int output_score_line(const out_score *s, char **line, size_t *len, char *err, size_t errlen);
 
+/* One /v1/embeddings row: n vectors of dim floats, answered as OpenAI's CreateEmbeddingResponse. */
+typedef struct out_embedding {
+    const char *custom_id;
+    const char *model;
+    size_t n, dim;
+    const float *vecs;      /* (n, dim) */
+    bool base64;            /* each embedding as base64 of its little-endian float32 bytes, else a float list */
+    uint64_t prompt_tokens; /* all inputs together (usage.total_tokens is the same) */
+    const out_stamp *stamp; /* NULL → no "spill" key */
+} out_embedding;
+
+/* /v1/embeddings success line: body {"object":"list","data":[{"object":"embedding","index":i,"embedding":…}],
+ * "model","usage":{"prompt_tokens","total_tokens"}}.  A NaN or infinite value is an error (-1, a sentence). */
+int output_embedding_line(const out_embedding *e, const out_ids *ids, char **line, size_t *len, char *err,
+                          size_t errlen);
+
 /* HTTP-style error line (for errors.jsonl). */
 int output_http_error_line(const out_http_error *e, const out_ids *ids, char **line, size_t *len, char *err,
                            size_t errlen);
