@@ -10,7 +10,8 @@
  *      float list's very values, dimensions truncates and renormalises under --matryoshka and fails the row
  *      without it (or above D), an input over the context fails with context_length_exceeded;
  *   5. batch invariance: an input alone and as one of 8 in a row gives the same vector;
- *   6. the pooling a model's files ask for (a sentence-transformers layout: mean / last / Normalize, refusals);
+ *   6. the pooling a model's files ask for: a sentence-transformers layout (mean / last / Normalize, refusals)
+ *      and a GGUF's llama.pooling_type (a copy of the tiny model with the key = 1 embeds as the mean reference);
  *   7. `spill resume` of the finished job answers nothing twice; the openai types accept every line (.venv).
  *
  * Tolerances, decided before the first run:
@@ -32,6 +33,8 @@
 #include "batch/embed.h"
 #include "batch/request.h"
 #include "cli.h"
+#include "model/gguf.h"
+#include "model/gguf_write.h"
 #include "model/model.h"
 #include "test.h"
 
@@ -194,6 +197,51 @@ static void st_layout(const char *dir, const char *pool_cfg, bool normalize, con
     write_file(p, pool_cfg);
 }
 
+/* A copy of the tiny model at dst with llama.pooling_type = pt added (every other key and tensor as they are).
+ * 0, or -1 with a sentence. */
+static int gguf_with_pooling(const char *dst, uint32_t pt, char *err, size_t errlen)
+{
+    gguf_file *g;
+    gguf_w *w = NULL;
+    if (gguf_open(MODEL, &g, err, errlen))
+        return -1;
+    int rc = gguf_w_new((uint32_t)g->alignment, &w, err, errlen);
+    for (uint64_t i = 0; !rc && i < g->n_kv; i++)
+        if (strcmp(g->kv[i].key, "general.alignment"))
+            rc = gguf_w_copy_kv(w, g, &g->kv[i], err, errlen);
+    if (!rc)
+        rc = gguf_w_u32(w, "llama.pooling_type", pt, err, errlen);
+    for (uint64_t i = 0; !rc && i < g->n_tensors; i++)
+        rc = gguf_w_tensor(w, g->tensors[i].name, g->tensors[i].n_dims, g->tensors[i].ne, g->tensors[i].type, err,
+                           errlen) < 0;
+    uint8_t *hdr = NULL;
+    size_t hl = 0;
+    FILE *f = NULL;
+    if (!rc)
+        rc = gguf_w_header(w, &hdr, &hl, err, errlen);
+    if (!rc && !(f = fopen(dst, "wb")))
+        rc = -1, snprintf(err, errlen, "cannot create %.400s", dst);
+    if (!rc && fwrite(hdr, 1, hl, f) != hl)
+        rc = -1;
+    uint64_t end = hl;
+    for (uint64_t i = 0; !rc && i < g->n_tensors; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        if (fseek(f, (long)gguf_w_tensor_offset(w, (int)i), SEEK_SET) ||
+            fwrite(gguf_tensor_data(g, t), 1, t->size, f) != t->size)
+            rc = -1, snprintf(err, errlen, "cannot write %.400s", dst);
+        end = gguf_w_tensor_offset(w, (int)i) + t->size;
+    }
+    /* the padding after the last tensor, when it does not end aligned */
+    if (!rc && end < gguf_w_file_size(w) && (fseek(f, (long)gguf_w_file_size(w) - 1, SEEK_SET) || fputc(0, f) == EOF))
+        rc = -1;
+    if (f && fclose(f))
+        rc = -1;
+    free(hdr);
+    gguf_w_free(w);
+    gguf_close(g);
+    return rc;
+}
+
 static void model_pooling(void)
 {
     model_desc *m;
@@ -239,6 +287,25 @@ static void model_pooling(void)
     CHECK(embed_cfg_from_model(m, dir, NULL, false, &c, err, sizeof err) == -1 && strstr(err, "modules.json"),
           "a broken modules.json is not an error naming it: %s", err);
     model_close(m);
+    /* a GGUF's pooling_type: 1 mean, 4 a reranker (refused) */
+    static const struct {
+        uint32_t pt;
+        embed_pool pool;
+        bool refused;
+    } gk[] = {{1, EMBED_POOL_MEAN, false}, {2, EMBED_POOL_CLS, false}, {3, EMBED_POOL_LAST, false},
+              {4, EMBED_POOL_LAST, true}};
+    for (size_t i = 0; i < sizeof gk / sizeof gk[0]; i++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/pool%u.gguf", tmp, gk[i].pt);
+        if (gguf_with_pooling(path, gk[i].pt, err, sizeof err) || model_open(path, &m, err, sizeof err)) {
+            CHECK(0, "cannot write or open %s: %s", path, err);
+            continue;
+        }
+        CHECK(embed_cfg_from_model(m, path, NULL, false, &c, err, sizeof err) == 0 && c.pool == gk[i].pool &&
+                  c.normalize && (c.refuse[0] != 0) == gk[i].refused,
+              "llama.pooling_type %u gives %s, refuse '%s'", gk[i].pt, embed_pool_name(c.pool), c.refuse);
+        model_close(m);
+    }
 }
 
 /* ---------------------------------------------------------------- the jobs */
@@ -458,6 +525,15 @@ int main(void)
     CHECK(nc == 8 && worst <= 1e-6 && fabs(norm(cut, 8) - 1) <= 1e-5,
           "dimensions 8 is not the renormalised first 8 (max diff %.3g, norm %.9f)", worst, norm(cut, 8));
     json_decref(mlines);
+    /* the GGUF that says pooling_type 1 (mean) embeds as the mean reference without --pooling */
+    char out4[600];
+    snprintf(out4, sizeof out4, "%s/out-gguf-mean", tmp);
+    CHECK(sh("%s run %s/pool1.gguf %s -o %s --quiet > %s.log 2>&1", bin(), tmp, in, out4, out4) == 0,
+          "spill run on the pooling_type 1 copy failed (see %s.log)", out4);
+    snprintf(p, sizeof p, "%s/results.jsonl", out4);
+    json_t *glines = read_lines(p);
+    match_ref(glines, "ref", ref, "mean", 1e-4);
+    json_decref(glines);
     /* dimensions above D */
     char in3[600], out3[600];
     snprintf(in3, sizeof in3, "%s/big.jsonl", tmp);
