@@ -397,6 +397,13 @@ int main(void)
               sh("grep -c ' line ' %s/check.log | grep -qx 8", tmp) == 0,
           "spill check does not name the 8 bad embedding lines it can judge (see %s/check.log)", tmp);
 
+    CHECK(sh("%s check %s --endpoint /v1/embeddings > %s/check-ep.log 2>&1", bin(), in, tmp) == 65 &&
+              sh("grep -q 'line 1: url is \"/v1/chat/completions\", but --endpoint is \"/v1/embeddings\"' "
+                 "%s/check-ep.log", tmp) == 0,
+          "spill check --endpoint /v1/embeddings does not hold the chat rows to it (see %s/check-ep.log)", tmp);
+    CHECK(sh("%s check tests/data/check/good/embeddings_batch.jsonl --endpoint /v1/embeddings > %s/check-ok.log 2>&1",
+             bin(), tmp) == 0 && sh("grep -q 'OK .* 4 embedding batch rows' %s/check-ok.log", tmp) == 0,
+          "spill check --endpoint /v1/embeddings refuses a file of embedding rows (see %s/check-ok.log)", tmp);
     snprintf(out, sizeof out, "%s/out", tmp);
     CHECK(run_job(in, out, "") == 0, "spill run on the mixed job failed (see %s.log)", out);
     snprintf(out_chat, sizeof out_chat, "%s/out-chat", tmp);

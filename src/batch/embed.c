@@ -151,7 +151,7 @@ int embed_cfg_from_model(const model_desc *m, const char *path, const char *pool
     out->pool = EMBED_POOL_LAST;
     out->normalize = true;
     out->matryoshka = matryoshka;
-    snprintf(out->source, sizeof out->source, "no embedding metadata in the model: last token, normalised");
+    snprintf(out->source, sizeof out->source, "no embedding metadata in the model, so the default");
     char modules[4096];
     bool st = path && util_is_dir(path) && util_pathf(modules, sizeof modules, "%s/modules.json", path) == 0 &&
               util_is_file(modules);

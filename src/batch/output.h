@@ -7,7 +7,8 @@
  *
  * Line shapes:
  *   success    {"id":"batch_req_…","custom_id",
- *               "response":{"status_code":200,"request_id":"req_…","body":<chat.completion | text_completion>},
+ *               "response":{"status_code":200,"request_id":"req_…","body":<chat.completion | text_completion |
+ *                                                                          embedding list>},
  *               "error":null, "spill":{…}}
  *   HTTP error {"id","custom_id","response":{"status_code":4xx/5xx,"request_id",
  *               "body":{"error":{"message","type","param","code"}}},"error":null, "spill":{…}}

@@ -26,8 +26,9 @@
  *   A line with any of body/url/method is a batch line; else one with messages
  *   is a fine-tuning line; else one with custom_id is a (broken) batch line.
  *
- * Body rules follow OpenAI's CreateChatCompletionRequest / CreateCompletionRequest
- * (formats.md §1.5).  Unknown fields are rejected, as OpenAI does ("Unrecognized
+ * Body rules follow OpenAI's CreateChatCompletionRequest / CreateCompletionRequest / CreateEmbeddingRequest
+ * (formats.md §1.5; embeddings: input with the completions prompt's four shapes, ≤ 2,048 inputs, no empty
+ * string, encoding_format, dimensions, user).  Unknown fields are rejected, as OpenAI does ("Unrecognized
  * request argument").  Fields that change nothing in a batch run are accepted
  * and ignored (user, metadata, store, service_tier, stream:false, …); fields
  * spill cannot honour are rejected with a sentence saying so rather than

@@ -1068,6 +1068,9 @@ static int make_plan(runner *r, const engine_opts *eo, bool gpu, char *err, size
     largest = (emb + P - 1) / P > largest ? (emb + P - 1) / P : largest; /* an embedding input is held whole */
     min_pages = largest; /* the longest row alone, with nothing to map */
     want = want < largest ? largest : want;
+    /* the embedding phase runs before the generation rows: a pass's inputs held together, not on top */
+    int32_t emb_want = run_embed_want_pages(r, P, r->max_seqs);
+    want = want < emb_want ? emb_want : want;
     mem_job_in in = {r->m, eo, r->fingerprint, r->o.mem_budget, r->o.kv_bytes, r->o.threads, r->o.mode,
                      r->o.page_tokens, r->o.kv_dtype, r->max_logit_rows, want, min_pages, r->grams.n > 0};
     return plan_job(&r->mem, &in, gpu, err, errlen);

@@ -189,6 +189,31 @@ int32_t run_embed_longest(const runner *r, size_t *inputs)
     return m;
 }
 
+static int cmp_desc(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x < y) - (x > y);
+}
+
+int32_t run_embed_want_pages(const runner *r, int32_t page_tokens, int n)
+{
+    size_t n_in;
+    run_embed_longest(r, &n_in);
+    int32_t *pg = n_in ? malloc(n_in * sizeof *pg) : NULL;
+    if (!pg) /* none, or no memory to sort: the longest alone, which the plan holds anyway */
+        return 0;
+    size_t k = 0;
+    for (size_t i = 0; i < r->emb->n; i++)
+        for (size_t j = 0; j < r->emb->rows[i].n_in; j++)
+            pg[k++] = (r->emb->rows[i].in[j].n + page_tokens - 1) / page_tokens;
+    qsort(pg, n_in, sizeof *pg, cmp_desc);
+    int64_t sum = 0;
+    for (size_t i = 0; i < n_in && i < (size_t)n; i++)
+        sum += pg[i];
+    free(pg);
+    return sum > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)sum;
+}
+
 /* Fails row e with one error line (status 400 unless code says memory); its inputs in flight stop.  0 or -1. */
 static int fail_row(runner *r, emb_row *e, const char *msg, const char *code, char *err, size_t errlen)
 {
@@ -265,6 +290,14 @@ int run_embed_phase(runner *r, volatile sig_atomic_t *flag, char *err, size_t er
             if (fail_row(r, &es->rows[i], msg, "embeddings_unsupported", err, errlen))
                 return -1;
         return job_commit(r->j, err, errlen);
+    }
+    if (!r->o.quiet) {
+        size_t n_in;
+        int32_t longest = run_embed_longest(r, &n_in);
+        printf("spill: %zu embedding rows first (%zu inputs, the longest %d tokens), pooled by %s: %s%s\n", es->n,
+               n_in, longest, embed_pool_name(es->cfg.pool), es->cfg.source,
+               es->cfg.normalize ? ", L2-normalised" : ", not normalised");
+        fflush(stdout);
     }
     kv_cache *kv = r->be.kv(r->be.impl);
     int64_t D = r->m->d_model;

@@ -210,6 +210,9 @@ int run_embed_add(runner *r, size_t i, const request *q, char *msg, size_t msgle
 /* The longest input of the pending embedding rows, in tokens (0 when none): the memory plan must hold it alone;
  * *inputs (may be NULL) gets how many inputs they hold. */
 int32_t run_embed_longest(const runner *r, size_t *inputs);
+/* KV pages of pages_tokens positions that the n longest pending embedding inputs hold together (what the
+ * embedding phase keeps in flight when its sequences are those inputs): the plan's wish for the phase. */
+int32_t run_embed_want_pages(const runner *r, int32_t page_tokens, int n);
 /* The embedding phase (before the generation passes): every pending embedding row's inputs prefilled in
  * chunks through the backend's forward_hidden, pooled, and written through the job store (committed each
  * pass).  Stops early on a signal (flag), the rows not written stay pending for a resume.  0, or -1 with a

@@ -19,6 +19,9 @@
  * matmul, before bias, q/k norm, RoPE and the activation), page allocation
  * (kv.c), scheduling or sampling.
  *
+ * The pass ends at the output norm for embeddings (engine_forward_hidden: the same pass, no output projection)
+ * and goes on through the projection for logits (engine_forward); both share forward_to_norm.
+ *
  * Key decision: one pass = every sequence's tokens concatenated into T rows of
  * activations, so the whole batch shares each weight read; attention is the
  * only per-sequence step and reads each row's own KV pages.
