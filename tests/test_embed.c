@@ -12,7 +12,8 @@
  *   5. batch invariance: an input alone and as one of 8 in a row gives the same vector;
  *   6. the pooling a model's files ask for: a sentence-transformers layout (mean / last / Normalize, refusals)
  *      and a GGUF's llama.pooling_type (a copy of the tiny model with the key = 1 embeds as the mean reference);
- *   7. `spill resume` of the finished job answers nothing twice; the openai types accept every line (.venv).
+ *   7. `spill resume` of the finished job answers nothing twice; the openai types accept every line (.venv);
+ *   8. mpirun -np 2 (an MPI build with mpirun): rank 0 answers the embedding rows, the same vectors, every row once.
  *
  * Tolerances, decided before the first run:
  *   - against the numpy reference: 1e-4 absolute per component of the unit vector.  Both sides run fp32
@@ -504,6 +505,34 @@ int main(void)
     json_decref(again);
     json_decref(again_e);
 
+#ifdef SPILL_MPI
+    /* several ranks: rank 0 answers the embedding rows, the same bits as one process; every row once */
+    if (system("command -v mpirun >/dev/null 2>&1") == 0) {
+        char outm[600];
+        snprintf(outm, sizeof outm, "%s/out-mpi", tmp);
+        /* leak checking off for the ranks: OpenMPI's start-up allocations, kept to exit, come up here with
+         * unnamed frames the suppressions cannot match; spill's own leaks are the single-process runs' to catch */
+        CHECK(sh("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+                 "mpirun --oversubscribe -np 2 %s run %s %s -o %s --quiet > %s.log 2>&1", bin(), MODEL, in, outm,
+                 outm) == 0,
+              "mpirun -np 2 spill run failed (see %s.log)", outm);
+        snprintf(p, sizeof p, "%s/results.jsonl", outm);
+        json_t *ml = read_lines(p);
+        snprintf(p, sizeof p, "%s/errors.jsonl", outm);
+        json_t *me = read_lines(p);
+        CHECK(json_array_size(ml) == 9 && json_array_size(me) == 11, "mpirun -np 2: %zu results, %zu errors (want 9, "
+                                                                     "11)", json_array_size(ml), json_array_size(me));
+        static const char *const ids_e[] = {"ref", "str", "strs", "ids", "alone", "eight"};
+        for (size_t i = 0; i < sizeof ids_e / sizeof ids_e[0]; i++) {
+            json_t *a = json_object_get(body_of(ml, ids_e[i]), "data"), *b = json_object_get(body_of(lines, ids_e[i]), "data");
+            CHECK(a && json_equal(a, b), "mpirun -np 2: row %s embeds differently from one process", ids_e[i]);
+        }
+        const char *c1 = chat_answer(by_id(ml, "chat-1")), *c2 = chat_answer(by_id(lines, "chat-1"));
+        CHECK(c1 && c2 && !strcmp(c1, c2), "mpirun -np 2: chat-1 answers differently");
+        json_decref(ml);
+        json_decref(me);
+    }
+#endif
     /* 3/4. mean pooling and Matryoshka: another job of the same rows, --pooling mean --matryoshka */
     char out2[600];
     snprintf(out2, sizeof out2, "%s/out-mean", tmp);
