@@ -4,9 +4,9 @@ numpy fp32 forward of tools/gen_fp32_ref.py (weights dequantized by the `gguf` p
 then pooled here — the last token's state and the mean over every token, each L2-normalised (in float64) — for a
 few token-id inputs (one longer than the CPU's 256-token prefill chunk, so spill computes it over several passes).
 
-    .venv/bin/python tools/gen_embed_ref.py [MODEL.gguf]
+    .venv/bin/python tools/gen_embed_ref.py [MODEL.gguf [OUT.json]]
 
-Writes tests/data/embed/tiny_ref.json:
+Writes OUT.json (default tests/data/embed/tiny_ref.json, the fixture, for the default model):
     {"format": "spill-embed-ref", "version": 1, "model": …, "inputs": [[ids]…],
      "last": [[D floats]…], "mean": [[D floats]…]}
 """
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 MODEL = sys.argv[1] if len(sys.argv) > 1 else "tests/data/tiny/tiny-smollm2.gguf"
-OUT = "tests/data/embed/tiny_ref.json"
+OUT = sys.argv[2] if len(sys.argv) > 2 else "tests/data/embed/tiny_ref.json"
 sys.argv = [sys.argv[0], MODEL]  # gen_fp32_ref reads its model from argv when imported
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_fp32_ref as ref  # noqa: E402
