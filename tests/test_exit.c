@@ -212,6 +212,7 @@ static void test_help(void)
                               : !strcmp(arg, "bf16|int8") ? "int8"
                               : !strcmp(arg, "bf16|q8|q4|fp8|auto") ? "q8"
                               : !strcmp(arg, "on|off") || !strcmp(arg, "lookup|off") ? "off"
+                              : !strcmp(arg, "last|mean|cls") ? "mean"
                               : (!strcmp(arg, "DIR") || !strcmp(arg, "FILE")) ? "/tmp/spill-test-exit-none"
                                                                                 : NULL;
             int rc = resume ? (val ? RUN("resume", "/no/such/job", opt, val) : RUN("resume", "/no/such/job", opt))
@@ -255,8 +256,8 @@ static void test_help_all(void)
         CHECK(rc == 2 && stderr_has("--no-such-option"), "spill %s --no-such-option: exit %d, want 2 naming it",
               cmds[ci], rc);
     }
-    int rc = RUN("check", "--endpoint", "/v1/embeddings", "in.jsonl");
-    CHECK(rc == 2 && stderr_has("--endpoint"), "spill check --endpoint /v1/embeddings: exit %d, want 2", rc);
+    int rc = RUN("check", "--endpoint", "/v1/responses", "in.jsonl");
+    CHECK(rc == 2 && stderr_has("--endpoint"), "spill check --endpoint /v1/responses: exit %d, want 2", rc);
 }
 
 int main(void)

@@ -440,7 +440,7 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, int reserve, 
         CHECK(0, "set-up: %s", err);
         goto out;
     }
-    spill_backend be = {&f, "fake", 0, fake_forward, fake_kv, prefix == 2 ? NULL : fake_kv_copy, fake_close, NULL, NULL};
+    spill_backend be = {&f, "fake", 0, fake_forward, fake_kv, prefix == 2 ? NULL : fake_kv_copy, fake_close, NULL, NULL, NULL};
     if (pick)
         be.forward_pick = fake_forward_pick;
     int unfit = 0; /* the runner would fail these rows into errors.jsonl before sched_init */

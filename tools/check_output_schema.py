@@ -9,10 +9,13 @@ For each line:
     keys id ("batch_req_…"), custom_id (str), response, error, optional spill;
     exactly one of response / error is non-null unless response is an HTTP
     error (status >= 400), in which case error is null;
-  - body of a 200 response: openai.types.chat.ChatCompletion or
-    openai.types.Completion via pydantic model_validate, and no key the type
-    does not declare anywhere in the tree (the models allow extras, so a
-    misspelt key would otherwise pass silently);
+  - body of a 200 response: openai.types.chat.ChatCompletion,
+    openai.types.Completion or (object "list") openai.types.CreateEmbeddingResponse
+    via pydantic model_validate, and no key the type does not declare anywhere
+    in the tree (the models allow extras, so a misspelt key would otherwise
+    pass silently); a base64 embedding (encoding_format "base64": a string
+    where the type has List[float]) must decode to whole little-endian float32
+    values, which are checked in its place, as the openai client decodes them;
   - body of a 4xx/5xx response: {"error": openai.types.shared.ErrorObject};
   - non-HTTP error: {code: str, message: str}.
 Exits 1 on the first bad line, printing file:line and the reason.
@@ -20,11 +23,13 @@ Exits 1 on the first bad line, printing file:line and the reason.
 tests/test_output.c writes its lines to $SPILL_OUTPUT_SAMPLES when set:
   SPILL_OUTPUT_SAMPLES=/tmp/s.jsonl build/asan/tests/test_output && python3 tools/check_output_schema.py /tmp/s.jsonl
 """
+import base64
 import json
+import struct
 import sys
 
 import pydantic
-from openai.types import Completion
+from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 from openai.types.shared import ErrorObject
 
@@ -59,6 +64,19 @@ def echo_first_null(body):
     return body
 
 
+def embeddings_decoded(body):
+    """A CreateEmbeddingResponse body with each base64 embedding replaced by the float32 list it encodes."""
+    body = json.loads(json.dumps(body))
+    for d in body.get("data") or []:
+        e = d.get("embedding") if isinstance(d, dict) else None
+        if isinstance(e, str):
+            raw = base64.b64decode(e, validate=True)
+            if len(raw) % 4:
+                raise ValueError(f"base64 embedding {d.get('index')} is {len(raw)} bytes, not whole float32 values")
+            d["embedding"] = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    return body
+
+
 def check_line(obj):
     if not isinstance(obj, dict):
         raise ValueError("not an object")
@@ -80,6 +98,10 @@ def check_line(obj):
     if set(resp) != {"status_code", "request_id", "body"} or not isinstance(resp["status_code"], int):
         raise ValueError(f"response keys {sorted(resp)}")
     body = resp["body"]
+    if resp["status_code"] == 200 and body.get("object") == "list":
+        m = CreateEmbeddingResponse.model_validate(embeddings_decoded(body))
+        no_extras(m)
+        return "embedding list"
     if resp["status_code"] == 200:
         model = ChatCompletion if body.get("object") == "chat.completion" else Completion
         m = model.model_validate(echo_first_null(body) if model is Completion else body)

@@ -54,8 +54,9 @@ def rope(x, pos):  # GGUF llama: consecutive pairs (Q/K were permuted by the con
     return out
 
 
-def forward(ids, cache, start):
-    """Logits (n, V) for tokens ids at positions start.., appending K/V to cache (list per layer)."""
+def hidden(ids, cache, start):
+    """Final hidden states (n, D) after the output norm for tokens ids at positions start.., appending K/V to cache
+    (list per layer): what the output projection multiplies (tools/gen_embed_ref.py pools them)."""
     n = len(ids)
     x = emb[ids].copy()
     pos = np.arange(start, start + n)
@@ -78,7 +79,12 @@ def forward(ids, cache, start):
         h = rms(x, lw["ffn_norm"])
         g, u = h @ lw["ffn_gate"].T, h @ lw["ffn_up"].T
         x = x + ((g / (1 + np.exp(-g))) * u) @ lw["ffn_down"].T
-    return (rms(x, ONORM) @ emb.T).astype(np.float64)
+    return rms(x, ONORM)
+
+
+def forward(ids, cache, start):
+    """Logits (n, V) for tokens ids at positions start.., appending K/V to cache (list per layer)."""
+    return (hidden(ids, cache, start) @ emb.T).astype(np.float64)
 
 
 def main():

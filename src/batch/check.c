@@ -423,9 +423,9 @@ int check_main(int argc, char **argv)
             o.all = true;
         else if (strcmp(argv[i], "--endpoint") == 0) {
             const char *u = i + 1 < argc ? argv[++i] : "";
-            if (strcmp(u, "/v1/chat/completions") && strcmp(u, "/v1/completions")) {
-                fprintf(stderr, "spill check: --endpoint takes /v1/chat/completions or /v1/completions, not \"%.60s\".\n",
-                        u);
+            if (strcmp(u, "/v1/chat/completions") && strcmp(u, "/v1/completions") && strcmp(u, "/v1/embeddings")) {
+                fprintf(stderr, "spill check: --endpoint takes /v1/chat/completions, /v1/completions or "
+                                "/v1/embeddings, not \"%.60s\".\n", u);
                 return SPILL_EX_USAGE;
             }
             o.endpoint = u;

@@ -648,6 +648,90 @@ static bool opt_ok(const char *s)
     return !s || util_utf8_valid(s, strlen(s));
 }
 
+/* RFC 4648 base64 of n bytes into out (4 * ceil(n / 3) characters and a NUL). */
+static void base64_encode(const uint8_t *b, size_t n, char *out)
+{
+    static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)b[i] << 16 | (i + 1 < n ? (uint32_t)b[i + 1] << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
+        out[o++] = A[v >> 18 & 63];
+        out[o++] = A[v >> 12 & 63];
+        out[o++] = i + 1 < n ? A[v >> 6 & 63] : '=';
+        out[o++] = i + 2 < n ? A[v & 63] : '=';
+    }
+    out[o] = 0;
+}
+
+/* One embedding as OpenAI sends it: a float list, or base64 of the little-endian float32 bytes (what the
+ * openai client decodes with numpy.frombuffer(…, dtype="float32")). */
+static json_t *embedding_json(const float *v, size_t dim, bool b64)
+{
+    if (!b64) {
+        json_t *a = json_array();
+        for (size_t i = 0; a && i < dim; i++)
+            if (json_array_append_new(a, json_real(v[i]))) {
+                json_decref(a);
+                return NULL;
+            }
+        return a;
+    }
+    uint8_t *bytes = malloc(dim * 4 + 1);
+    char *text = malloc((dim * 4 + 2) / 3 * 4 + 1);
+    json_t *s = NULL;
+    if (bytes && text) {
+        for (size_t i = 0; i < dim; i++) {
+            uint32_t u;
+            memcpy(&u, &v[i], 4);
+            for (int k = 0; k < 4; k++) /* little-endian whatever the host */
+                bytes[i * 4 + (size_t)k] = (uint8_t)(u >> (8 * k));
+        }
+        base64_encode(bytes, dim * 4, text);
+        s = json_string(text);
+    }
+    free(bytes);
+    free(text);
+    return s;
+}
+
+int output_embedding_line(const out_embedding *e, const out_ids *ids, char **line, size_t *len, char *err,
+                          size_t errlen)
+{
+    *line = NULL;
+    *len = 0;
+    if (!str_ok(e->custom_id) || !str_ok(e->model))
+        return util_errf(err, errlen, "output: an embedding row needs a custom_id and a model.");
+    for (size_t i = 0; i < e->n * e->dim; i++)
+        if (!isfinite(e->vecs[i]))
+            return util_errf(err, errlen, "output: row \"%.80s\": input %zu's embedding holds a NaN or infinite value.",
+                             e->custom_id, i / e->dim);
+    line_ids id;
+    if (draw_ids(ids, "", &id, err, errlen) != 0)
+        return -1;
+    json_t *data = json_array(), *body = json_object();
+    int bad = !data || !body;
+    for (size_t i = 0; !bad && i < e->n; i++) {
+        json_t *o = json_object();
+        bad |= !o || json_object_set_new(o, "object", json_string("embedding")) ||
+               json_object_set_new(o, "index", json_integer((json_int_t)i)) ||
+               json_object_set_new(o, "embedding", embedding_json(e->vecs + i * e->dim, e->dim, e->base64));
+        bad |= json_array_append_new(data, o);
+    }
+    json_t *usage = json_object();
+    bad |= !usage || json_object_set_new(usage, "prompt_tokens", json_integer((json_int_t)e->prompt_tokens)) ||
+           json_object_set_new(usage, "total_tokens", json_integer((json_int_t)e->prompt_tokens));
+    bad |= !body || json_object_set_new(body, "object", json_string("list")) || json_object_set(body, "data", data) ||
+           json_object_set_new(body, "model", json_string(e->model)) || json_object_set(body, "usage", usage);
+    json_decref(data);
+    json_decref(usage);
+    if (bad) {
+        json_decref(body);
+        return util_errf(err, errlen, "output: out of memory building the line of row \"%.80s\".", e->custom_id);
+    }
+    json_t *resp = response_json(200, id.request, body);
+    return finish_line(id.line, e->custom_id, resp, json_null(), e->stamp, line, len, err, errlen);
+}
+
 int output_score_line(const out_score *s, char **line, size_t *len, char *err, size_t errlen)
 {
     if (!s->custom_id || !util_utf8_valid(s->custom_id, strlen(s->custom_id)) || !s->model ||

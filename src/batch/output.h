@@ -7,7 +7,8 @@
  *
  * Line shapes:
  *   success    {"id":"batch_req_…","custom_id",
- *               "response":{"status_code":200,"request_id":"req_…","body":<chat.completion | text_completion>},
+ *               "response":{"status_code":200,"request_id":"req_…","body":<chat.completion | text_completion |
+ *                                                                          embedding list>},
  *               "error":null, "spill":{…}}
  *   HTTP error {"id","custom_id","response":{"status_code":4xx/5xx,"request_id",
  *               "body":{"error":{"message","type","param","code"}}},"error":null, "spill":{…}}
@@ -157,6 +158,22 @@ typedef struct out_score {
  *  [,"top_logprobs":[[{token,logprob,bytes}…]…]]},"spill":{…}}: answer_tokens as text (invalid UTF-8 →
  * U+FFFD), sum and mean over the answer's log-probs in double. */
 int output_score_line(const out_score *s, char **line, size_t *len, char *err, size_t errlen);
+
+/* One /v1/embeddings row: n vectors of dim floats, answered as OpenAI's CreateEmbeddingResponse. */
+typedef struct out_embedding {
+    const char *custom_id;
+    const char *model;
+    size_t n, dim;
+    const float *vecs;      /* (n, dim) */
+    bool base64;            /* each embedding as base64 of its little-endian float32 bytes, else a float list */
+    uint64_t prompt_tokens; /* all inputs together (usage.total_tokens is the same) */
+    const out_stamp *stamp; /* NULL → no "spill" key */
+} out_embedding;
+
+/* /v1/embeddings success line: body {"object":"list","data":[{"object":"embedding","index":i,"embedding":…}],
+ * "model","usage":{"prompt_tokens","total_tokens"}}.  A NaN or infinite value is an error (-1, a sentence). */
+int output_embedding_line(const out_embedding *e, const out_ids *ids, char **line, size_t *len, char *err,
+                          size_t errlen);
 
 /* HTTP-style error line (for errors.jsonl). */
 int output_http_error_line(const out_http_error *e, const out_ids *ids, char **line, size_t *len, char *err,

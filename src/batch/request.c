@@ -26,8 +26,9 @@
  *   A line with any of body/url/method is a batch line; else one with messages
  *   is a fine-tuning line; else one with custom_id is a (broken) batch line.
  *
- * Body rules follow OpenAI's CreateChatCompletionRequest / CreateCompletionRequest
- * (formats.md §1.5).  Unknown fields are rejected, as OpenAI does ("Unrecognized
+ * Body rules follow OpenAI's CreateChatCompletionRequest / CreateCompletionRequest / CreateEmbeddingRequest
+ * (formats.md §1.5; embeddings: input with the completions prompt's four shapes, ≤ 2,048 inputs, no empty
+ * string, encoding_format, dimensions, user).  Unknown fields are rejected, as OpenAI does ("Unrecognized
  * request argument").  Fields that change nothing in a batch run are accepted
  * and ignored (user, metadata, store, service_tier, stream:false, …); fields
  * spill cannot honour are rejected with a sentence saying so rather than
@@ -972,12 +973,13 @@ static const char *const COMPLETION_FIELDS[] = {"model",
                                                 "user",
                                                 NULL};
 
-/* prompt: string | [string] | [int] | [[int]] (each token list non-empty, ids in 0..2^31-1). */
-static int check_prompt(pctx *c, const json_t *pr, request *out)
+/* prompt (completions) or input (embeddings), field `key`: string | [string] | [int] | [[int]] (each token list
+ * non-empty, ids in 0..2^31-1).  `need` words the sentence for a missing field. */
+static int check_prompt(pctx *c, const json_t *pr, const char *key, const char *need, request *out)
 {
-    jpath p = pkey(c->pre, "prompt");
+    jpath p = pkey(c->pre, key);
     if (!pr)
-        return fail(c, false, "invalid_request", p.s, "%s is missing; a completions request needs a prompt.", p.s);
+        return fail(c, false, "invalid_request", p.s, "%s is missing; %s.", p.s, need);
     if (json_is_string(pr)) {
         out->n_prompts = 1;
         return 0;
@@ -1026,7 +1028,7 @@ static int parse_completions_body(pctx *c, const json_t *body, request *out)
     if (only_keys(c, body, pre, COMPLETION_FIELDS, false, "a completions request"))
         return -1;
     json_t *pr = json_object_get(body, "prompt");
-    if (check_prompt(c, pr, out))
+    if (check_prompt(c, pr, "prompt", "a completions request needs a prompt", out))
         return -1;
     out->prompt = pr;
     s->max_tokens = 16;
@@ -1056,6 +1058,48 @@ static int parse_completions_body(pctx *c, const json_t *body, request *out)
                     "%s is %lld, but spill does not support best_of above 1; use n to get several choices.",
                     pkey(pre, "best_of").s, (long long)best_of);
     return parse_response_format(c, body, out); /* vLLM's guided_json */
+}
+
+/* OpenAI's CreateEmbeddingRequest: at most 2,048 inputs a request, none of them empty. */
+#define EMB_MAX_INPUTS 2048
+static const char *const EMBEDDING_FIELDS[] = {"model", "input", "encoding_format", "dimensions", "user", NULL};
+
+/* body of a /v1/embeddings row: input (check_prompt's shapes, no empty string), encoding_format float|base64,
+ * dimensions ≥ 1 (whether the model allows it is the job's to say: it knows the model), user (ignored). */
+static int parse_embeddings_body(pctx *c, const json_t *body, request *out)
+{
+    const char *pre = c->pre;
+    if (only_keys(c, body, pre, EMBEDDING_FIELDS, false, "an embeddings request"))
+        return -1;
+    json_t *in = json_object_get(body, "input");
+    if (check_prompt(c, in, "input", "an embeddings request needs an input (a string, a list of strings, a list "
+                                     "of token ids or a list of token-id lists)", out))
+        return -1;
+    out->prompt = in;
+    jpath p = pkey(pre, "input");
+    if (out->n_prompts > EMB_MAX_INPUTS)
+        return fail(c, false, "invalid_request", p.s, "%s holds %zu inputs, but a request takes at most %d; split it "
+                                                      "over several rows.", p.s, out->n_prompts, EMB_MAX_INPUTS);
+    for (size_t i = 0; i < (json_is_array(in) ? json_array_size(in) : 1); i++) {
+        const json_t *e = json_is_array(in) ? json_array_get(in, i) : in;
+        if (json_is_string(e) && json_string_length(e) == 0) {
+            jpath pi = json_is_array(in) ? pidx(p.s, i) : p;
+            return fail(c, false, "invalid_request", pi.s, "%s is an empty string, which has nothing to embed; give "
+                                                          "it some text or drop it.", pi.s);
+        }
+    }
+    json_t *enc = json_object_get(body, "encoding_format");
+    if (enc && !json_is_null(enc)) {
+        jpath pe = pkey(pre, "encoding_format");
+        if (!json_is_string(enc) ||
+            (strcmp(json_string_value(enc), "float") && strcmp(json_string_value(enc), "base64")))
+            return fail(c, false, "invalid_request", pe.s, "%s is %s, but it must be \"float\" or \"base64\".", pe.s,
+                        show(enc).s);
+        out->emb_base64 = !strcmp(json_string_value(enc), "base64");
+    }
+    if (opt_int(c, body, pre, "dimensions", 1, INT32_MAX, "at least 1", &out->emb_dims, NULL))
+        return -1;
+    return opt_str(c, body, pre, "user");
 }
 
 /* ---- line → request ---------------------------------------------------------------------------------- */
@@ -1199,29 +1243,32 @@ static int parse_batch_line(pctx *c, json_t *root, request *out)
     json_t *url = json_object_get(root, "url");
     if (!json_is_string(url))
         return fail(c, true, "invalid_request", "url",
-                    "url is %s, but it must be \"/v1/chat/completions\" or \"/v1/completions\".",
+                    "url is %s, but it must be \"/v1/chat/completions\", \"/v1/completions\" or \"/v1/embeddings\".",
                     url ? show(url).s : "missing");
     const char *u = json_string_value(url);
-    static const char *const later[] = {"/v1/responses", "/v1/embeddings", NULL};
+    static const char *const later[] = {"/v1/responses", NULL};
     static const char *const other[] = {"/v1/moderations", "/v1/images/generations", "/v1/images/edits", "/v1/videos",
                                         NULL};
     if (strcmp(u, "/v1/chat/completions") == 0)
         out->endpoint = REQ_EP_CHAT;
     else if (strcmp(u, "/v1/completions") == 0)
         out->endpoint = REQ_EP_COMPLETIONS;
+    else if (strcmp(u, "/v1/embeddings") == 0)
+        out->endpoint = REQ_EP_EMBEDDINGS;
     else if (in_list(u, later))
         return fail(c, true, "invalid_request", "url",
-                    "url is %s, which spill recognises but does not support yet; use \"/v1/chat/completions\" or "
-                    "\"/v1/completions\".",
+                    "url is %s, which spill recognises but does not support yet; use \"/v1/chat/completions\", "
+                    "\"/v1/completions\" or \"/v1/embeddings\".",
                     show(url).s);
     else if (in_list(u, other))
         return fail(c, true, "invalid_request", "url",
-                    "url is %s, an OpenAI batch endpoint that spill does not serve (it runs text generation); use "
-                    "\"/v1/chat/completions\" or \"/v1/completions\".",
+                    "url is %s, an OpenAI batch endpoint that spill does not serve (it runs text models); use "
+                    "\"/v1/chat/completions\", \"/v1/completions\" or \"/v1/embeddings\".",
                     show(url).s);
     else
         return fail(c, true, "invalid_request", "url",
-                    "url is %s, but it must be \"/v1/chat/completions\" or \"/v1/completions\".", show(url).s);
+                    "url is %s, but it must be \"/v1/chat/completions\", \"/v1/completions\" or \"/v1/embeddings\".",
+                    show(url).s);
     out->url = u;
     static const char *const keys[] = {"custom_id", "method", "url", "body", "expected", NULL};
     if (only_keys(c, root, "", keys, true, "a batch line (custom_id, method, url, body, and expected in eval files)"))
@@ -1242,7 +1289,13 @@ static int parse_batch_line(pctx *c, json_t *root, request *out)
                     "body.model is missing; every batch line must name the same model.");
     out->model = model ? json_string_value(model) : NULL;
     c->pre = "body";
-    return out->endpoint == REQ_EP_CHAT ? parse_chat_body(c, body, out) : parse_completions_body(c, body, out);
+    if (out->endpoint == REQ_EP_EMBEDDINGS && eval)
+        return fail(c, true, "invalid_request", "expected",
+                    "an embeddings line has an \"expected\" field, but an eval scores text answers; drop expected "
+                    "or send the row to a text endpoint.");
+    return out->endpoint == REQ_EP_CHAT          ? parse_chat_body(c, body, out)
+           : out->endpoint == REQ_EP_EMBEDDINGS ? parse_embeddings_body(c, body, out)
+                                                : parse_completions_body(c, body, out);
 }
 
 static int parse_finetune_line(pctx *c, json_t *root, request *out)
@@ -1311,7 +1364,7 @@ const char *request_kind_name(req_kind kind, req_endpoint ep)
     bool compl = ep == REQ_EP_COMPLETIONS;
     switch (kind) {
     case REQ_KIND_BATCH:
-        return compl ? "completion batch" : "chat-completion batch";
+        return ep == REQ_EP_EMBEDDINGS ? "embedding batch" : compl ? "completion batch" : "chat-completion batch";
     case REQ_KIND_FINETUNE:
         return "fine-tuning chat";
     case REQ_KIND_EVAL_BATCH:

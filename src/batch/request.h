@@ -43,6 +43,7 @@ typedef enum req_endpoint {
     REQ_EP_UNKNOWN = 0,
     REQ_EP_CHAT,        /* /v1/chat/completions (fine-tuning lines are chat requests too) */
     REQ_EP_COMPLETIONS, /* /v1/completions */
+    REQ_EP_EMBEDDINGS,  /* /v1/embeddings */
 } req_endpoint;
 
 /*
@@ -92,8 +93,10 @@ typedef struct request {
     tc_choice tool_choice;        /* chat: body.tool_choice (toolcall.h); TC_CHOICE_AUTO when absent */
     const char *tool_choice_name; /* TC_CHOICE_NAMED: the function's name (one of tools), borrowed */
     bool parallel_tool_calls;     /* parallel_tool_calls, default true */
-    json_t *prompt;    /* completions: string | [string] | [int] | [[int]] */
-    size_t n_prompts;  /* completions: 1 for a string or one token list, else the array length */
+    json_t *prompt;    /* completions: string | [string] | [int] | [[int]]; embeddings: body.input (same shapes) */
+    size_t n_prompts;  /* completions / embeddings: 1 for a string or one token list, else the array length */
+    bool emb_base64;   /* embeddings: encoding_format "base64" (little-endian float32), else "float" */
+    int64_t emb_dims;  /* embeddings: body.dimensions, 0 = the model's own */
     json_t *expected;  /* eval kinds: any non-null JSON value; NULL otherwise */
     req_sampling s;
     /* Structured output (response_format json_object / json_schema, vLLM's guided_json): the answer is

@@ -676,6 +676,9 @@ static int run_passes(runner *r, char *err, size_t errlen)
 {
     int pass = 0;
     sched *s = &r->s;
+    /* /v1/embeddings rows first, in prefill-only passes of their own (run_embed.c says why) */
+    if (run_embed_phase(r, &g_stop, err, errlen))
+        return -1;
     while (!g_stop) {
 #ifdef SPILL_MPI
         /* several ranks: rows from rank 0 when this rank's queue ran dry; 1 = rank 0 asks everyone to stop */
@@ -839,6 +842,7 @@ static void runner_free(runner *r)
     free(r->tgt);
     if (r->be.impl)
         r->be.close(r->be.impl);
+    run_embed_free(r);
     tokenizer_free(r->tok);
     template_free(r->tmpl);
     run_adapters_free(r); /* after the backend, which borrowed the set */
@@ -1073,8 +1077,13 @@ static int make_plan(runner *r, const engine_opts *eo, bool gpu, char *err, size
         }
     plan_kv_want(need, nn, r->batch, &want, &min_pages);
     free(need);
+    int32_t P = r->o.page_tokens > 0 ? r->o.page_tokens : 16, emb = run_embed_longest(r, NULL);
+    largest = (emb + P - 1) / P > largest ? (emb + P - 1) / P : largest; /* an embedding input is held whole */
     min_pages = largest; /* the longest row alone, with nothing to map */
     want = want < largest ? largest : want;
+    /* the embedding phase runs before the generation rows: a pass's inputs held together, not on top */
+    int32_t emb_want = run_embed_want_pages(r, P, r->max_seqs);
+    want = want < emb_want ? emb_want : want;
     mem_job_in in = {r->m, eo, r->fingerprint, r->o.mem_budget, r->o.kv_bytes, r->o.threads, r->o.mode,
                      r->o.page_tokens, r->o.kv_dtype, r->max_logit_rows, want, min_pages, r->grams.n > 0};
     return plan_job(&r->mem, &in, gpu, err, errlen);
@@ -1448,7 +1457,7 @@ static int run_job(runner *r, const job_stored *stored)
     /* the engine that will run it: --gpu's, else the CPU's (the GPU engine falls back to it); the command
      * line's adapter is checked against it before a job exists */
     if (model_arch_resolve(r->m, r->o.device == 2 ? ARCH_ENGINE_CUDA : ARCH_ENGINE_CPU, &r->al, err, sizeof err) ||
-        run_adapters_default(r, err, sizeof err)) {
+        run_adapters_default(r, err, sizeof err) || run_embed_open(r, path, err, sizeof err)) {
         code = SPILL_EX_DATAERR;
         goto fail;
     }
@@ -1476,9 +1485,11 @@ static int run_job(runner *r, const job_stored *stored)
     /* plan: one budget for everything picks resident or streamed and sizes the KV cache; then the engine */
     /* rows in flight: --batch, or from memory up to every pending row (RUN_MAX_BATCH at most), cut below to what
      * the plan's KV pages hold */
-    size_t n_pending = 0;
+    size_t n_pending = 0, n_gen = 0, n_emb = 0;
     for (size_t i = 0; i < r->n_rows; i++)
-        n_pending += r->rows[i].state == ROW_PENDING;
+        n_gen += r->rows[i].state == ROW_PENDING;
+    run_embed_longest(r, &n_emb);
+    n_pending = n_gen + n_emb; /* embedding inputs share passes too (run_embed.c), each a sequence */
     r->batch = r->o.batch ? r->o.batch : n_pending < 1 ? 1 : n_pending > RUN_MAX_BATCH ? RUN_MAX_BATCH : (int)n_pending;
     size_batch(r);
     if (share_hints(r, err, sizeof err))
@@ -1509,7 +1520,7 @@ static int run_job(runner *r, const job_stored *stored)
         /* host RAM: the plan gave the KV its pages; the most rows they hold at once (shortest first) is the
          * most a pass carries, and pass buffers sized for fewer sequences leave more for the KV */
         int fit = fit_rows(r, r->mem.plan.kv_pages, false);
-        if (fit < r->batch) {
+        if (fit < r->batch && n_gen > 0) { /* (embedding inputs are admitted as their pages free up) */
             r->batch = fit;
             size_batch(r);
             eo.max_logit_rows = r->max_logit_rows;

@@ -69,6 +69,10 @@ typedef struct run_opts {
     int distill_k;
     bool full_logits, score;
     uint64_t max_logits_bytes;
+    /* /v1/embeddings rows (embed.c): --pooling last|mean|cls overrides what the model says (NULL = the model's),
+     * --matryoshka lets body.dimensions truncate */
+    const char *pooling;
+    bool matryoshka;
 } run_opts;
 
 typedef struct runner {
@@ -125,6 +129,7 @@ typedef struct runner {
      * row has a grammar), one mask per sampling thread */
     grammar_set grams;
     token_mask *tm;
+    struct embed_set *emb; /* /v1/embeddings rows (embed.h), NULL when the input has none */
     uint64_t *gmask;     /* (threads, token_mask_words) */
 
     /* calibration: the stored fit for this model|backend|machine, and this run's passes */
@@ -199,6 +204,26 @@ json_t *run_opts_json(const run_opts *o);
 int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char *err, size_t errlen);
 /* run_opts.c: defaults for what the command line left 0. */
 void run_defaults(run_opts *o);
+
+/* run_embed.c (/v1/embeddings rows; its opening comment has the rules): the model's pooling, read once before
+ * the rows (embed.h; --pooling and --matryoshka applied).  0, or -1 with a sentence. */
+int run_embed_open(runner *r, const char *path, char *err, size_t errlen);
+/* Takes row i's inputs (q: its parsed embeddings request; r->rows[i] holds its custom_id and model) into the
+ * embedding phase: tokenized, checked against the context and the model's pooling.  0; 1 with a per-row
+ * message (msg, *code) when the row cannot run; -1 (out of memory) with a sentence in msg. */
+int run_embed_add(runner *r, size_t i, const request *q, char *msg, size_t msglen, const char **code);
+/* The longest input of the pending embedding rows, in tokens (0 when none): the memory plan must hold it alone;
+ * *inputs (may be NULL) gets how many inputs they hold. */
+int32_t run_embed_longest(const runner *r, size_t *inputs);
+/* KV pages of pages_tokens positions that the n longest pending embedding inputs hold together (what the
+ * embedding phase keeps in flight when its sequences are those inputs): the plan's wish for the phase. */
+int32_t run_embed_want_pages(const runner *r, int32_t page_tokens, int n);
+/* The embedding phase (before the generation passes): every pending embedding row's inputs prefilled in
+ * chunks through the backend's forward_hidden, pooled, and written through the job store (committed each
+ * pass).  Stops early on a signal (flag), the rows not written stay pending for a resume.  0, or -1 with a
+ * sentence (the job store failed). */
+int run_embed_phase(runner *r, volatile sig_atomic_t *flag, char *err, size_t errlen);
+void run_embed_free(runner *r);
 
 /* run_quant.c: --quant.  Names r->quant_name; when the chosen quant differs from r->m's file (opened from path),
  * writes (once) or finds the requantized copy under $SPILL_HOME/cache/quant and reopens r->m from it.  0, or -1

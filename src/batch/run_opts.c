@@ -109,6 +109,10 @@ static const run_opt opts[] = {
     {"--speculate", NULL, "lookup|off", OPT_CHOICE, OFF(speculate), 0, false,
      "speculative passes: greedy rows also verify tokens proposed from their own text (default off)", false},
     {"--spec-k", NULL, "N", OPT_INT, OFF(spec_k), 0, false, "most tokens proposed per row per pass (default 4)", false},
+    {"--pooling", NULL, "last|mean|cls", OPT_STR, OFF(pooling), 0, true,
+     "/v1/embeddings rows: pool this way, whatever the model's files say (default: theirs, else last)", false},
+    {"--matryoshka", NULL, NULL, OPT_TRUE, OFF(matryoshka), 0, true,
+     "/v1/embeddings rows may ask for fewer dimensions (the model was trained for truncated embeddings)", false},
     {"--pass-log", NULL, "FILE", OPT_STR, OFF(pass_log), 0, false, "a CSV line per pass (rows, tokens, seconds)", false},
     {"--status-port", NULL, "N", OPT_INT, OFF(status_port), 0, false,
      "a status page for this job on 127.0.0.1:N (its URL, with a key, is printed at the start)", false},
@@ -227,6 +231,10 @@ int run_parse_opts(int argc, char **argv, run_opts *o, bool resume)
                 o->spec_k);
         return -1;
     }
+    if (o->pooling && strcmp(o->pooling, "last") && strcmp(o->pooling, "mean") && strcmp(o->pooling, "cls")) {
+        fprintf(stderr, "spill: --pooling takes last, mean or cls, not \"%.40s\".\n", o->pooling);
+        return -1;
+    }
     if (o->quant && !run_quant_valid(o->quant)) {
         fprintf(stderr, "spill: --quant %s: give bf16, q8, q4, fp8 or auto.\n", o->quant);
         return -1;
@@ -260,6 +268,11 @@ json_t *run_opts_json(const run_opts *o)
     if (j && (json_object_set_new(j, "prefix_cache", json_boolean(o->prefix_cache != 2)) ||
               json_object_set_new(j, "speculate", json_string(o->speculate == 1 ? "lookup" : "off")) ||
               json_object_set_new(j, "spec_k", json_integer(o->spec_k)))) {
+        json_decref(j);
+        return NULL;
+    }
+    if (j && (json_object_set_new(j, "matryoshka", json_boolean(o->matryoshka)) ||
+              (o->pooling && json_object_set_new(j, "pooling", json_string(o->pooling))))) {
         json_decref(j);
         return NULL;
     }
@@ -318,6 +331,10 @@ int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char 
         o->speculate = !strcmp(json_string_value(json_object_get(opt, "speculate")), "lookup") ? 1 : 2;
     if (!o->spec_k)
         o->spec_k = (int)json_integer_value(json_object_get(opt, "spec_k"));
+    /* the embedding settings a job started with (run-only options: the resume keeps them) */
+    o->matryoshka = json_is_true(json_object_get(opt, "matryoshka"));
+    if (json_is_string(json_object_get(opt, "pooling")))
+        o->pooling = json_string_value(json_object_get(opt, "pooling"));
     const json_t *d = json_object_get(opt, "distill");
     if (json_is_object(d)) { /* a distill job resumes as one, with its own settings */
         o->cmd = 1;

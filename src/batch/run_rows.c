@@ -1,7 +1,7 @@
 /*
  * run_rows.c — the runner's input: JSONL request lines into rows (parsed by
  * request.c, rendered through the chat template, tokenized, their sampling
- * parameters checked).  A bad line becomes one error line in errors.jsonl
+ * parameters checked; /v1/embeddings rows go to run_embed.c's phase).  A bad line becomes one error line in errors.jsonl
  * and loses nothing else; rows a resumed job already answered are skipped.
  * Unique custom_ids are check.c's rule and its hash set (check_ids).
  */
@@ -446,6 +446,22 @@ int run_load_rows(runner *r, char *err, size_t errlen)
         if (job_is_done(r->j, w->custom_id)) {
             w->state = ROW_DONE;
             request_free(&q);
+            continue;
+        }
+        if (!bad && q.endpoint == REQ_EP_EMBEDDINGS) { /* the embedding phase's (run_embed.c), not the scheduler's */
+            bad = take_request(r, &q, w, msg, sizeof msg);
+            if (!bad)
+                bad = run_embed_add(r, r->n_rows - 1, &q, msg, sizeof msg, &code);
+            request_free(&q);
+            w->state = ROW_DONE;
+            if (bad < 0) {
+                rc = util_errf(err, errlen, "%s", msg);
+                break;
+            }
+            if (bad && r->rank == 0 && run_append_error_line(r, w->custom_id, msg, NULL, code, err, errlen)) {
+                rc = -1;
+                break;
+            }
             continue;
         }
         /* A completions prompt list becomes one row per prompt (the line's members, answered as one line with

@@ -180,7 +180,8 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     out->forward = g_forward;
     out->forward_pick = g_forward_pick;
     out->kv = g_kv;
-    out->kv_copy = NULL; /* n > 1 choices prefill each on the GPU */
+    out->kv_copy = NULL;        /* n > 1 choices prefill each on the GPU */
+    out->forward_hidden = NULL; /* not yet on the GPU: embedding rows fail with a sentence (run them with --cpu) */
     out->close = g_close;
     out->io_line = g_io_line;
     return 0;

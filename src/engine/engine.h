@@ -69,6 +69,12 @@ void engine_close(spill_engine *e);
  * rows, which are bounded by max_pass_tokens.  Returns 0 or -1 with a sentence. */
 int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen);
 
+/* The same pass stopped at the output norm: hidden receives (R, D) floats, the rows engine_forward's logits
+ * would have (one per want_logits sequence, n - logits_skip for an all_logits one), each the final hidden
+ * state after the output norm — what the output projection would multiply (embeddings pool these).  Same
+ * limits and returns as engine_forward. */
+int engine_forward_hidden(spill_engine *e, fwd_seq *seqs, int n_seqs, float *hidden, char *err, size_t errlen);
+
 /* What the CPU engine will hold besides the KV arena, before opening it:
  * weights in RAM (all of them, or only the global tensors when streaming,
  * plus the factors of o->lora's adapters, always resident), the stream ring
@@ -116,6 +122,9 @@ typedef struct spill_backend {
      * NULL = every row's logits come back. */
     int (*forward_pick)(void *impl, fwd_seq *seqs, int n_seqs, const int32_t *want, const int32_t *target,
                         struct sample_result *picks, float *logits, char *err, size_t errlen);
+    /* Optional: engine_forward_hidden's contract (the (R, D) hidden states after the output norm, no logits);
+     * NULL = this backend cannot compute embeddings (their rows fail with a sentence). */
+    int (*forward_hidden)(void *impl, fwd_seq *seqs, int n_seqs, float *hidden, char *err, size_t errlen);
     /* One line on what the weights' tiers moved so far (bytes per pass, disk and copy rates); NULL = none. */
     void (*io_line)(void *impl, char *buf, size_t cap);
 } spill_backend;

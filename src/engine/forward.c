@@ -19,6 +19,9 @@
  * matmul, before bias, q/k norm, RoPE and the activation), page allocation
  * (kv.c), scheduling or sampling.
  *
+ * The pass ends at the output norm for embeddings (engine_forward_hidden: the same pass, no output projection)
+ * and goes on through the projection for logits (engine_forward); both share forward_to_norm.
+ *
  * Key decision: one pass = every sequence's tokens concatenated into T rows of
  * activations, so the whole batch shares each weight read; attention is the
  * only per-sequence step and reads each row's own KV pages.
@@ -710,12 +713,15 @@ static int forward_layer(spill_engine *e, fwd_seq *seqs, const layer_w *w, int l
     return 0;
 }
 
-int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen)
+/* The pass up to and including the output norm: e->last (R, D) holds the normed final hidden states of the rows
+ * engine_forward returns logits for, *R their count (0: none asked).  0, or -1 with a sentence. */
+static int forward_to_norm(spill_engine *e, fwd_seq *seqs, int n_seqs, int *R_out, char *err, size_t errlen)
 {
     const model_desc *m = e->m;
     int64_t D = m->d_model, V = m->vocab;
     int64_t T = 0;
     int R = 0;
+    *R_out = 0;
     if (n_seqs > e->max_seqs)
         return util_errf(err, errlen, "a pass of %d sequences exceeds the engine's %d.", n_seqs, e->max_seqs);
     if (lora_cpu_begin(e->lora, seqs, n_seqs, err, errlen))
@@ -782,11 +788,32 @@ int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, ch
         r += (int)(t - first);
     }
     cpu_rmsnorm(e->last, e->last, e->out_norm, R, D, m->norm_eps, e->a.norm_plus_one);
+    *R_out = R;
+    return 0;
+}
+
+int engine_forward(spill_engine *e, fwd_seq *seqs, int n_seqs, float *logits, char *err, size_t errlen)
+{
+    int64_t D = e->m->d_model, V = e->m->vocab;
+    int R;
+    if (forward_to_norm(e, seqs, n_seqs, &R, err, errlen))
+        return -1;
+    if (R == 0)
+        return 0;
     if (cpu_matmul(e->pool, e->output.p, e->output.type, V, D, e->last, R, logits, err, errlen))
         return -1;
     if (e->a.final_softcap > 0)
         for (int64_t i = 0; i < (int64_t)R * V; i++)
             logits[i] = (float)(e->a.final_softcap * tanh(logits[i] / e->a.final_softcap));
+    return 0;
+}
+
+int engine_forward_hidden(spill_engine *e, fwd_seq *seqs, int n_seqs, float *hidden, char *err, size_t errlen)
+{
+    int R;
+    if (forward_to_norm(e, seqs, n_seqs, &R, err, errlen))
+        return -1;
+    memcpy(hidden, e->last, (size_t)R * (size_t)e->m->d_model * sizeof(float));
     return 0;
 }
 
@@ -798,6 +825,10 @@ spill_gpu_free_fn spill_gpu_free;
 static int be_forward(void *impl, fwd_seq *seqs, int n, float *logits, char *err, size_t errlen)
 {
     return engine_forward(impl, seqs, n, logits, err, errlen);
+}
+static int be_forward_hidden(void *impl, fwd_seq *seqs, int n, float *hidden, char *err, size_t errlen)
+{
+    return engine_forward_hidden(impl, seqs, n, hidden, err, errlen);
 }
 static kv_cache *be_kv(void *impl) { return engine_kv(impl); }
 static int be_kv_copy(void *impl, kv_row *dst, const kv_row *src, int32_t n)
@@ -829,6 +860,7 @@ int engine_backend_cpu(model_desc *m, const engine_opts *o, spill_backend *out, 
              engine_threads(e), o->q8_activations ? "" : ", exact fp32 activations");
     out->weight_bytes = engine_weight_bytes(e);
     out->forward = be_forward;
+    out->forward_hidden = be_forward_hidden;
     out->kv = be_kv;
     out->kv_copy = be_kv_copy;
     out->close = be_close;

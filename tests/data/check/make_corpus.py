@@ -92,11 +92,23 @@ case("method_get", [batch(method="GET")], "invalid_request", 1,
 case("method_missing", [batch(method=DEL)], "invalid_request", 1,
      'method is missing, but batch requests must use "POST".')
 case("url_unknown", [batch(url="/v1/chat")], "invalid_request", 1,
-     'url is "/v1/chat", but it must be "/v1/chat/completions" or "/v1/completions".')
-case("url_embeddings", [batch(url="/v1/embeddings")], "invalid_request", 1,
-     'url is "/v1/embeddings", which spill recognises but does not support yet; use "/v1/chat/completions" or "/v1/completions".')
+     'url is "/v1/chat", but it must be "/v1/chat/completions", "/v1/completions" or "/v1/embeddings".')
+case("url_responses", [batch(url="/v1/responses")], "invalid_request", 1,
+     'url is "/v1/responses", which spill recognises but does not support yet; use "/v1/chat/completions", "/v1/completions" or "/v1/embeddings".')
+case("embeddings_chat_body", [batch(url="/v1/embeddings")], "invalid_request", 1,
+     "body.messages is not a field of an embeddings request that spill accepts; remove it.")
+case("embeddings_no_input", [batch(b={"model": M}, url="/v1/embeddings")], "invalid_request", 1,
+     "body.input is missing; an embeddings request needs an input (a string, a list of strings, a list of token ids or a list of token-id lists).")
+case("embeddings_empty_string", [batch(b={"model": M, "input": ["a", ""]}, url="/v1/embeddings")], "invalid_request", 1,
+     "body.input[1] is an empty string, which has nothing to embed; give it some text or drop it.")
+case("embeddings_mixed_list", [batch(b={"model": M, "input": ["a", 3]}, url="/v1/embeddings")], "invalid_request", 1,
+     "body.input[1] is 3, but like body.input[0] it must be a string.")
+case("embeddings_encoding", [batch(b={"model": M, "input": "a", "encoding_format": "int8"}, url="/v1/embeddings")],
+     "invalid_request", 1, 'body.encoding_format is "int8", but it must be "float" or "base64".')
+case("embeddings_dimensions", [batch(b={"model": M, "input": "a", "dimensions": 0}, url="/v1/embeddings")],
+     "invalid_request", 1, "body.dimensions is 0, but it must be at least 1.")
 case("url_moderations", [batch(url="/v1/moderations")], "invalid_request", 1,
-     'url is "/v1/moderations", an OpenAI batch endpoint that spill does not serve (it runs text generation); use "/v1/chat/completions" or "/v1/completions".')
+     'url is "/v1/moderations", an OpenAI batch endpoint that spill does not serve (it runs text models); use "/v1/chat/completions", "/v1/completions" or "/v1/embeddings".')
 # endpoint_*: checked with --endpoint /v1/chat/completions (tests/test_check.c); without it a file may mix
 # chat and completions rows, as `spill run` answers them
 case("endpoint_mismatch", [batch("a"), batch("b", cbody(), url="/v1/completions")], "url_mismatch", 2,
@@ -296,7 +308,7 @@ case("store_string", [batch(b=body(store="yes"))], "invalid_request", 1,
 case("key_with_newline", [batch(b=body(**{"te\nmp": 1}))], "invalid_request", 1,
      "body.te?mp is not a field of a chat-completions request that spill accepts; remove it.")
 case("url_missing", [batch(url=DEL)], "invalid_request", 1,
-     'url is missing, but it must be "/v1/chat/completions" or "/v1/completions".')
+     'url is missing, but it must be "/v1/chat/completions", "/v1/completions" or "/v1/embeddings".')
 case("model_empty", [batch(b=body(model=""))], "invalid_request", 1, 'body.model is "", but it must be the model\'s name.')
 case("completions_prompt_empty", [batch(b=cbody(prompt=[]), url="/v1/completions")], "invalid_request", 1,
      "body.prompt is an empty array, but it must be a string, a list of strings, a list of token ids or a list of token-id lists.")
@@ -391,6 +403,14 @@ gfile("completions_batch.jsonl", [
     batch("c-3", cbody(prompt=[1, 2, 3], logprobs=5, stop=["."], temperature=0), url="/v1/completions"),
     batch("c-4", cbody(prompt=[[1, 2], [3]], n=3, seed=-7), url="/v1/completions"),
 ], 4, "completion batch", M)
+gfile("embeddings_batch.jsonl", [
+    batch("e-1", {"model": M, "input": "The quick brown fox"}, url="/v1/embeddings"),
+    batch("e-2", {"model": M, "input": ["a", "b"], "encoding_format": "base64", "user": "u"}, url="/v1/embeddings"),
+    batch("e-3", {"model": M, "input": [1, 2, 3], "dimensions": 8, "encoding_format": "float"}, url="/v1/embeddings"),
+    batch("e-4", {"model": M, "input": [[1, 2], [3]], "dimensions": None}, url="/v1/embeddings"),
+], 4, "embedding batch", M)
+gfile("mixed_embeddings.jsonl", [batch("a"), batch("b", {"model": M, "input": "x"}, url="/v1/embeddings")], 2,
+      "chat-completion batch", M)
 gfile("finetune_chat.jsonl", [
     dump(FT),
     dump({"messages": [{"role": "user", "content": "Weather in Paris?"},
