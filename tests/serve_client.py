@@ -231,6 +231,20 @@ ids = [json.loads(l)["custom_id"] for l in lines]
 ok(x.status == "completed" and len(ids) == 40 and len(set(ids)) == 40, "after kill -9 and restart: 40 rows, none twice")
 ok(answers(client, x) == want, "the same answers as the uninterrupted batch")
 
+# an embeddings batch through the gateway: CreateEmbeddingResponse bodies in the output file
+emb_in = os.path.join(WORK, "emb.jsonl")
+with open(emb_in, "w") as fh:
+    for i in range(3):
+        fh.write(json.dumps({"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+                            "body": {"model": "tiny", "input": [f"text {i}", "another"]}}) + "\n")
+fe = client.files.create(file=open(emb_in, "rb"), purpose="batch")
+eb = wait(client, client.batches.create(input_file_id=fe.id, endpoint="/v1/embeddings", completion_window="24h").id,
+          ("completed", "failed"), 120)
+elines = [json.loads(l) for l in client.files.content(eb.output_file_id).text.splitlines()] if eb.output_file_id else []
+ok(eb.status == "completed" and len(elines) == 3 and all(
+    openai.types.CreateEmbeddingResponse.model_validate(l["response"]["body"]).data[1].index == 1 for l in elines),
+   "an embeddings batch answers CreateEmbeddingResponse bodies")
+
 # spill run --status-port: the same view for a job started on the command line, on 127.0.0.1 with a printed key
 sp = PORT + 1 if PORT < 65535 else PORT - 1
 run_in = rows_file("status.jsonl", 24, 30)

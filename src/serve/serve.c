@@ -508,9 +508,9 @@ static enum MHD_Result batch_create(struct MHD_Connection *c, req *q)
     const char *win = json_string_value(json_object_get(b, "completion_window"));
     json_t *meta = json_object_get(b, "metadata");
     enum MHD_Result rc;
-    if (!ep || (strcmp(ep, "/v1/chat/completions") && strcmp(ep, "/v1/completions")))
+    if (!ep || (strcmp(ep, "/v1/chat/completions") && strcmp(ep, "/v1/completions") && strcmp(ep, "/v1/embeddings")))
         rc = reply_err(c, 400, "invalid_request_error", "invalid_endpoint",
-                       "endpoint must be /v1/chat/completions or /v1/completions.");
+                       "endpoint must be /v1/chat/completions, /v1/completions or /v1/embeddings.");
     else if (window_seconds(win) < 0)
         rc = reply_err(c, 400, "invalid_request_error", "invalid_completion_window",
                        "completion_window must be '24h' (or, on spill, N followed by s, m or h, up to 7 days).");
