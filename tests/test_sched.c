@@ -237,10 +237,11 @@ typedef struct pass_rec {
     bool probe;        /* the scheduler held it to the floor to measure the clean pass */
     double secs, clean; /* its fake seconds, and what the same pass without its prompt tokens would have cost */
 } pass_rec;
-/* cap > 0: run_spec's engine is sized for cap prompt tokens per pass, the budget adapts, and the pass cost is
+/* cap > 0: run_spec's engine is sized for cap prompt tokens per pass, the budget adapts (adapt), the pass cost is
  * max(C, c0 + c_tok * tokens + c_att * pairs), changed to C2 and c_tok2 from pass change_at on (0 never) */
 static struct {
     int cap;
+    bool adapt; /* false: the same engine and clock with cap as a constant chunk */
     double C, c0, c_tok, c_att;
     int change_at;
     double C2, c_tok2;
@@ -493,7 +494,7 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, int reserve, 
         unfit += sched_row_pages(&f.kv, &rows[i], prefix > 0) > f.kv.n_pages;
     CHECK(unfit == 0, "%d rows need more pages than the cache's %d", unfit, f.kv.n_pages);
     sched_cfg cfg = {&be, g_tok, VOCAB, 0, js->batch, max_seqs, chunk, 0, max_seqs, reserve > 0, prefix > 0,
-                     prefix > 0, 0, g_ad.cap > 0};
+                     prefix > 0, 0, g_ad.cap > 0 && g_ad.adapt};
     if (sched_init(&s, &cfg, rows, n_rows, err, sizeof err)) {
         CHECK(0, "sched_init: %s", err);
         goto out;
@@ -580,20 +581,24 @@ static void adaptive_job(const char *what, int change_at, double C2, double c_to
     int pre;
     uint64_t np;
     g_ad.cap = 4096;
+    g_ad.adapt = true;
     g_ad.C = 1.0, g_ad.c0 = 0.1, g_ad.c_tok = 5e-4, g_ad.c_att = 1e-8;
     g_ad.change_at = change_at, g_ad.C2 = C2, g_ad.c_tok2 = c_tok2;
     g_log_cap = 4096;
     g_log_n = 0;
     g_log = malloc(sizeof *g_log * (size_t)g_log_cap);
     json_t *a = run_spec(&js, false, false, 0, 0, &scratch, &wall, &eta, &pre, &np, NULL);
+    double wall_a = wall;
     int passes = g_log_n;
     pass_rec *log = g_log;
     g_log = NULL;
-    g_ad.cap = 0;
-    js.chunk = 4096;
+    g_ad.adapt = false; /* the same engine and clock, constant chunks */
     json_t *b = run_spec(&js, false, false, 0, 0, &scratch, &wall, &eta, &pre, &np, NULL);
-    js.chunk = 100;
+    double wall_b = wall;
+    g_ad.cap = 100;
     json_t *c = run_spec(&js, false, false, 0, 0, &scratch, &wall, &eta, &pre, &np, NULL);
+    double wall_c = wall;
+    g_ad.cap = 0;
     CHECK(a && b && json_equal(a, b), "%s: the adaptive budget answered differently from a constant 4,096", what);
     CHECK(a && c && json_equal(a, c), "%s: the adaptive budget answered differently from a constant 100", what);
     double *ratios = malloc(sizeof(double) * (size_t)(passes + 1));
@@ -623,7 +628,8 @@ static void adaptive_job(const char *what, int change_at, double C2, double c_to
           worst);
     CHECK(med >= 1.10, "%s: the median carrying pass is %.2fx its clean pass: the budget starves", what, med);
     fprintf(stderr, "adaptive prompt budget, %s: %d passes, %d probes, %d carrying judged: median %.2fx, worst "
-            "%.2fx the clean pass\n", what, passes, probes, counted, med, worst);
+            "%.2fx the clean pass; fake wall %.0f s (constant 4,096: %.0f s, 100: %.0f s)\n", what, passes, probes,
+            counted, med, worst, wall_a, wall_b, wall_c);
     free(ratios);
     free(log);
     json_decref(a);
@@ -720,6 +726,7 @@ int main(void)
             int pre3;
             uint64_t np3;
             g_ad.cap = js.chunk * 8;
+            g_ad.adapt = true;
             g_ad.C = 1.0, g_ad.c0 = 0.2, g_ad.c_tok = 0.01, g_ad.c_att = 1e-5, g_ad.change_at = 0;
             json_t *c = run_spec(&js, true, j % 2 == 1, j % 4 == 3 ? 2 : 0, shared ? 1 : 0, &scratch, &w3, &e3, &pre3,
                                  &np3, NULL);
