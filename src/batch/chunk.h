@@ -32,6 +32,14 @@
  * scheduler, which stops a chunk where pages run out.  Chunking never changes a
  * row's tokens (a row's logits depend only on its own positions), so the
  * timing-driven budget leaves the outputs as a constant one would.
+ * The trade-off: the target bounds what prompt work costs the rows decoding in
+ * the same pass, not the job's time.  A prefill-heavy job (long prompts, few
+ * new tokens) refills its batch only as fast as prompt tokens flow, and past
+ * the knee every prompt token costs the same whether chunks are big or small,
+ * so smaller chunks there add passes (copies) without hiding anything; the
+ * budget that keeps the batch full (prompt tokens of the rows that finish per
+ * pass) would be the other bound.  Not done yet: the H200 run
+ * (tools/device_chunk.sh) measures whole-job tok/s against the constant 8,192.
  * Deliberately not done: a fitted hinge model (two unknowns from noisy passes;
  * Newton steps on it oscillate when the decode part is small), and adapting
  * when the weights are resident (a pass costs its compute, nothing hides it:
