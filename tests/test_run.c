@@ -15,7 +15,9 @@
  *     waits, rows are preempted and recomputed; nothing fails);
  *   - killed with SIGKILL at random moments and resumed until done (no row
  *     lost, none duplicated, every line valid JSON);
- *   - SIGINT: exit 75 within 5 s, then resume completes the job.
+ *   - SIGINT: exit 75 within 5 s, then resume completes the job;
+ *   - long prompts streamed with the adaptive prompt budget (chunk.h), with a
+ *     constant --prefill-chunk, and resident: the same answers.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -312,6 +314,65 @@ static void test_memory_budget(const char *tmp)
     json_decref(refm);
 }
 
+/* The prompt tokens per pass: streamed without --prefill-chunk they adapt to the passes' times (chunk.h), which
+ * must not change a row's tokens.  The long rows (~330-token prompts, 16 at once) answer the same streamed and
+ * adaptive, streamed with a constant --prefill-chunk 40, and resident with the default constant; the lines say
+ * how the tokens were chosen; and the adaptive run's chunks really differ from a constant's: its second pass
+ * is the clean-pass probe, held to the 64-token floor while prompts wait (the first took the whole cap, 256).
+ * Release binary: three CPU runs of 96 long rows. */
+static void test_adaptive_chunk(const char *tmp)
+{
+    const char *b = getenv("SPILL_REL_BIN") && *getenv("SPILL_REL_BIN") ? getenv("SPILL_REL_BIN") : "./spill";
+    char input[600], ref[600], d[600], log[700], plog[700], buf[8192];
+    snprintf(input, sizeof input, "%s/long.jsonl", tmp);
+    write_long_input(input);
+    snprintf(ref, sizeof ref, "%s/cref", tmp);
+    snprintf(log, sizeof log, "%s/cref.log", tmp);
+    char *a_ref[] = {(char *)b, "run", MODEL, input, "-o", ref, "--batch", "16", "--resident", "--quiet", NULL};
+    CHECK(spawn_out(a_ref, 0, 0, NULL, log) == 0, "resident constant-chunk run failed (%s)", b);
+    read_head(log, buf, sizeof buf);
+    CHECK(strstr(buf, "prompt tokens per pass: 256 (weights resident") != NULL,
+          "the resident run does not say its prompt tokens per pass are the constant 256: %.400s", buf);
+    int n, ne, dups, bad;
+    json_t *refm = answers(ref, &n, &ne, &dups, &bad);
+    CHECK(n == LONG_ROWS && ne == 0, "resident constant-chunk run: %d lines, %d errors", n, ne);
+
+    snprintf(d, sizeof d, "%s/cadapt", tmp);
+    snprintf(log, sizeof log, "%s/cadapt.log", tmp);
+    snprintf(plog, sizeof plog, "%s/cadapt.csv", tmp);
+    char *a_ad[] = {(char *)b, "run", MODEL, input, "-o", d, "--batch", "16", "--stream", "--pass-log", plog, "--quiet",
+                    NULL};
+    CHECK(spawn_out(a_ad, 0, 0, NULL, log) == 0, "streamed adaptive run failed (see %s)", log);
+    read_head(log, buf, sizeof buf);
+    CHECK(strstr(buf, "prompt tokens per pass: adaptive, 1.25x the clean pass (at most 256)") != NULL,
+          "the adaptive run's pre-run line does not say so: %.400s", buf);
+    CHECK(strstr(buf, "prompt tokens per pass: adaptive, 1.25x the clean pass (last ") != NULL,
+          "the adaptive run's summary does not say how prompt tokens per pass were chosen: %.400s", buf);
+    compare_n("streamed, adaptive prompt tokens per pass", refm, d, LONG_ROWS);
+    FILE *f = fopen(plog, "r");
+    int pass, seqs, dec, pre[3] = {-1, -1, -1};
+    if (f) {
+        CHECK(fgets(buf, sizeof buf, f) != NULL, "empty pass log %s", plog);
+        for (int i = 0; i < 3 && fscanf(f, "%d,%d,%d,%d%*[^\n]", &pass, &seqs, &dec, &pre[i]) == 4; i++)
+            ;
+        fclose(f);
+    }
+    CHECK(pre[0] == 256 && pre[1] > 0 && pre[1] <= 64 && pre[2] > 64,
+          "adaptive run's first passes carried %d, %d, %d prompt tokens: want the cap, a probe at the floor, more",
+          pre[0], pre[1], pre[2]);
+
+    snprintf(d, sizeof d, "%s/cfixed", tmp);
+    snprintf(log, sizeof log, "%s/cfixed.log", tmp);
+    char *a_fx[] = {(char *)b, "run", MODEL, input, "-o", d, "--batch", "16", "--stream", "--prefill-chunk", "40",
+                    "--quiet", NULL};
+    CHECK(spawn_out(a_fx, 0, 0, NULL, log) == 0, "streamed --prefill-chunk 40 run failed (see %s)", log);
+    read_head(log, buf, sizeof buf);
+    CHECK(strstr(buf, "prompt tokens per pass: 40 (--prefill-chunk)") != NULL,
+          "the --prefill-chunk run does not say its chunk is the constant 40: %.400s", buf);
+    compare_n("streamed, --prefill-chunk 40", refm, d, LONG_ROWS);
+    json_decref(refm);
+}
+
 /* N from the "..., N preemptions" of a run's summary line; -1 when absent. */
 static long preemptions_of(const char *buf)
 {
@@ -435,6 +496,7 @@ int main(void)
 
     json_decref(refm);
     test_memory_budget(tmp);
+    test_adaptive_chunk(tmp);
     rmrf(tmp);
     return test_finish("test_run");
 }

@@ -793,6 +793,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
         /* the whole pass — build, forward, sampling, output, group commit — is what the ETA must price */
         double pass_s = now_s() - t0;
         calib_observe(&r->cal_run, pass_tokens, pass_att, pass_s);
+        sched_observe_pass(s, pass_s);
         plan_observe(&r->mem, s->kv->n_pages - s->kv->n_free, sched_seq_tokens(s));
         if (r->pass_log) {
             int dec = 0;
@@ -1200,9 +1201,13 @@ static int setup_passes(runner *r, char *err, size_t errlen)
     for (size_t i = 0; !r->n_ranks && i < r->n_rows; i++)
         if (r->rows[i].state == ROW_PENDING && run_fail_unfit(r, i, err, errlen) < 0)
             return -1;
+    /* the prompt tokens per pass adapt when the user left them and the layers stream (a backend names its
+     * streamed tiers: "streamed CPU, …", "GPU …: 40 of 80 layers streamed …"): a resident pass costs its
+     * compute, with no copy to hide it behind, so the cap stays the constant */
+    bool adapt = r->o.prefill_auto && strstr(r->be.name, "streamed") != NULL;
     sched_cfg sc = {&r->be, r->tok, r->m->vocab, r->job_seed, r->batch, r->max_seqs, r->o.prefill_chunk,
                     r->mem.plan.guard, r->max_logit_rows, r->o.batch == 0, r->o.prefix_cache != 2,
-                    r->o.settings.kv_check, r->o.speculate == 1 ? r->o.spec_k : 0};
+                    r->o.settings.kv_check, r->o.speculate == 1 ? r->o.spec_k : 0, adapt};
     return sched_init(&r->s, &sc, r->rows, r->n_rows, err, errlen);
 }
 
@@ -1280,6 +1285,31 @@ static void start_status(runner *r)
         fprintf(stderr, "spill: status page at http://127.0.0.1:%d/#key=%s\n", r->o.status_port, key);
 }
 
+/* How the prompt tokens per pass are chosen, for the pre-run line (done false) and the end summary (done
+ * true: the last budget and the carrying passes against the clean pass, as measured). */
+static void fmt_chunk(const runner *r, bool done, char *out, size_t cap)
+{
+    const chunk_ctl *c = &r->s.chunk;
+    char n[32], l[32];
+    fmt_count((uint64_t)c->cap, n, sizeof n);
+    fmt_count((uint64_t)c->last, l, sizeof l);
+    int k;
+    if (c->adaptive)
+        k = done ? snprintf(out, cap, "prompt tokens per pass: adaptive, %.3gx the clean pass (last %s, at most %s)",
+                            c->ratio, l, n)
+                 : snprintf(out, cap, "prompt tokens per pass: adaptive, %.3gx the clean pass (at most %s)", c->ratio,
+                            n);
+    else
+        k = snprintf(out, cap, "prompt tokens per pass: %s (%s)", n,
+                     !r->o.prefill_auto ? "--prefill-chunk" : "weights resident: nothing to hide prompt work behind");
+    if (done && c->measured && k > 0 && (size_t)k < cap)
+        snprintf(out + k, cap - (size_t)k,
+                 "; %llu passes carried prompt tokens, %.2fx the clean pass (%.3f s) on average, %.2fx at most; "
+                 "%llu probes",
+                 (unsigned long long)c->measured, c->ratio_sum / (double)c->measured, c->clean_s, c->ratio_max,
+                 (unsigned long long)c->probes);
+}
+
 /* The line printed once the job is ready, before the first pass. */
 static void print_ready(runner *r, bool resuming, double t_open, uint64_t already)
 {
@@ -1316,11 +1346,13 @@ static void print_ready(runner *r, bool resuming, double t_open, uint64_t alread
         fmt_count(r->shared_expect, sx, sizeof sx);
         snprintf(px, sizeof px, " (%s of them expected from the prefix cache)", sx);
     }
+    char ck[200];
+    fmt_chunk(r, false, ck, sizeof ck);
     snprintf(r->ready_line, sizeof r->ready_line,
-             "spill %s: %s (%s, %s: %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill%s · %s · engine "
-             "%s · %s · ETA %s · job %s · ready in %.1f s",
+             "spill %s: %s (%s, %s: %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill%s · %s · %s · "
+             "engine %s · %s · ETA %s · job %s · ready in %.1f s",
              resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->quant_name, r->m->quant_summary, wb,
-             (unsigned long long)r->rows_total, (unsigned long long)already, pt, px, bt, r->be.name, mem, eta0,
+             (unsigned long long)r->rows_total, (unsigned long long)already, pt, px, bt, ck, r->be.name, mem, eta0,
              r->o.out_dir, now_s() - t_open);
     printf("%s\n", r->ready_line);
     fflush(stdout);
@@ -1374,6 +1406,9 @@ static void print_done(runner *r, const char *dir, double el)
                (unsigned long long)r->dec_steps, (unsigned long long)r->spec_accepted,
                (unsigned long long)r->s.spec_proposed,
                r->s.spec_proposed ? 100.0 * (double)r->spec_accepted / (double)r->s.spec_proposed : 0.0);
+    char ck[400];
+    fmt_chunk(r, true, ck, sizeof ck);
+    printf("%s\n", ck);
     bool scored = r->tokens_generated == 0 && r->tokens_scored > 0; /* --score, echo with max_tokens 0 */
     uint64_t toks = scored ? r->tokens_scored : r->tokens_generated;
     printf("done: %llu rows answered, %llu failed, %llu tokens %s in %.1f s (%.1f tok/s), %llu preemptions · "

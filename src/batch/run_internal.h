@@ -59,6 +59,8 @@ typedef struct run_opts {
     int prefix_cache;    /* --prefix-cache: 0 unset (on), 1 on, 2 off (sched_cfg.prefix) */
     int speculate;       /* --speculate: 0 unset (off), 1 lookup (spec.h's proposer), 2 off */
     int spec_k;          /* --spec-k: most tokens proposed per row per pass (0 unset: 4) */
+    bool prefill_auto;   /* no --prefill-chunk: prefill_chunk is the default cap, and when the layers stream the
+                            prompt tokens per pass adapt to the passes' times (chunk.h) */
     bool quiet, exact, q8; /* q8: quantized weights multiply 8-bit activations (faster for small batches, not exact) */
     spill_settings settings; /* the environment's diagnostic switches, read with the options */
     /* spill distill (cmd 1): every row's answer carries distill_k top log-probs per token (-1: the rows' own);

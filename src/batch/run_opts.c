@@ -84,7 +84,8 @@ static const run_opt opts[] = {
      "weights as this format (default: the file's own; a requantized copy is cached under $SPILL_HOME/cache)", false},
     {"--batch", NULL, "N", OPT_INT, OFF(batch), 0, false, "rows decoded together per pass (default: what memory allows)", false},
     {"--threads", NULL, "N", OPT_INT, OFF(threads), 0, false, "CPU threads (default: every core)", false},
-    {"--prefill-chunk", NULL, "N", OPT_INT, OFF(prefill_chunk), 0, false, "prompt tokens a pass takes at most", false},
+    {"--prefill-chunk", NULL, "N", OPT_INT, OFF(prefill_chunk), 0, false,
+     "prompt tokens a pass takes, a constant (default: adapted to the layer copy when streaming)", false},
     {"--page-tokens", NULL, "N", OPT_INT, OFF(page_tokens), 0, false, "positions per KV page (default 16)", false},
     {"--kv-mem", NULL, "BYTES", OPT_BYTES, OFF(kv_bytes), 0, false, "memory for KV pages (K, M or G suffix)", false},
     {"--mem-budget", NULL, "BYTES", OPT_BYTES, OFF(mem_budget), 0, false,
@@ -267,7 +268,8 @@ json_t *run_opts_json(const run_opts *o)
                           o->kv_dtype, "model", o->model_spec);
     if (j && (json_object_set_new(j, "prefix_cache", json_boolean(o->prefix_cache != 2)) ||
               json_object_set_new(j, "speculate", json_string(o->speculate == 1 ? "lookup" : "off")) ||
-              json_object_set_new(j, "spec_k", json_integer(o->spec_k)))) {
+              json_object_set_new(j, "spec_k", json_integer(o->spec_k)) ||
+              json_object_set_new(j, "prefill_auto", json_boolean(o->prefill_auto)))) {
         json_decref(j);
         return NULL;
     }
@@ -306,7 +308,8 @@ int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char 
         o->quant = json_string_value(json_object_get(opt, "quant"));
     if (!o->batch)
         o->batch = (int)json_integer_value(json_object_get(opt, "batch"));
-    if (!o->prefill_chunk)
+    /* a job that chose its prompt tokens per pass chooses them again (the default cap, adaptive when streaming) */
+    if (!o->prefill_chunk && !json_is_true(json_object_get(opt, "prefill_auto")))
         o->prefill_chunk = (int)json_integer_value(json_object_get(opt, "prefill_chunk"));
     if (!o->page_tokens)
         o->page_tokens = (int)json_integer_value(json_object_get(opt, "page_tokens"));
@@ -348,11 +351,14 @@ int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char 
 
 void run_defaults(run_opts *o)
 {
-    if (!o->prefill_chunk)
-        /* prompt tokens per pass: a CPU pass costs its FLOPs, so chunks stay small; a GPU pass costs the
-         * weights' trip over PCIe whatever it carries, so it takes big ones (device_plan.sh: 256-token
-         * chunks spent 100 of 125 passes prefilling 52k prompt tokens) */
+    if (!o->prefill_chunk) {
+        /* prompt tokens per pass at most (the pass buffers' size): a CPU pass costs its FLOPs, so chunks stay
+         * small; a GPU pass costs the weights' trip over PCIe whatever it carries, so it takes big ones
+         * (device_plan.sh: 256-token chunks spent 100 of 125 passes prefilling 52k prompt tokens).  When the
+         * layers stream, the runner adapts the tokens within this cap to the passes' times (chunk.h). */
         o->prefill_chunk = o->device != 1 && spill_gpu_open ? 8192 : 256;
+        o->prefill_auto = true;
+    }
     if (!o->page_tokens)
         o->page_tokens = 16;
     if (!o->mem_budget) /* three quarters of physical RAM: the prototype's knee was 75-85% */

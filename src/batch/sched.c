@@ -12,7 +12,8 @@
  * (prompt + max new tokens), so the expensive rows start early and the end
  * tail is made of short ones.  Every pass carries one decode token for every
  * active choice, then prompt chunks of admitted rows up to a per-pass token
- * cap, all through the same matmuls.  A row is admitted when a batch slot is
+ * cap (adapted to the passes' times when the layers stream: chunk.h), all
+ * through the same matmuls.  A row is admitted when a batch slot is
  * free and the KV arena can hold its prompt while leaving one page of growth
  * per active choice; pages are reserved as positions are written.  If a
  * choice needs a page and none is free, the most recently admitted row is
@@ -341,6 +342,8 @@ int sched_init(sched *s, const sched_cfg *cfg, row *rows, size_t n_rows, char *e
         return util_errf(err, errlen, "out of memory for %zu rows.", n_rows);
     if (cfg->prefix && kv_prefix_enable(s->kv, err, errlen))
         return -1;
+    int floor = s->kv->page_tokens > CHUNK_FLOOR ? s->kv->page_tokens : CHUNK_FLOOR;
+    chunk_init(&s->chunk, cfg->chunk_adapt, cfg->prefill_chunk, floor, CHUNK_RATIO);
     size_t n;
     /* the queue ends at n_rows + 1, leaving room at the head for preempted rows to return to */
     if (sched_order(rows, n_rows, s->kv->page_tokens, cfg->prefix, s->queue + 1, &n))
@@ -636,7 +639,10 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
         verify -= k;
         extra += k;
     }
-    /* then prompt chunks, in admission order, up to the token cap */
+    /* then prompt chunks, in admission order, up to the token cap (and the adaptive prompt budget) */
+    s->pass_prompt = 0;
+    if (s->chunk.adaptive && budget > chunk_budget(&s->chunk))
+        budget = chunk_budget(&s->chunk);
     for (size_t ai = 0; ai < s->n_active && budget > 0; ai++) {
         size_t idx = s->active[ai];
         row *w = &s->rows[idx];
@@ -676,6 +682,7 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
             if (all)
                 extra += n - skip - 1;
             budget -= n;
+            s->pass_prompt += n;
         }
     }
     if (s->n_seqs > 0)
@@ -705,6 +712,8 @@ void sched_pass_work(const sched *s, double *tokens, double *att)
         *att += n * p0 + n * (n + 1) / 2; /* each token attends to every cached position up to itself */
     }
 }
+
+void sched_observe_pass(sched *s, double secs) { chunk_observe(&s->chunk, s->pass_prompt, secs); }
 
 void sched_finish_pass(sched *s)
 {
@@ -898,6 +907,8 @@ double sched_estimate(const sched *s, const calib *c)
             r->gen_left -= 1;
             budget -= r->choices;
         }
+        if (s->chunk.adaptive && budget > s->chunk.budget) /* the budget as it stands now */
+            budget = s->chunk.budget;
         for (size_t i = 0; i < n_act && budget > 0; i++) {
             sim_row *r = &q[act[i]];
             if (r->prompt_left <= 0)

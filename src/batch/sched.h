@@ -15,6 +15,7 @@
  *         per logits row: draw a token for (s.seq_row, s.seq_choice) and apply it;
  *             a row whose prompt just ended: sched_share_prompt for its other choices
  *         per active row with every choice done: write it, sched_retire_row(&s, ai)
+ *         sched_observe_pass(&s, seconds)        the prompt budget learns the pass's cost
  *     }
  *     sched_free(&s)
  *
@@ -37,6 +38,7 @@
 #include "../engine/kv.h"
 #include "../text/tokenizer.h"
 #include "calib.h"
+#include "chunk.h"
 #include "grammar.h"
 #include "output.h"
 #include "request.h"
@@ -144,6 +146,8 @@ typedef struct sched_cfg {
                                 queue grouped by prefix, a row's n choices mapping its prompt pages */
     bool kv_check;           /* after every pass, check each page's count against the rows mapping it (slow) */
     int spec_k;              /* speculative passes: tokens proposed at most per choice per pass (--spec-k); 0 = off */
+    bool chunk_adapt;        /* the prompt tokens a pass carries adapt to the passes' times (chunk.h), within
+                                prefill_chunk; false: prefill_chunk is a constant cap */
 } sched_cfg;
 
 typedef struct sched {
@@ -171,6 +175,8 @@ typedef struct sched {
     uint64_t prefix_tokens;     /* prompt tokens mapped instead of computed (every admission and choice) */
     uint64_t prefix_waits;      /* passes the queue head waited for a running row to finish a prefix it shares */
     int32_t pages_saved_peak;   /* most page-table entries at once beyond the distinct pages they map */
+    chunk_ctl chunk;            /* the prompt tokens per pass (chunk.h) */
+    int pass_prompt;            /* prompt tokens the built pass carries */
 } sched;
 
 /* The order a job's pending rows run in, as indices into rows (n_out of them): longest first (prompt + max new
@@ -228,6 +234,10 @@ int sched_build_pass(sched *s, char *err, size_t errlen);
 /* The built pass's work as the pass-cost fit prices it (calib.h): tokens fed, and (token, cached position)
  * pairs attended. */
 void sched_pass_work(const sched *s, double *tokens, double *att);
+
+/* The built pass took secs seconds (build to output, as the ETA prices it): the prompt budget learns from it
+ * (chunk_observe). */
+void sched_observe_pass(sched *s, double secs);
 
 /* The built pass ran: every sequence's tokens are in the cache (advances each choice's fed; a speculating
  * decode step's by its first token only: the caller keeps more with sched_spec_keep). */
