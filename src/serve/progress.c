@@ -231,34 +231,24 @@ struct status_server {
     unsigned long long total;
 };
 
-static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, const char *type, char *body)
-{
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(r, "Content-Type", type);
-    MHD_add_response_header(r, "Cache-Control", "no-store");
-    enum MHD_Result rc = MHD_queue_response(c, code, r);
-    MHD_destroy_response(r);
-    return rc;
-}
-
 static enum MHD_Result on_status(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                  const char *version, const char *upload, size_t *upload_size, void **ctx)
 {
     status_server *s = cls;
     if (strcmp(method, "GET"))
-        return reply(c, 405, "application/json", strdup("{\"error\":{\"message\":\"Only GET is served here.\"}}"));
+        return serve_reply(c, 405, "application/json", strdup("{\"error\":{\"message\":\"Only GET is served here.\"}}"));
     if (!strcmp(url, "/"))
-        return reply(c, 200, "text/html; charset=utf-8", strdup(serve_job_page));
+        return serve_reply(c, 200, "text/html; charset=utf-8", strdup(serve_job_page));
     if (strcmp(url, "/progress"))
-        return reply(c, 404, "application/json", strdup("{\"error\":{\"message\":\"No such page: / and /progress.\"}}"));
+        return serve_reply(c, 404, "application/json", strdup("{\"error\":{\"message\":\"No such page: / and /progress.\"}}"));
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncmp(h, "Bearer ", 7) || !serve_key_equal(h + 7, s->key))
-        return reply(c, 401, "application/json",
+        return serve_reply(c, 401, "application/json",
                      strdup("{\"error\":{\"message\":\"The key the run printed is needed: open the URL it gave.\"}}"));
     json_t *j = progress_json(s->jobdir, s->pass_csv, s->plan, s->total);
     char *body = json_dumps(j, JSON_COMPACT);
     json_decref(j);
-    return reply(c, 200, "application/json", body ? body : strdup("{}"));
+    return serve_reply(c, 200, "application/json", body ? body : strdup("{}"));
 }
 
 status_server *status_server_start(int port, const char *jobdir, const char *pass_csv, const char *plan_line,

@@ -283,7 +283,7 @@ static json_t *file_register(const char *id, const char *filename, const char *p
 
 /* ---- HTTP replies ---- */
 
-static enum MHD_Result reply_text(struct MHD_Connection *c, unsigned status, const char *type, char *body)
+enum MHD_Result serve_reply(struct MHD_Connection *c, unsigned status, const char *type, char *body)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(r, "Content-Type", type);
@@ -297,7 +297,7 @@ static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, jso
 {
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
-    return reply_text(c, status, "application/json", s ? s : strdup("{}"));
+    return serve_reply(c, status, "application/json", s ? s : strdup("{}"));
 }
 
 static enum MHD_Result reply_err(struct MHD_Connection *c, unsigned status, const char *type, const char *code,
@@ -560,9 +560,9 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
 {
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST"), del = !strcmp(method, "DELETE");
     if (get && !strcmp(url, "/health"))
-        return reply_text(c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+        return serve_reply(c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
     if (get && !strcmp(url, "/"))
-        return reply_text(c, 200, "text/html; charset=utf-8", strdup(serve_status_page));
+        return serve_reply(c, 200, "text/html; charset=utf-8", strdup(serve_status_page));
     if (!authorized(c))
         return reply_err(c, 401, "invalid_request_error", "invalid_api_key",
                          "A valid API key is needed: send it as 'Authorization: Bearer KEY'.");

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include <microhttpd.h>
+
 /* `spill serve [OPTIONS]`; argv holds the arguments after the word "serve".  Returns the process exit code and
  * never exits. */
 int serve_main(int argc, char **argv);
@@ -18,6 +20,10 @@ bool serve_id_valid(const char *s, const char *prefix);
 
 /* Constant-time equality of two keys (both hashed with SHA-256 first, so neither length nor content leaks). */
 bool serve_key_equal(const char *a, const char *b);
+
+/* Queues body (malloc'd; freed by libmicrohttpd) as the response, with its Content-Type and Cache-Control: no-store.
+ * Both of spill's servers (serve.c, progress.c's status page) answer through it. */
+enum MHD_Result serve_reply(struct MHD_Connection *c, unsigned status, const char *type, char *body);
 
 /* Parses "200M"-style sizes (K, M, G: powers of 1024; none: bytes).  0, or -1 on a bad or zero size. */
 int serve_parse_size(const char *s, unsigned long long *out);
