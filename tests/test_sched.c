@@ -235,6 +235,7 @@ static tokenizer *g_tok;
 typedef struct pass_rec {
     int prompt;        /* prompt tokens the pass carried */
     bool probe;        /* the scheduler held it to the floor to measure the clean pass */
+    bool clamped;      /* the adaptive budget bounded it (rows decoding were at least half the batch) */
     double secs, clean; /* its fake seconds, and what the same pass without its prompt tokens would have cost */
 } pass_rec;
 /* cap > 0: run_spec's engine is sized for cap prompt tokens per pass, the budget adapts (adapt), the pass cost is
@@ -389,7 +390,7 @@ static int run_passes(drive *d, sched *s, fake *f, const spill_backend *be, samp
                     da += n * p0 + n * (n + 1) / 2;
                 }
             double clean = f->c0 + f->c_tok * dt + f->c_att * da;
-            g_log[g_log_n++] = (pass_rec){s->pass_prompt, s->chunk.probe, f->clock - t0, clean > f->C ? clean : f->C};
+            g_log[g_log_n++] = (pass_rec){s->pass_prompt, s->chunk.probe, s->pass_clamped, f->clock - t0, clean > f->C ? clean : f->C};
         }
         sched_observe_pass(s, f->clock - t0);
         if (rc == 0 && s->cfg.kv_check && sched_check(s, err, errlen))
@@ -486,7 +487,7 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, int reserve, 
         CHECK(0, "set-up: %s", err);
         goto out;
     }
-    spill_backend be = {&f, "fake", 0, fake_forward, fake_kv, prefix == 2 ? NULL : fake_kv_copy, fake_close, NULL, NULL, NULL};
+    spill_backend be = {&f, "fake", 0, fake_forward, fake_kv, prefix == 2 ? NULL : fake_kv_copy, fake_close, NULL, NULL, NULL, false};
     if (pick)
         be.forward_pick = fake_forward_pick;
     int unfit = 0; /* the runner would fail these rows into errors.jsonl before sched_init */
@@ -541,8 +542,9 @@ static int cmp_double(const void *a, const void *b)
 /* The adaptive prompt budget on a streamed fake (a pass costs max(C, c0 + c_tok * tokens + c_att * pairs)):
  * 120 rows of 1,500-2,500-token prompts, 40 at once, the engine sized for 4,096 prompt tokens a pass, the cost
  * model changed at pass change_at (0 never) to C2 / c_tok2.  Checks, with bounds decided before the first run:
- *   - every carrying pass (a probe aside) costs <= 1.30x its clean pass (the issue's bound; the target is
- *     1.25x) once `grace` carrying passes have passed since the start or the change (the controller converges
+ *   - every carrying pass the budget bounded (a probe aside; the budget bounds a pass when rows decoding are at
+ *     least half the batch) costs <= 1.30x its clean pass (the issue's bound; the target is
+ *     1.25x) once `grace` such passes have passed since the start or the change (the controller converges
  *     geometrically from the first guess; a clean pass that shrank is only seen at the next probe);
  *   - the median carrying pass after those is >= 1.10x its clean pass: the budget uses the copy's shadow
  *     instead of crawling at the floor;
@@ -606,14 +608,14 @@ static void adaptive_job(const char *what, int change_at, double C2, double c_to
     double worst = 0;
     for (int p = 1; p < passes; p++) { /* pass 0 is the warm-up */
         const pass_rec *q = &log[p];
-        capped += q->prompt > 4096;
+        capped += q->clamped && q->prompt > 4096; /* unbounded passes take the constant's share, run_spec checks the engine's size */
         if (change_at && p == change_at - 1)
             since = 0;
         if (q->probe) {
             probes++;
             continue;
         }
-        if (q->prompt == 0 || ++since <= grace)
+        if (q->prompt == 0 || !q->clamped || ++since <= grace)
             continue;
         double r = q->secs / q->clean;
         ratios[counted++] = r;

@@ -1201,10 +1201,9 @@ static int setup_passes(runner *r, char *err, size_t errlen)
     for (size_t i = 0; !r->n_ranks && i < r->n_rows; i++)
         if (r->rows[i].state == ROW_PENDING && run_fail_unfit(r, i, err, errlen) < 0)
             return -1;
-    /* the prompt tokens per pass adapt when the user left them and the layers stream (a backend names its
-     * streamed tiers: "streamed CPU, …", "GPU …: 40 of 80 layers streamed …"): a resident pass costs its
-     * compute, with no copy to hide it behind, so the cap stays the constant */
-    bool adapt = r->o.prefill_auto && strstr(r->be.name, "streamed") != NULL;
+    /* the prompt tokens per pass adapt when the user left them and the layers stream (the backend's streams
+     * flag): a resident pass costs its compute, with no copy to hide it behind, so the cap stays the constant */
+    bool adapt = r->o.prefill_auto && r->be.streams;
     sched_cfg sc = {&r->be, r->tok, r->m->vocab, r->job_seed, r->batch, r->max_seqs, r->o.prefill_chunk,
                     r->mem.plan.guard, r->max_logit_rows, r->o.batch == 0, r->o.prefix_cache != 2,
                     r->o.settings.kv_check, r->o.speculate == 1 ? r->o.spec_k : 0, adapt};

@@ -177,6 +177,7 @@ typedef struct sched {
     int32_t pages_saved_peak;   /* most page-table entries at once beyond the distinct pages they map */
     chunk_ctl chunk;            /* the prompt tokens per pass (chunk.h) */
     int pass_prompt;            /* prompt tokens the built pass carries */
+    bool pass_clamped;          /* the adaptive budget bounded the built pass's prompt tokens (sched_build_pass) */
 } sched;
 
 /* The order a job's pending rows run in, as indices into rows (n_out of them): longest first (prompt + max new

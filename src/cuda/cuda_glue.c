@@ -177,6 +177,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
         snprintf(out->name, sizeof out->name, "GPU %.40s, HBM plan %.1f GB: weights resident, KV %.1f GB %s", name,
                  (double)hbm / 1e9, (double)pages * (double)page / 1e9, kv_dtype_name(kvt));
     out->weight_bytes = st.resident_weight_bytes;
+    out->streams = co.streamed && st.n_streamed > 0;
     out->forward = g_forward;
     out->forward_pick = g_forward_pick;
     out->kv = g_kv;

@@ -127,6 +127,9 @@ typedef struct spill_backend {
     int (*forward_hidden)(void *impl, fwd_seq *seqs, int n_seqs, float *hidden, char *err, size_t errlen);
     /* One line on what the weights' tiers moved so far (bytes per pass, disk and copy rates); NULL = none. */
     void (*io_line)(void *impl, char *buf, size_t cap);
+    /* true when some layers are copied in every pass (disk or pinned RAM): a pass then costs at least that copy,
+     * and prompt work can hide behind it (chunk.h); false when every layer is resident. */
+    bool streams;
 } spill_backend;
 
 /* The CPU engine as a backend. */

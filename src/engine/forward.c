@@ -859,6 +859,7 @@ int engine_backend_cpu(model_desc *m, const engine_opts *o, spill_backend *out, 
     snprintf(out->name, sizeof out->name, "%s CPU, %d threads%s", o->stream ? "streamed" : "resident",
              engine_threads(e), o->q8_activations ? "" : ", exact fp32 activations");
     out->weight_bytes = engine_weight_bytes(e);
+    out->streams = o->stream;
     out->forward = be_forward;
     out->forward_hidden = be_forward_hidden;
     out->kv = be_kv;
