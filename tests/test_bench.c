@@ -386,6 +386,26 @@ static void test_binary(void)
               rows[i].limit, want);
     }
 
+    /* --verify 3: every decode pass feeds each row 4 tokens with every position's logits (a speculative verify
+     * pass); the run completes under ASan (buffers sized for 4 logits rows a row), the CSV says so, and the limit
+     * counts the tokens fed: B / max(bytes / disk, 4 B x flops / GEMM) */
+    const char *a3[] = {NULL, "bench", MODEL, "--tiers", "stream", "--batches", "8,2", "--gen", "4", "--prompt", "8",
+                        "--verify", "3", "-o", dir, NULL};
+    rc = spawn(a3, out, errp);
+    CHECK(rc == 0, "spill bench --verify 3: exit %d", rc);
+    check_outputs(dir, st, 1, b28, 2, "stored probe of 2025-01-01T00:00:00Z", rows, &n, &flops, &sbytes);
+    for (int i = 0; i < n && n == 2; i++) {
+        double B = rows[i].batch, pass = fmax(sbytes / 2e3, 4 * B * flops / 0.5e9), want = B / pass;
+        CHECK(fabs(rows[i].limit - want) <= 1e-3 * want, "--verify 3, batch %d: limit %g, the formula gives %g",
+              rows[i].batch, rows[i].limit, want);
+    }
+    char vcsv[700];
+    snprintf(vcsv, sizeof vcsv, "%s/bench.csv", dir);
+    char *vc = slurp(vcsv);
+    CHECK(vc && strstr(vc, "# --verify 3: each decode pass feeds every row 4 tokens"),
+          "bench.csv does not say the passes were verify passes: %.300s", vc ? vc : "");
+    free(vc);
+
     /* bad arguments: exit 2, one sentence */
     const char *bad[][8] = {
         {NULL, "bench", MODEL, "--batches", "1,x", NULL},
@@ -393,6 +413,7 @@ static void test_binary(void)
         {NULL, "bench", MODEL, "--batches", "0", NULL},
         {NULL, "bench", MODEL, "--tiers", "resident,warp", NULL},
         {NULL, "bench", MODEL, "--gen", "0", NULL},
+        {NULL, "bench", MODEL, "--verify", "17", NULL},
         {NULL, "bench", MODEL, "--seconds", "-1", NULL},
         {NULL, "bench", MODEL, "--bogus", NULL},
         {NULL, "bench", "--gen", "4", NULL},

@@ -11,7 +11,11 @@
  * B tokens, one per row, greedy, are timed for --gen steps or until
  * --seconds; decode tok/s = B · steps / seconds.  Picks are made where the
  * runner makes them (forward_pick when the backend has it), so the pass time
- * is what `spill run` pays per decode pass.
+ * is what `spill run` pays per decode pass.  --verify K makes each decode pass
+ * a speculative verify pass: every row feeds its next token and K proposals
+ * (random ids: the cost is the same whichever are kept) and gets every
+ * position's logits back, positions advancing by 1 + K (issue 20's pass cost
+ * against k; the limit's FLOPs count the tokens fed).
  *
  * The limit is the tier's speed of light at B (docs/performance.md §1):
  *     pass >= max(bytes moved per pass / rate, B · FLOPs per token / GEMM rate)
@@ -94,6 +98,7 @@ typedef struct bench_opts {
     int batches[MAX_BATCHES], n_batches; /* ascending, distinct */
     bool tier_on[N_TIERS];
     int prompt, gen, threads;
+    int verify; /* --verify K: each decode pass feeds every row 1 + K tokens, every position's logits back */
     double seconds;
     bool q8;
 } bench_opts;
@@ -118,9 +123,10 @@ typedef struct bufs {
     int *seq_row;         /* (B) the row of each sequence of a pass */
     int32_t *prompt;      /* (B, T_prompt) random ids */
     int32_t *next;        /* (B) each row's next token */
-    int32_t *want;        /* (B) forward_pick: -1 = the argmax alone */
-    sample_result *picks; /* (B) */
-    float *logits;        /* (B, V) */
+    int32_t *fed;         /* (B, 1 + K) a verify pass's tokens per row: the next token, then K random ids */
+    int32_t *want;        /* (B (1 + K)) forward_pick: -1 = the argmax alone */
+    sample_result *picks; /* (B (1 + K)) */
+    float *logits;        /* (B (1 + K), V) */
 } bufs;
 
 typedef struct bench {
@@ -176,6 +182,8 @@ void bench_help(FILE *f)
     fprintf(f,
             "  --prompt N        prompt tokens per row, random ids (default 32)\n"
             "  --gen N           decode steps per point (default 16)\n"
+            "  --verify K        each decode pass feeds every row 1 + K tokens and returns every position's logits,\n"
+            "                    as a speculative pass verifying K proposals does (default 0: one token a row)\n"
             "  --seconds S       decode time budget per point; a tier's sweep stops after a point that took "
             "longer (default 30)\n"
             "  --threads N       CPU threads (default: every online CPU)\n"
@@ -284,7 +292,7 @@ static int parse_args(int argc, char **argv, bench_opts *o, char *err, size_t er
             continue;
         }
         static const char *const valued[] = {"--batches", "--tiers",   "--prompt", "--gen",
-                                             "--seconds", "--threads", "-o",       "--out"};
+                                             "--seconds", "--threads", "-o",       "--out", "--verify"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(a, valued[k]);
@@ -305,6 +313,10 @@ static int parse_args(int argc, char **argv, bench_opts *o, char *err, size_t er
                 return util_errf(err, errlen, "%s '%s' must be a whole number from %d to %d.", a, v, thr ? 0 : 1,
                                  thr ? 1024 : 1 << 20);
             *(!strcmp(a, "--prompt") ? &o->prompt : !strcmp(a, "--gen") ? &o->gen : &o->threads) = (int)n;
+        } else if (!strcmp(a, "--verify")) {
+            if (!parse_int(v, 0, 16, &n))
+                return util_errf(err, errlen, "--verify '%s' must be a whole number from 0 to 16 (proposals a row).", v);
+            o->verify = (int)n;
         } else if (!strcmp(a, "--seconds")) {
             char *end;
             double s = strtod(v, &end);
@@ -535,7 +547,7 @@ static double tier_limit(const bench *b, int tier, int B, char *basis, size_t ca
         bytes = (double)b->weight_bytes[tier], bps = b->ram.have ? b->ram.v * 1e9 : 0, what = "RAM", src = b->ram.src;
     double fps = d->gpu ? b->gpu_flops : b->gemm.have ? b->gemm.v * 1e9 : 0;
     const char *fsrc = d->gpu ? "the GPU planner's rate" : b->gemm.src;
-    double move = bps > 0 ? bytes / bps : 0, compute = fps > 0 ? (double)B * b->flops_tok / fps : 0;
+    double move = bps > 0 ? bytes / bps : 0, compute = fps > 0 ? (double)B * (1 + b->o.verify) * b->flops_tok / fps : 0; /* tokens fed */
     if (move <= 0 && compute <= 0) {
         snprintf(basis, cap, "none: no rate for this tier");
         return 0;
@@ -543,7 +555,8 @@ static double tier_limit(const bench *b, int tier, int B, char *basis, size_t ca
     if (move >= compute)
         snprintf(basis, cap, "%s: %.4g MB per pass at %.2f GB/s (%s)", what, bytes / 1e6, bps / 1e9, src);
     else
-        snprintf(basis, cap, "GEMM: %.1f MFLOP per token at %.1f GFLOP/s (%s)", b->flops_tok / 1e6, fps / 1e9, fsrc);
+        snprintf(basis, cap, "GEMM: %.1f MFLOP per token fed (%d a row) at %.1f GFLOP/s (%s)", b->flops_tok / 1e6,
+                 1 + b->o.verify, fps / 1e9, fsrc);
     for (char *p = basis; *p; p++) /* one CSV field, no quoting */
         if (*p == ',')
             *p = ';';
@@ -564,6 +577,9 @@ static void write_csv(const bench *b, FILE *f)
             "steps or %.0f s a point; started %s\n",
             b->o.model, b->host, b->threads, b->o.q8 ? "8-bit" : "exact fp32", b->o.prompt, b->o.gen, b->o.seconds,
             b->started);
+    if (b->o.verify)
+        fprintf(f, "# --verify %d: each decode pass feeds every row %d tokens (every position's logits back); tok_s "
+                   "counts one token a row a pass\n", b->o.verify, 1 + b->o.verify);
     fprintf(f, "# %s\n", limit_formula);
     fprintf(f, "# flops_per_token %.0f, streamed_bytes_per_pass %llu\n", b->flops_tok,
             (unsigned long long)b->stream_bytes);
@@ -601,6 +617,11 @@ static void write_md(const bench *b, FILE *f)
             b->o.model, b->m->arch, b->m->n_layers, (double)b->m->total_bytes / 1e6, b->m->quant_summary, b->host,
             b->threads, b->o.q8 ? "8-bit" : "exact fp32", b->o.prompt, b->o.gen, b->o.seconds, b->started,
             now_s() - b->t0);
+    if (b->o.verify)
+        fprintf(f, "Verify passes (--verify %d): each decode pass feeds every row %d tokens and returns every "
+                   "position's logits, as a speculative pass checking %d proposals; decode tok/s counts one token a "
+                   "row a pass (nothing accepted), so the pass time is the figure.\n\n",
+                b->o.verify, 1 + b->o.verify, b->o.verify);
     fprintf(f, "| tier | batch | prefill tok/s | decode tok/s | pass ms | weights GB/s | limit tok/s | of limit | "
                "bound |\n|---|--:|--:|--:|--:|--:|--:|--:|---|\n");
     for (int i = 0; i < b->n_pts; i++) {
@@ -731,23 +752,25 @@ static int write_outputs(const bench *b, char *err, size_t errlen)
 
 /* ---------------------------------------------------------------- passes */
 
-static int bufs_init(bufs *w, int max_b, int prompt, int vocab, char *err, size_t errlen)
+static int bufs_init(bufs *w, int max_b, int prompt, int verify, int vocab, char *err, size_t errlen)
 {
     w->max_b = max_b;
-    size_t B = (size_t)max_b;
+    size_t B = (size_t)max_b, L = B * (size_t)(1 + verify);
     w->rows = calloc(B, sizeof *w->rows);
     w->seqs = calloc(B, sizeof *w->seqs);
     w->seq_row = calloc(B, sizeof *w->seq_row);
     w->prompt = malloc(B * (size_t)prompt * sizeof *w->prompt);
     w->next = calloc(B, sizeof *w->next);
-    w->want = calloc(B, sizeof *w->want);
-    w->picks = calloc(B, sizeof *w->picks);
-    w->logits = malloc(B * (size_t)vocab * sizeof *w->logits);
-    if (!w->rows || !w->seqs || !w->seq_row || !w->prompt || !w->next || !w->want || !w->picks || !w->logits)
+    w->fed = calloc(L, sizeof *w->fed);
+    w->want = calloc(L, sizeof *w->want);
+    w->picks = calloc(L, sizeof *w->picks);
+    w->logits = malloc(L * (size_t)vocab * sizeof *w->logits);
+    if (!w->rows || !w->seqs || !w->seq_row || !w->prompt || !w->next || !w->fed || !w->want || !w->picks ||
+        !w->logits)
         return util_errf(err, errlen,
                          "out of memory for the buffers of %d rows (%.1f MB of logits); give smaller "
                          "--batches.",
-                         max_b, (double)B * vocab * 4 / 1e6);
+                         max_b, (double)L * vocab * 4 / 1e6);
     uint64_t x = 0x9E3779B97F4A7C15ull; /* the same random prompts every run */
     for (size_t i = 0; i < B * (size_t)prompt; i++) {
         x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
@@ -759,7 +782,7 @@ static int bufs_init(bufs *w, int max_b, int prompt, int vocab, char *err, size_
 static void bufs_free(bufs *w)
 {
     free(w->rows), free(w->seqs), free(w->seq_row), free(w->prompt);
-    free(w->next), free(w->want), free(w->picks), free(w->logits);
+    free(w->next), free(w->fed), free(w->want), free(w->picks), free(w->logits);
 }
 
 /* One pass over n sequences; each sequence with want_logits sets its row's next token to the greedy pick. */
@@ -767,7 +790,7 @@ static int run_pass(bufs *w, const spill_backend *be, int n, int vocab, char *er
 {
     int R = 0;
     for (int s = 0; s < n; s++)
-        R += w->seqs[s].want_logits;
+        R += w->seqs[s].all_logits ? w->seqs[s].n - w->seqs[s].logits_skip : w->seqs[s].want_logits;
     int rc;
     if (be->forward_pick) { /* the argmax where the logits are, as the runner does for greedy rows */
         for (int k = 0; k < R; k++)
@@ -780,6 +803,8 @@ static int run_pass(bufs *w, const spill_backend *be, int n, int vocab, char *er
     for (int s = 0, k = 0; s < n; s++) {
         if (!w->seqs[s].want_logits)
             continue;
+        if (w->seqs[s].all_logits) /* a verify pass: the row's last position gives its next token */
+            k += w->seqs[s].n - w->seqs[s].logits_skip - 1;
         int32_t best = 0;
         if (be->forward_pick)
             best = w->picks[k].token;
@@ -801,12 +826,13 @@ static int run_point(bench *b, const spill_backend *be, int tier, int B, int chu
 {
     bufs *w = &b->w;
     kv_cache *kv = be->kv(be->impl);
-    int P = b->o.prompt, V = b->m->vocab, rc = 0, reserved = 0;
+    int P = b->o.prompt, V = b->m->vocab, rc = 0, reserved = 0, F = 1 + b->o.verify;
+    int32_t span = P + b->o.gen * F;
     for (; reserved < B; reserved++)
-        if (kv_row_reserve(kv, &w->rows[reserved], P + b->o.gen) != 0) {
+        if (kv_row_reserve(kv, &w->rows[reserved], span) != 0) {
             rc = 1;
             util_errf(err, errlen, "the KV cache holds %d pages and %d rows of %d positions need %d.", kv->n_pages, B,
-                      P + b->o.gen, B * kv_pages_for(kv, P + b->o.gen));
+                      span, B * kv_pages_for(kv, span));
             goto out;
         }
     /* prefill: rows in order, at most `chunk` tokens and max_b sequences a pass */
@@ -827,13 +853,25 @@ static int run_point(bench *b, const spill_backend *be, int tier, int B, int chu
             goto out;
     }
     pt->prefill_s = now_s() - t;
-    /* decode: one token per row a pass */
+    /* decode: one token per row a pass, or with --verify the next token and K proposals (random ids: a pass
+     * costs the same whichever are kept), positions advancing by 1 + K as if every proposal were kept */
     int steps = 0;
     t = now_s();
     double el = 0;
+    uint64_t x = 0xD1B54A32D192ED03ull;
     while (steps < b->o.gen && (steps == 0 || el < b->o.seconds)) {
         for (int r = 0; r < B; r++) {
-            w->seqs[r] = (fwd_seq){&w->rows[r], P + steps, 1, &w->next[r], true, false, 0, 0};
+            if (F == 1)
+                w->seqs[r] = (fwd_seq){&w->rows[r], P + steps, 1, &w->next[r], true, false, 0, 0};
+            else {
+                int32_t *f = w->fed + (size_t)r * (size_t)F;
+                f[0] = w->next[r];
+                for (int j = 1; j < F; j++) {
+                    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+                    f[j] = (int32_t)((x * 0x2545F4914F6CDD1Dull >> 33) % (uint64_t)V);
+                }
+                w->seqs[r] = (fwd_seq){&w->rows[r], P + steps * F, F, f, true, true, 0, 0};
+            }
             w->seq_row[r] = r;
         }
         if ((rc = run_pass(w, be, B, V, err, errlen)))
@@ -859,11 +897,12 @@ out:
 static engine_opts tier_opts(const bench *b, int tier, int max_b, int chunk)
 {
     const struct tier_def *d = &tier_defs[tier];
-    int32_t per_row = (b->o.prompt + b->o.gen + PAGE_TOKENS - 1) / PAGE_TOKENS;
+    int F = 1 + b->o.verify;
+    int32_t per_row = (b->o.prompt + b->o.gen * F + PAGE_TOKENS - 1) / PAGE_TOKENS;
     return (engine_opts){.threads = b->o.threads,
-                         .max_pass_tokens = chunk > max_b ? chunk : max_b,
+                         .max_pass_tokens = chunk > max_b * F ? chunk : max_b * F,
                          .max_pass_seqs = max_b,
-                         .max_logit_rows = max_b,
+                         .max_logit_rows = max_b * F,
                          .page_tokens = PAGE_TOKENS,
                          .kv_pages = (int32_t)max_b * per_row,
                          .stream = d->stream,
@@ -887,7 +926,7 @@ static int cpu_max_batch(const bench *b, int tier, int chunk)
         engine_mem_estimate(b->m, &eo, b->threads, &wgt, &ring, &pass);
         uint64_t kv =
             (uint64_t)eo.kv_pages * kv_page_bytes(b->m->n_layers, b->m->n_kv_heads, b->m->head_dim, PAGE_TOKENS);
-        uint64_t logits = (uint64_t)B * (uint64_t)b->m->vocab * 4;
+        uint64_t logits = (uint64_t)B * (uint64_t)(1 + b->o.verify) * (uint64_t)b->m->vocab * 4;
         if ((double)(wgt + ring + pass + kv + logits) <= 0.9 * (double)avail)
             return B;
     }
@@ -1050,7 +1089,7 @@ int bench_main(int argc, char **argv)
         goto out;
     }
     code = SPILL_EX_SOFTWARE;
-    if (bufs_init(&b.w, b.o.batches[b.o.n_batches - 1], b.o.prompt, b.m->vocab, err, sizeof err)) {
+    if (bufs_init(&b.w, b.o.batches[b.o.n_batches - 1], b.o.prompt, b.o.verify, b.m->vocab, err, sizeof err)) {
         fprintf(stderr, "spill bench: %s\n", err);
         goto out_bufs;
     }
@@ -1058,6 +1097,9 @@ int bench_main(int argc, char **argv)
            "%.0f s a point\n",
            b.o.model, b.m->arch, b.m->n_layers, (double)b.m->total_bytes / 1e6, b.m->quant_summary, b.threads,
            b.o.q8 ? "8-bit" : "exact fp32", b.o.prompt, b.o.gen, b.o.seconds);
+    if (b.o.verify)
+        printf("verify passes: %d tokens a row a pass (--verify %d); tok/s counts one a row\n", 1 + b.o.verify,
+               b.o.verify);
     fflush(stdout);
     gather_rates(&b);
     printf("rates:");
