@@ -9,7 +9,7 @@
 #           pass the copy is the same whatever K; the figure is the pass time against K's.  The KV here is bf16
 #           and LAYERS < 80: the pass time per layer is what scales (copy and compute both per layer).
 #   spec    --speculate on the GPU engine: MODEL_SPEC (default the real SmolLM2 at $SMOL, else the tiny fixture)
-#           on the first 50 doc-QA and 50 summary rows of examples/eval-2000.jsonl, --gpu with --speculate lookup
+#           on the first 50 QA and 50 summary rows (the tiny fixture's 512-token context holds them) of examples/eval-2000.jsonl, --gpu with --speculate lookup
 #           and off; answers compared row by row, tokens/row/pass and whole-job tok/s from each run's summary.
 #   serve   spill-cuda serve on the tiny fixture: a batch uploaded, created, polled to completion and its output
 #           downloaded with curl (the official client is not on this machine); its lines counted and checked.
@@ -66,7 +66,7 @@ import json
 doc, summ = [], []
 for l in open("examples/eval-2000.jsonl"):
     j = json.loads(l)
-    (doc if j["custom_id"].startswith("doc") else summ if j["custom_id"].startswith("sum") else []).append(j)
+    (doc if j["custom_id"].startswith("qa") else summ if j["custom_id"].startswith("sum") else []).append(j)
 with open("/tmp/spec.jsonl", "w") as f:
     for j in doc[:50] + summ[:50]:
         j.pop("expected", None)
