@@ -58,6 +58,9 @@
  * unknown, so the engine then refuses further passes (reopen it).
  */
 #include "cuda_internal.h"
+
+/* Consecutive positions of a sequence from which attention runs tiled (build_meta says why). */
+#define ATT_TILE_MIN_RUN 2
 #include "cuda_test.h"
 
 /* Names of the profile segments (SPILL_CUDA_PROF): segment i runs from mark i to mark i + 1. */
@@ -833,9 +836,19 @@ static int build_meta(cuda_engine *e, const fwd_seq *seqs, int n_seqs, int64_t *
         if (sq->want_logits && !sq->all_logits)
             rows[R++] = (int32_t)(t - 1);
     }
-    /* attention: runs of >= 8 consecutive positions (prompt chunks) in tiles, the rest token by token */
-    k_attention_plan(seq, pos, T, k_attention_tile_tokens(m->n_heads, m->n_kv_heads, m->head_dim), 8, tiles, singles,
-                     &e->att_tiles, &e->att_singles);
+    /* attention: runs of >= ATT_TILE_MIN_RUN consecutive positions (prompt chunks, speculative verify runs) in
+     * tiles, the rest token by token.  A token alone reads its row's whole KV, so a run of n verify tokens read it
+     * n times: device run 30 (70B shape, 680 rows of 1,000 positions) measured verify passes of 5-7 tokens a row
+     * at 1.17-1.53x a plain pass while 8-9 (tiled) cost 1.04-1.06x.  A tile reads each key block once for the
+     * run's queries; a short run leaves tile rows idle, which costs MMA work, not memory.  SPILL_CUDA_TILE_MIN=N
+     * overrides it (measurement). */
+    static int min_run = 0;
+    if (!min_run) {
+        const char *v = getenv("SPILL_CUDA_TILE_MIN");
+        min_run = v && atoi(v) >= 1 ? atoi(v) : ATT_TILE_MIN_RUN;
+    }
+    k_attention_plan(seq, pos, T, k_attention_tile_tokens(m->n_heads, m->n_kv_heads, m->head_dim), min_run, tiles,
+                     singles, &e->att_tiles, &e->att_singles);
     e->att_max_len = 0;
     for (int64_t i = 0; i < e->att_singles; i++)
         e->att_max_len = pos[singles[i]] + 1 > e->att_max_len ? pos[singles[i]] + 1 : e->att_max_len;
