@@ -29,10 +29,12 @@
  *     steps (the history fades) and climbs back once its proposals are kept, a row keeping 60% of its proposals sits at 1-2, a choice that ends mid-step is not
  *     counted as a rejection; and a job at --prefill-chunk 4 --spec-k 8 never carries more than 4 verify
  *     tokens in a pass (its --pass-log) while answering as --speculate off.
+ *   - the ETA (sched_estimate) prices speculation: rows advance by the job's kept tokens per decode step.
  * Exact results: answers compared as JSON, no tolerance.
  */
 #include <math.h>
 
+#include "base/util.h"
 #include "batch/sample.h"
 #include "batch/sched.h"
 #include "batch/spec.h"
@@ -603,9 +605,58 @@ static void test_model_chi2(void)
         sh("rm -rf %s", tmp);
 }
 
+/* The ETA prices speculation (sched_estimate): 8 rows decoding, 100 new tokens each to go, under a pass-count-only
+ * fit (1 s a pass).  Without speculation's history that is 100 passes; a job whose decode steps so far kept 2
+ * proposals a step on average (3 tokens a step) has ceil(100 / 3) = 34 left.  Bounds decided first: within 2 passes
+ * of each (the simulation's rounding of the last step), a third of the plain figure at most. */
+static void test_eta_spec(void)
+{
+    char err[SPILL_ERRLEN] = "";
+    kv_cache kv;
+    CHECK(kv_create(&kv, 1, 1, 1, 16, 1024, err, sizeof err) == 0, "kv_create: %s", err);
+    enum { N = 8 };
+    row rows[N];
+    choice ch[N];
+    size_t active[N];
+    memset(rows, 0, sizeof rows);
+    memset(ch, 0, sizeof ch);
+    for (int i = 0; i < N; i++) {
+        rows[i].n_prompt = 10;
+        rows[i].max_new = 100;
+        rows[i].n_choices = 1;
+        rows[i].state = ROW_ACTIVE;
+        rows[i].ch = &ch[i];
+        ch[i].fed = 10;
+        active[i] = (size_t)i;
+    }
+    sched s;
+    memset(&s, 0, sizeof s);
+    s.kv = &kv;
+    s.rows = rows;
+    s.n_rows = N;
+    s.active = active;
+    s.n_active = N;
+    s.cfg.batch = N;
+    s.cfg.max_seqs = N;
+    s.cfg.prefill_chunk = 64;
+    calib c;
+    memset(&c, 0, sizeof c);
+    c.c[0] = 1.0;
+    c.valid = true;
+    double plain = sched_estimate(&s, &c);
+    s.decode_steps = 400;
+    s.spec_proposed = 1200;
+    s.spec_kept = 800;
+    double spec = sched_estimate(&s, &c);
+    CHECK(fabs(plain - 100) <= 2, "ETA without speculation: %.1f passes, want 100", plain);
+    CHECK(fabs(spec - 34) <= 2 && spec <= plain / 3 + 1, "ETA at 3 tokens a step: %.1f passes, want 34", spec);
+    kv_destroy(&kv);
+}
+
 int main(void)
 {
     test_propose();
+    test_eta_spec();
     test_truncate();
     test_k_policy();
     test_ahead_exact();

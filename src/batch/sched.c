@@ -632,20 +632,15 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
      * tokens come out of the pass's token budget, at most the prompt-chunk share of it (prefill_chunk), so a
      * pass never carries more tokens than the engine was sized for, nor more verify tokens than a prompt chunk */
     int extra = 0, extra_cap = s->cfg.max_logit_rows - s->cfg.max_seqs;
-    int verify = budget < s->cfg.prefill_chunk ? budget : s->cfg.prefill_chunk;
-    for (int q = 0; s->cfg.spec_k > 0 && q < s->n_seqs && verify > 0 && extra < extra_cap; q++) {
-        int k = speculate(s, q, verify < extra_cap - extra ? verify : extra_cap - extra);
-        budget -= k;
-        verify -= k;
-        extra += k;
-    }
-    /* then prompt chunks, in admission order, up to the token cap, and the adaptive prompt budget when rows
-     * decoding are at least half of those the batch could hold now (min(batch, rows admitted or queued)): the
-     * budget protects decoding rows from prompt work; with few of them there is little to protect, and smaller
-     * chunks would only add passes (each a whole copy) to a prefill-bound stretch (device run 29: a job of 256
-     * rows all prefilling at once ran 0.86-0.95x as fast when every pass was bounded) */
-    s->pass_prompt = 0;
+    /* The adaptive prompt budget (chunk.h) bounds a pass when rows decoding are at least half of those the batch
+     * could hold now (min(batch, rows admitted or queued)): it protects decoding rows from prompt work; with few
+     * of them there is little to protect, and smaller chunks would only add passes (each a whole copy) to a
+     * prefill-bound stretch (device run 29: a job of 256 rows all prefilling at once ran 0.86-0.95x as fast when
+     * every pass was bounded).  Verify tokens cost what prompt tokens cost (a pass's GEMM rows), so a bounded
+     * pass prices them out of the same budget: the learned seconds per token keep the pass within its ratio of
+     * the clean pass, speculation first (its tokens are decoding rows' own), prompt chunks from what is left. */
     s->pass_clamped = false;
+    s->pass_verify = 0;
     if (s->chunk.adaptive) {
         size_t decoding = 0, want = s->n_active + s->q_len;
         for (size_t ai = 0; ai < s->n_active; ai++) {
@@ -655,8 +650,24 @@ int sched_build_pass(sched *s, char *err, size_t errlen)
         if (want > (size_t)s->cfg.batch)
             want = (size_t)s->cfg.batch;
         s->pass_clamped = 2 * decoding >= want;
-        if (s->pass_clamped && budget > chunk_budget(&s->chunk))
-            budget = chunk_budget(&s->chunk);
+    }
+    int verify = budget < s->cfg.prefill_chunk ? budget : s->cfg.prefill_chunk;
+    if (s->pass_clamped && verify > chunk_budget(&s->chunk))
+        verify = chunk_budget(&s->chunk);
+    for (int q = 0; s->cfg.spec_k > 0 && q < s->n_seqs && verify > 0 && extra < extra_cap; q++) {
+        int k = speculate(s, q, verify < extra_cap - extra ? verify : extra_cap - extra);
+        budget -= k;
+        verify -= k;
+        extra += k;
+        s->pass_verify += k;
+    }
+    /* then prompt chunks, in admission order, up to the token cap and what the verify tokens left of the
+     * adaptive budget (above) */
+    s->pass_prompt = 0;
+    if (s->pass_clamped) {
+        int left = chunk_budget(&s->chunk) - s->pass_verify;
+        left = left > 0 ? left : 0;
+        budget = budget < left ? budget : left;
     }
     for (size_t ai = 0; ai < s->n_active && budget > 0; ai++) {
         size_t idx = s->active[ai];
@@ -731,9 +742,9 @@ void sched_pass_work(const sched *s, double *tokens, double *att)
 void sched_observe_pass(sched *s, double secs)
 {
     /* a pass the budget did not bound says nothing about the budget: its prompt tokens were the cap's */
-    if (s->pass_prompt > 0 && !s->pass_clamped)
+    if (s->pass_prompt + s->pass_verify > 0 && !s->pass_clamped)
         return;
-    chunk_observe(&s->chunk, s->pass_prompt, secs);
+    chunk_observe(&s->chunk, s->pass_prompt + s->pass_verify, secs);
 }
 
 void sched_finish_pass(sched *s)
@@ -742,6 +753,7 @@ void sched_finish_pass(sched *s)
         row *w = &s->rows[s->seq_row[q]];
         choice *ch = &w->ch[s->seq_choice[q]];
         ch->fed += s->seq_spec[q] > 0 ? 1 : s->seqs[q].n;
+        s->decode_steps += s->seq_spec[q] >= 0;
         /* choice 0's full prompt pages are complete: the index can hand them to the rows that start alike */
         if (s->cfg.prefix && s->seq_choice[q] == 0 && s->seqs[q].pos0 < w->n_prompt)
             kv_prefix_insert(s->kv, &ch->chain, &ch->kv, w->prompt, ch->fed < w->n_prompt ? ch->fed : w->n_prompt);
@@ -769,6 +781,7 @@ int sched_spec_settle(sched *s, int q, char *err, size_t errlen)
 {
     choice *ch = &s->rows[s->seq_row[q]].ch[s->seq_choice[q]];
     sched_spec_learn(ch, s->seq_spec[q], ch->fed - s->seqs[q].pos0 - 1, ch->done);
+    s->spec_kept += (uint64_t)(ch->fed - s->seqs[q].pos0 - 1);
     if (kv_row_truncate(s->kv, &ch->kv, ch->fed))
         return util_errf(err, errlen, "internal error: row %s's speculative positions sit on a shared KV page.",
                          s->rows[s->seq_row[q]].custom_id);
@@ -857,6 +870,10 @@ typedef struct sim_row {
  * ends the prompt.  Counting passes this way prices the end tail (the batch
  * draining) and prefill-carrying passes, which a tokens / batch formula
  * misses (the prototype's live ETA was 1.5x optimistic for exactly those).
+ * Speculation: a decode step feeds 1 + the job's proposals per step so far
+ * and advances 1 + its kept tokens per step (the pre-run ETA, before any
+ * step, prices none); the adaptive budget bounds the passes it bounds in
+ * sched_build_pass, verify tokens out of it.
  * Not modelled: recompute after preemption. */
 double sched_estimate(const sched *s, const calib *c)
 {
@@ -900,6 +917,10 @@ double sched_estimate(const sched *s, const calib *c)
         q[n++] = (sim_row){w->n_prompt - fed, fed, G - gen > 1 ? G - gen : 1, gen,
                            ceil((w->n_prompt + G) / P) * w->n_choices - floor(hint / P), w->n_choices};
     }
+    /* speculation: each decode step feeds 1 + the proposals per step seen so far and advances 1 + the kept per
+     * step (both 0 before any step, or without speculation) */
+    double steps = s->decode_steps ? (double)s->decode_steps : 1;
+    double fed_step = 1 + (double)s->spec_proposed / steps, adv_step = 1 + (double)s->spec_kept / steps;
     double passes = 0, tokens = 0, att = 0, pages = 0;
     size_t head = 0, n_act = 0;
     size_t *act = malloc((n + 1) * sizeof *act);
@@ -918,18 +939,23 @@ double sched_estimate(const sched *s, const calib *c)
             act[n_act++] = head++;
         }
         double budget = s->cfg.max_seqs + s->cfg.prefill_chunk;
+        size_t decoding = 0, want = n_act + (n - head);
         for (size_t i = 0; i < n_act; i++) {
             sim_row *r = &q[act[i]];
             if (r->prompt_left > 0)
                 continue;
-            tokens += r->choices;
-            att += r->choices * (r->fed + 1);
-            r->fed += 1;
-            r->gen_left -= 1;
-            budget -= r->choices;
+            decoding++;
+            tokens += r->choices * fed_step;
+            att += r->choices * fed_step * (r->fed + (fed_step + 1) / 2);
+            r->fed += adv_step;
+            r->gen_left -= adv_step;
+            budget -= r->choices * fed_step;
         }
-        if (s->chunk.adaptive && budget > s->chunk.budget) /* the budget as it stands now */
-            budget = s->chunk.budget;
+        want = want < (size_t)s->cfg.batch ? want : (size_t)s->cfg.batch;
+        /* the budget as it stands now, on the passes sched_build_pass bounds (verify tokens already counted) */
+        double bound = s->chunk.budget - (double)decoding * (fed_step - 1);
+        if (s->chunk.adaptive && 2 * decoding >= want && budget > bound)
+            budget = bound > 0 ? bound : 0;
         for (size_t i = 0; i < n_act && budget > 0; i++) {
             sim_row *r = &q[act[i]];
             if (r->prompt_left <= 0)

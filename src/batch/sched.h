@@ -167,6 +167,8 @@ typedef struct sched {
     int *seq_spec;           /* (max_seqs) per sequence: tokens proposed after its decode token, 0 none, -1 a prompt
                                 chunk */
     uint64_t spec_proposed;  /* tokens proposed over the job */
+    uint64_t decode_steps;   /* decode steps over the job (a speculating one counts once) */
+    uint64_t spec_kept;      /* proposed tokens kept over the job (sched_spec_settle) */
     uint64_t preemptions;       /* rows sent back to the queue, for any reason */
     uint64_t stall_preemptions; /* of them, to break a prefill deadlock */
     uint64_t guard_pauses;      /* passes that admitted nobody because of the live guard */
@@ -177,6 +179,7 @@ typedef struct sched {
     int32_t pages_saved_peak;   /* most page-table entries at once beyond the distinct pages they map */
     chunk_ctl chunk;            /* the prompt tokens per pass (chunk.h) */
     int pass_prompt;            /* prompt tokens the built pass carries */
+    int pass_verify;            /* proposed tokens it feeds to be verified (speculation) */
     bool pass_clamped;          /* the adaptive budget bounded the built pass's prompt tokens (sched_build_pass) */
 } sched;
 
