@@ -13,6 +13,7 @@
 #           and off; answers compared row by row, tokens/row/pass and whole-job tok/s from each run's summary.
 #   serve   spill-cuda serve on the tiny fixture: a batch uploaded, created, polled to completion and its output
 #           downloaded with curl (the official client is not on this machine); its lines counted and checked.
+#   tilemin the verify sweep at KS with SPILL_CUDA_TILE_MIN=8 (the attention plan before 1b69c5c) and the default
 #   chunk   tools/device_chunk.sh as a refilling job: q4, ROWS_C rows (default 1,024) at --batch BATCH_C (256)
 #           of 1,000-token prompts and 64 new tokens, adaptive prompt budget vs the constant 8,192.
 set -uo pipefail
@@ -143,11 +144,26 @@ print(f"spill-cuda serve: batch {st}, request_counts {b.get('request_counts')}, 
       f"answered with 200, {len(ids)} distinct custom_ids of 40")
 PY
         ;;
+    tilemin)
+        # the attention plan's threshold A/B: SPILL_CUDA_TILE_MIN=8 (before 1b69c5c) against the default, at K in KS
+        M=/tmp/s70b-L$LAYERS-bf16.gguf
+        [ -f "$M" ] || runlog synth_bf16 600 "$B" synth --like llama3-70b --layers "$LAYERS" --sparse -o "$M"
+        for k in $KS; do
+            for tm in ${TMS:-8 default}; do
+                if [ "$tm" = default ]; then unset SPILL_CUDA_TILE_MIN; else export SPILL_CUDA_TILE_MIN=$tm; fi
+                runlog "tile${tm}_k$k" 300 "$B" bench "$M" --tiers gpu-pinned --batches "$ROWS" --prompt 1000 \
+                    --gen 6 --verify "$k" --seconds 60 -o "$OUT/tile${tm}_k$k"
+                echo "tile-min $tm K=$k: $(grep -E "^gpu-pinned +$ROWS " "$OUT/tile${tm}_k$k.log" | tail -1)" |
+                    tee -a "$OUT/tilemin_summary.txt"
+            done
+        done
+        unset SPILL_CUDA_TILE_MIN
+        ;;
     chunk)
         OUT=$OUT/chunk QUANTS=q4 ROWS=${ROWS_C:-1024} BATCH=${BATCH_C:-256} tools/device_chunk.sh chunk
         ;;
     *)
-        log "unknown step $s (steps: tests verify spec serve chunk)"
+        log "unknown step $s (steps: tests verify spec serve tilemin chunk)"
         FAILED=1
         ;;
     esac
