@@ -124,10 +124,14 @@ int draft_open_engine(draft *d, const engine_opts *eo, int32_t kv_pages, char *e
     d->max_tokens = o.max_pass_tokens;
     d->seqs = calloc((size_t)d->max_seqs, sizeof *d->seqs);
     d->sc = calloc((size_t)d->max_seqs, sizeof *d->sc);
+    d->sw = calloc((size_t)d->max_seqs, sizeof *d->sw);
     d->sk = calloc((size_t)d->max_seqs, sizeof *d->sk);
     d->tbuf = malloc((size_t)d->max_tokens * sizeof *d->tbuf);
     d->logits = malloc((size_t)d->max_seqs * (size_t)d->m->vocab * sizeof *d->logits);
-    if (!d->seqs || !d->sc || !d->sk || !d->tbuf || !d->logits)
+    d->find = malloc(((size_t)d->kv->n_pages + 1) * sizeof *d->find);
+    if (kv_prefix_enable(d->kv, err, errlen))
+        return -1;
+    if (!d->seqs || !d->sc || !d->sw || !d->sk || !d->tbuf || !d->logits || !d->find)
         return util_errf(err, errlen, "out of memory for the draft model's pass buffers (%d rows).", d->max_seqs);
     return 0;
 }
@@ -156,6 +160,20 @@ static inline int32_t seq_at(const row *w, const choice *ch, int32_t i)
     return i < w->n_prompt ? w->prompt[i] : ch->gen[i - w->n_prompt];
 }
 
+/* A choice's empty draft row maps the full pages of its prompt that the draft's prefix index holds (all but the
+ * last prompt token, whose logits it needs, may be mapped).  0, or -2 (page table). */
+static int map_prefix(draft *d, const row *w, choice *ch)
+{
+    int32_t P = d->kv->page_tokens, idle = 0;
+    ch->dchain = kv_chain_start(0);
+    ch->dfed = 0;
+    int32_t m = kv_prefix_find(d->kv, &ch->dchain, w->prompt, (w->n_prompt - 1) / P, d->find, &idle);
+    if (m > 0 && kv_prefix_map(d->kv, &ch->dkv, d->find, m))
+        return -2;
+    ch->dfed = m * P;
+    return 0;
+}
+
 int draft_propose(draft *d, sched *s, char *err, size_t errlen)
 {
     double t0 = now_s();
@@ -178,6 +196,8 @@ int draft_propose(draft *d, sched *s, char *err, size_t errlen)
                 }
                 if (ch->done || ch->fed < w->n_prompt || ch->next < 0 || ch->n_gen < 1 || !sched_spec_row(w))
                     continue;
+                if (round == 0 && ch->dkv.n_pages == 0 && map_prefix(d, w, ch))
+                    return util_errf(err, errlen, "out of memory growing a draft KV page table.");
                 int32_t len = w->n_prompt + ch->n_gen, lack = len - ch->dfed;
                 if ((round == 0) != (lack <= 1 + SPEC_K_MAX) || n == d->max_seqs || budget - used < 1)
                     continue;
@@ -197,6 +217,7 @@ int draft_propose(draft *d, sched *s, char *err, size_t errlen)
                     d->tbuf[used + i] = seq_at(w, ch, ch->dfed + i);
                 d->seqs[n] = (fwd_seq){&ch->dkv, ch->dfed, feed, d->tbuf + used, whole, false, 0, 0};
                 d->sc[n] = ch;
+                d->sw[n] = w;
                 d->sk[n] = whole ? k : 0;
                 kmax = whole && k > kmax ? k : kmax;
                 used += feed;
@@ -213,6 +234,7 @@ int draft_propose(draft *d, sched *s, char *err, size_t errlen)
                     continue;
                 d->seqs[ns] = (fwd_seq){&ch->dkv, ch->dfed, 1, &ch->draft[j - 1], true, false, 0, 0};
                 d->sc[ns] = ch;
+                d->sw[ns] = d->sw[i];
                 d->sk[ns++] = d->sk[i];
             }
         else
@@ -226,6 +248,10 @@ int draft_propose(draft *d, sched *s, char *err, size_t errlen)
         for (int i = 0; i < ns; i++) {
             choice *ch = d->sc[i];
             ch->dfed += d->seqs[i].n;
+            const row *w = d->sw[i];
+            if (j == 0 && d->seqs[i].pos0 < w->n_prompt) /* its full prompt pages go into the index */
+                kv_prefix_insert(d->kv, &ch->dchain, &ch->dkv, w->prompt,
+                                 ch->dfed < w->n_prompt ? ch->dfed : w->n_prompt);
             if (!d->seqs[i].want_logits)
                 continue;
             int32_t t = argmax(d->logits + (size_t)li++ * (size_t)d->m->vocab, d->m->vocab);
@@ -246,9 +272,11 @@ void draft_close(draft *d)
         d->be.close(d->be.impl);
     free(d->seqs);
     free(d->sc);
+    free(d->sw);
     free(d->sk);
     free(d->tbuf);
     free(d->logits);
+    free(d->find);
     tokenizer_free(d->tok);
     model_close(d->m);
     memset(d, 0, sizeof *d);

@@ -31,6 +31,11 @@
  * mass, which the exact rule for sampled rows already handles), and tree /
  * multi-candidate proposals.
  *
+ * Prompts that start alike share the draft's full prompt pages as they share
+ * the target's (the same prefix index, kv.h: a choice's empty draft row maps
+ * what the index holds of its prompt, and indexes the full pages it computes),
+ * so the draft's cache holds what the target's holds.
+ *
  * Memory: one draft KV page per target page (the plan prices the pair as one
  * page: plan.h), the draft's weights resident and its pass buffers counted in
  * the plan's fixed share (draft_mem).  A choice that cannot get draft pages
@@ -56,8 +61,10 @@ typedef struct draft {
     int max_seqs, max_tokens; /* sequences and tokens per draft forward (the target's pass sizes) */
     fwd_seq *seqs;           /* (max_seqs) one draft step */
     choice **sc;             /* (max_seqs) the choice of each sequence */
+    const row **sw;          /* (max_seqs) and its row */
     int *sk;                 /* (max_seqs) the tokens that choice proposes this pass */
     int32_t *tbuf;           /* (max_tokens) the first step's tokens, each sequence's catch-up in a row */
+    int32_t *find;           /* (kv pages) the prompt pages a prefix lookup found */
     float *logits;           /* (max_seqs, V) */
     const int32_t *stop_ids; /* the target's end ids: a proposal ends after one */
     size_t n_stop;

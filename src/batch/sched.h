@@ -78,6 +78,7 @@ typedef struct choice {
      * positions of its sequence (prompt, then gen) the draft has cached, and the draft's proposal for the
      * next pass (n_draft tokens to follow next; draft_propose writes them, speculate reads them) */
     kv_row dkv;
+    kv_chain dchain;     /* how far dkv's full prompt pages are in the draft cache's prefix index */
     int32_t dfed;
     int32_t draft[SPEC_K_MAX];
     int n_draft;
