@@ -495,7 +495,7 @@ static json_t *run_spec(const job_spec *js, bool tight, bool pick, int reserve, 
         unfit += sched_row_pages(&f.kv, &rows[i], prefix > 0) > f.kv.n_pages;
     CHECK(unfit == 0, "%d rows need more pages than the cache's %d", unfit, f.kv.n_pages);
     sched_cfg cfg = {&be, g_tok, VOCAB, 0, js->batch, max_seqs, chunk, 0, max_seqs, reserve > 0, prefix > 0,
-                     prefix > 0, 0, g_ad.cap > 0 && g_ad.adapt};
+                     prefix > 0, 0, g_ad.cap > 0 && g_ad.adapt, NULL};
     if (sched_init(&s, &cfg, rows, n_rows, err, sizeof err)) {
         CHECK(0, "sched_init: %s", err);
         goto out;

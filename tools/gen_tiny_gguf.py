@@ -5,6 +5,14 @@ CLI tests (spill run / resume / streaming / preemption) run a real tokenizer
 and template end to end in seconds.  Matrices Q8_0 (the embedding too), norms F32.
 
     python3 tools/gen_tiny_gguf.py ~/.streamweights/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
+
+Optional third and fourth arguments: the weights' seed (default 7) and the layer count (default 2).  The draft
+fixtures of --speculate draft (tests/test_draft.c) are made with them:
+
+    python3 tools/gen_tiny_gguf.py tests/data/tiny/tiny-smollm2.gguf tests/data/tiny/tiny-smollm2-draft.gguf 11 1
+    python3 tools/gen_tiny_gguf.py tests/data/tok/bpe_qwen2.gguf tests/data/tiny/tiny-othervocab.gguf 7 1
+
+(the first: the same vocabulary, other weights; the second: another vocabulary, which a draft must not have).
 """
 import sys
 
@@ -13,7 +21,8 @@ import gguf
 
 src = gguf.GGUFReader(sys.argv[1])
 out = sys.argv[2] if len(sys.argv) > 2 else "tests/data/tiny/tiny-smollm2.gguf"
-D, L, H, K, F = 32, 2, 4, 2, 64
+seed = int(sys.argv[3]) if len(sys.argv) > 3 else 7
+D, L, H, K, F = 32, int(sys.argv[4]) if len(sys.argv) > 4 else 2, 4, 2, 64
 S = D // H
 w = gguf.GGUFWriter(out, "llama")
 w.add_name("tiny-smollm2 (random weights, SmolLM2 vocabulary)")
@@ -48,7 +57,7 @@ for name, field in src.fields.items():
          gguf.GGUFValueType.UINT64: w.add_uint64}[vtype](name, val)
 
 V = len(src.fields["tokenizer.ggml.tokens"].data)
-rng = np.random.default_rng(7)
+rng = np.random.default_rng(seed)
 
 
 def mat(n_out, n_in, std=0.3):

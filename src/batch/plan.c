@@ -272,7 +272,7 @@ int plan_job(mem_job *mj, const mem_job_in *in, bool gpu, char *err, size_t errl
     /* structured output: the token masks' cache (capped, emptied whole when full) and walks, on the host */
     if (in->masks)
         runner_pass += token_mask_plan_bytes(m->vocab, threads, TOKEN_MASK_CACHE_BYTES);
-    mem_need n = {in->budget, plan_rss_now(), w_res, w_str + ring_str, pass_res + runner_pass, 0,
+    mem_need n = {in->budget, plan_rss_now(), w_res, w_str + ring_str, pass_res + runner_pass + in->draft_fixed, 0,
                   mj->page_bytes, want, min_pages, in->mode, in->kv_cap};
     if (fit_path(in->fingerprint, mj->path, sizeof mj->path) != 0 || mem_fit_load(mj->path, &mj->stored) != 0)
         memset(&mj->stored, 0, sizeof mj->stored);

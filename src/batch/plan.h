@@ -9,6 +9,9 @@
  *     pass      activation buffers for the pass's token cap, logits and
  *               sampling scratch for its sequences;
  *     KV        pages, the rest: what decides how many rows run at once.
+ * A draft model (--speculate draft, draft.h) is priced inside these: its
+ * weights and pass buffers with the pass share, and one draft KV page beside
+ * every target page (page_bytes is the pair's).
  * The split: weights stay resident when the KV pages the batch wants still
  * fit beside them; otherwise layers stream and the memory goes to KV.  The
  * plan refuses (one sentence) when even streaming leaves no room for the
@@ -107,6 +110,9 @@ typedef struct mem_job_in {
     int max_seqs;            /* sequences per pass: the runner's logits rows */
     int32_t want_pages, min_pages; /* plan_kv_want over the pending rows */
     bool masks;              /* rows with structured output: the token masks (token_mask.h) are counted */
+    uint64_t draft_fixed;    /* --speculate draft: the draft model's resident weights and pass buffers (draft_mem),
+                                counted with the pass buffers; its KV pages are in mem_job.page_bytes (one draft
+                                page beside each target page); 0 = no draft */
 } mem_job_in;
 
 /* One job's memory: the plan, this run's observations of it, the stored fit of the excess. */

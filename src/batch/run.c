@@ -692,7 +692,11 @@ static int run_passes(runner *r, char *err, size_t errlen)
             break;
         if (sched_admit(s, err, errlen))
             return -1;
-        double t0 = now_s();
+        double t0 = now_s(), draft_s = r->dr.secs;
+        /* --speculate draft: every decoding choice's proposals, in k batched draft steps (draft.h) */
+        if (r->dr.kv && draft_propose(&r->dr, s, err, errlen))
+            return -1;
+        draft_s = r->dr.secs - draft_s;
         int ns = sched_build_pass(s, err, errlen);
         if (ns < 0)
             return -1;
@@ -793,7 +797,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
         /* the whole pass — build, forward, sampling, output, group commit — is what the ETA must price */
         double pass_s = now_s() - t0;
         calib_observe(&r->cal_run, pass_tokens, pass_att, pass_s);
-        sched_observe_pass(s, pass_s);
+        sched_observe_pass(s, pass_s - draft_s); /* the prompt budget prices the target's pass alone */
         plan_observe(&r->mem, s->kv->n_pages - s->kv->n_free, sched_seq_tokens(s));
         if (r->pass_log) {
             int dec = 0;
@@ -817,6 +821,7 @@ static void runner_free(runner *r)
     if (r->pass_log)
         fclose(r->pass_log);
     sched_free(&r->s);
+    draft_close(&r->dr); /* after the scheduler, which freed the choices' draft pages */
     for (size_t i = 0; i < r->n_rows; i++) {
         if (r->rows[i].lf) { /* an unfinished row's logits file stays as .part, rewritten on resume */
             npy_abort(r->rows[i].lf);
@@ -999,7 +1004,7 @@ static void size_batch(runner *r)
         extra = extra < 1 ? 1 : extra;
     }
     /* speculative passes: up to --spec-k more rows for each decode step, within the same caps */
-    if (r->o.speculate == 1) {
+    if (r->o.speculate == 1 || r->o.speculate == 3) {
         bool gpu = r->o.device != 1 && spill_gpu_open;
         int64_t cap = (int64_t)(gpu ? 1u << 30 : 256u << 20) / ((int64_t)r->m->vocab * 4);
         int64_t want = (int64_t)r->max_seqs * r->o.spec_k;
@@ -1085,9 +1090,19 @@ static int make_plan(runner *r, const engine_opts *eo, bool gpu, char *err, size
     /* the embedding phase runs before the generation rows: a pass's inputs held together, not on top */
     int32_t emb_want = run_embed_want_pages(r, P, r->max_seqs);
     want = want < emb_want ? emb_want : want;
+    /* a draft model: its weights and pass buffers beside the target's, a draft page beside every KV page */
+    uint64_t draft_fixed = 0, draft_page = 0, page = r->mem.page_bytes;
+    if (r->dr.m) {
+        int threads = r->o.threads > 0 ? r->o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+        draft_mem(&r->dr, eo, threads < 1 ? 1 : threads, &draft_fixed, &draft_page);
+        r->mem.page_bytes += draft_page;
+    }
     mem_job_in in = {r->m, eo, r->fingerprint, r->o.mem_budget, r->o.kv_bytes, r->o.threads, r->o.mode,
-                     r->o.page_tokens, r->o.kv_dtype, r->max_logit_rows, want, min_pages, r->grams.n > 0};
-    return plan_job(&r->mem, &in, gpu, err, errlen);
+                     r->o.page_tokens, r->o.kv_dtype, r->max_logit_rows, want, min_pages, r->grams.n > 0,
+                     draft_fixed};
+    int rc = plan_job(&r->mem, &in, gpu, err, errlen);
+    r->mem.page_bytes = page;
+    return rc;
 }
 
 /* The prefix cache's queue order, computed before the plan for its share hints (sched_init orders the same
@@ -1206,7 +1221,8 @@ static int setup_passes(runner *r, char *err, size_t errlen)
     bool adapt = r->o.prefill_auto && r->be.streams;
     sched_cfg sc = {&r->be, r->tok, r->m->vocab, r->job_seed, r->batch, r->max_seqs, r->o.prefill_chunk,
                     r->mem.plan.guard, r->max_logit_rows, r->o.batch == 0, r->o.prefix_cache != 2,
-                    r->o.settings.kv_check, r->o.speculate == 1 ? r->o.spec_k : 0, adapt};
+                    r->o.settings.kv_check, r->o.speculate == 1 || r->o.speculate == 3 ? r->o.spec_k : 0, adapt,
+                    r->dr.kv};
     return sched_init(&r->s, &sc, r->rows, r->n_rows, err, errlen);
 }
 
@@ -1398,13 +1414,19 @@ static void print_done(runner *r, const char *dir, double el)
                (unsigned long long)r->prompt_tokens, (unsigned long long)r->s.prefix_tokens, r->s.pages_saved_peak,
                ix, (unsigned long long)ev, (unsigned long long)r->s.prefix_waits);
     }
+    char how[300] = "lookup";
+    if (r->dr.m)
+        snprintf(how, sizeof how, "draft %s", r->o.draft_spec);
     if (r->s.cfg.spec_k)
-        printf("speculation (lookup, k <= %d): %.2f tokens per row per pass over %llu decode steps, %llu of %llu "
+        printf("speculation (%s, k <= %d): %.2f tokens per row per pass over %llu decode steps, %llu of %llu "
                "proposed tokens accepted (%.1f%%)\n",
-               r->s.cfg.spec_k, r->dec_steps ? (double)r->dec_tokens / (double)r->dec_steps : 0.0,
+               how, r->s.cfg.spec_k, r->dec_steps ? (double)r->dec_tokens / (double)r->dec_steps : 0.0,
                (unsigned long long)r->dec_steps, (unsigned long long)r->spec_accepted,
                (unsigned long long)r->s.spec_proposed,
                r->s.spec_proposed ? 100.0 * (double)r->spec_accepted / (double)r->s.spec_proposed : 0.0);
+    if (r->dr.m)
+        printf("draft model: %llu forwards in %.1f s, %llu tokens proposed\n", (unsigned long long)r->dr.forwards,
+               r->dr.secs, (unsigned long long)r->dr.proposed);
     char ck[400];
     fmt_chunk(r, true, ck, sizeof ck);
     printf("%s\n", ck);
@@ -1496,6 +1518,18 @@ static int run_job(runner *r, const job_stored *stored)
         goto fail;
     }
 
+    /* --speculate draft: the draft model, its vocabulary the target's (checked here, before a job exists) */
+    if (r->o.speculate == 3) {
+        if (r->o.device != 1 && spill_gpu_open) {
+            util_errf(err, sizeof err, "--speculate draft runs with the CPU engine only for now; add --cpu, or use "
+                                       "--speculate lookup on the GPU.");
+            code = SPILL_EX_USAGE;
+            goto fail;
+        }
+        if (draft_open_model(&r->dr, r->o.draft_spec, r->m, r->tok, &code, err, sizeof err))
+            goto fail;
+    }
+
     /* the job and its rows */
     int jrc;
 #ifdef SPILL_MPI
@@ -1577,6 +1611,15 @@ static int run_job(runner *r, const job_stored *stored)
         const kv_cache *bkv = r->be.kv(r->be.impl);
         r->mem.page_bytes = kv_page_bytes_as(r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, r->o.page_tokens,
                                              bkv->dtype);
+        /* the draft: one page of its own beside each of the target's (what the plan priced) */
+        if (r->dr.m) {
+            if (draft_open_engine(&r->dr, &eo, bkv->n_pages, err, sizeof err)) {
+                code = SPILL_EX_SOFTWARE;
+                goto fail_job;
+            }
+            r->mem.page_bytes += r->dr.kv->n_pages ? kv_page_bytes(r->dr.m->n_layers, r->dr.m->n_kv_heads,
+                                                                   r->dr.m->head_dim, r->o.page_tokens) : 0;
+        }
         r->first_batch = r->o.batch ? r->o.batch : fit_rows(r, bkv->n_pages, true);
     }
     code = SPILL_EX_SOFTWARE; /* what is left to fail before the passes is memory or the disk */

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "calib.h"
+#include "draft.h"
 #include "../base/exit.h"
 #include "../base/pool.h"
 #include "../base/settings.h"
@@ -57,7 +58,8 @@ typedef struct run_opts {
     const char *pass_log; /* CSV of every pass (benchmarks): pass, rows, decode tokens, prefill tokens, seconds */
     int status_port;     /* --status-port: the job's status page on 127.0.0.1 (progress.h); 0 none */
     int prefix_cache;    /* --prefix-cache: 0 unset (on), 1 on, 2 off (sched_cfg.prefix) */
-    int speculate;       /* --speculate: 0 unset (off), 1 lookup (spec.h's proposer), 2 off */
+    int speculate;       /* --speculate: 0 unset (off), 1 lookup (spec.h's proposer), 2 off, 3 draft:MODEL (draft.h) */
+    const char *draft_spec; /* speculate 3: the draft model as the user named it (a tag or a path) */
     int spec_k;          /* --spec-k: most tokens proposed per row per pass (0 unset: 4) */
     bool prefill_auto;   /* no --prefill-chunk: prefill_chunk is the default cap, and when the layers stream the
                             prompt tokens per pass adapt to the passes' times (chunk.h) */
@@ -95,6 +97,7 @@ typedef struct runner {
     tokenizer *tok;
     tmpl_t *tmpl;        /* the chat template, compiled once */
     spill_backend be;    /* be.impl NULL until opened */
+    draft dr;            /* --speculate draft: the draft model and its engine (draft.h); dr.m NULL otherwise */
     job *j;
     char run_id[JOB_ID_MAX]; /* the job's id, which every row's stamp carries (several ranks: rank 0's job's) */
     /* several ranks (mpi_run.c): this process's rank and the job's ranks; n_ranks 0 = one process, mpi NULL */

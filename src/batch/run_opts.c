@@ -58,7 +58,8 @@ static int parse_int(const char *name, const char *s, int *out)
 /* Every option of spill run (and resume, but -o): the parser reads this table and --help prints it, so the
  * two cannot drift apart. */
 /* OPT_CHOICE: one of the words its arg lists ("on|off"), stored as the word's place from 1 (0 stays "unset") */
-enum opt_kind { OPT_INT, OPT_BYTES, OPT_STR, OPT_TRUE, OPT_SET, OPT_KV_DTYPE, OPT_CHOICE };
+/* OPT_SPECULATE: lookup, off (OPT_CHOICE's places 1, 2) or draft:MODEL (3, the model into draft_spec) */
+enum opt_kind { OPT_INT, OPT_BYTES, OPT_STR, OPT_TRUE, OPT_SET, OPT_KV_DTYPE, OPT_CHOICE, OPT_SPECULATE };
 typedef struct run_opt {
     const char *name, *alt; /* spelling, and another one or NULL */
     const char *arg;        /* the value's name in --help, NULL for a flag */
@@ -107,8 +108,9 @@ static const run_opt opts[] = {
      "GPU: KV pages in bf16 (default) or int8 (twice the rows per GB)", false},
     {"--prefix-cache", NULL, "on|off", OPT_CHOICE, OFF(prefix_cache), 0, false,
      "rows whose prompts start alike share the KV pages of that prefix, computed once (default on)", false},
-    {"--speculate", NULL, "lookup|off", OPT_CHOICE, OFF(speculate), 0, false,
-     "speculative passes: greedy rows also verify tokens proposed from their own text (default off)", false},
+    {"--speculate", NULL, "lookup|off|draft:MODEL", OPT_SPECULATE, OFF(speculate), 0, false,
+     "speculative passes: rows also verify tokens proposed from their own text (lookup) or by a small model with "
+     "the same vocabulary (draft:MODEL) (default off)", false},
     {"--spec-k", NULL, "N", OPT_INT, OFF(spec_k), 0, false, "most tokens proposed per row per pass (default 4)", false},
     {"--pooling", NULL, "last|mean|cls", OPT_STR, OFF(pooling), 0, true,
      "/v1/embeddings rows: pool this way, whatever the model's files say (default: theirs, else last)", false},
@@ -177,6 +179,18 @@ static int apply_opt(const run_opt *d, int argc, char **argv, int *i, run_opts *
         }
         *(int *)field = !strcmp(v, "int8") ? KV_I8 : KV_BF16;
         return 0;
+    case OPT_SPECULATE:
+        if (!strncmp(v, "draft:", 6)) {
+            if (!v[6]) {
+                fprintf(stderr, "spill: --speculate draft: needs the draft model after the colon (draft:MODEL).\n");
+                return -1;
+            }
+            *(int *)field = 3;
+            o->draft_spec = v + 6;
+            return 0;
+        }
+        /* lookup or off, by their places */
+        __attribute__((fallthrough));
     case OPT_CHOICE: {
         size_t vl = strlen(v);
         int place = 1;
@@ -189,7 +203,7 @@ static int apply_opt(const run_opt *d, int argc, char **argv, int *i, run_opts *
             w += wl + (w[wl] == '|');
         }
         char words[96] = "";
-        for (const char *w = d->arg; *w && strlen(words) < sizeof words - 8; w++)
+        for (const char *w = d->arg; *w && strlen(words) < sizeof words - 12; w++)
             *w == '|' ? strcat(words, " or ") : strncat(words, w, 1);
         fprintf(stderr, "spill: %s takes %s, not \"%.40s\".\n", d->name, words, v);
         return -1;
@@ -267,7 +281,8 @@ json_t *run_opts_json(const run_opts *o)
                           "exact", o->exact, "q8_activations", o->q8, "from_disk", o->from_disk, "kv_dtype",
                           o->kv_dtype, "model", o->model_spec);
     if (j && (json_object_set_new(j, "prefix_cache", json_boolean(o->prefix_cache != 2)) ||
-              json_object_set_new(j, "speculate", json_string(o->speculate == 1 ? "lookup" : "off")) ||
+              json_object_set_new(j, "speculate", o->speculate == 3 ? json_sprintf("draft:%s", o->draft_spec)
+                                                  : json_string(o->speculate == 1 ? "lookup" : "off")) ||
               json_object_set_new(j, "spec_k", json_integer(o->spec_k)) ||
               json_object_set_new(j, "prefill_auto", json_boolean(o->prefill_auto)))) {
         json_decref(j);
@@ -330,8 +345,11 @@ int run_resume_opts(run_opts *o, char *dir, size_t dircap, job_stored *st, char 
         o->kv_dtype = (int)json_integer_value(json_object_get(opt, "kv_dtype"));
     if (!o->prefix_cache && json_is_false(json_object_get(opt, "prefix_cache")))
         o->prefix_cache = 2;
-    if (!o->speculate && json_is_string(json_object_get(opt, "speculate")))
-        o->speculate = !strcmp(json_string_value(json_object_get(opt, "speculate")), "lookup") ? 1 : 2;
+    const char *spv = json_string_value(json_object_get(opt, "speculate"));
+    if (!o->speculate && spv) { /* draft:MODEL keeps the model as the job's first command line named it */
+        o->speculate = !strcmp(spv, "lookup") ? 1 : !strncmp(spv, "draft:", 6) && spv[6] ? 3 : 2;
+        o->draft_spec = o->speculate == 3 ? spv + 6 : NULL;
+    }
     if (!o->spec_k)
         o->spec_k = (int)json_integer_value(json_object_get(opt, "spec_k"));
     /* the embedding settings a job started with (run-only options: the resume keeps them) */

@@ -41,9 +41,11 @@
 
 /* ---------------------------------------------------------------- rows */
 
-static void choice_free(choice *c, kv_cache *kv)
+static void choice_free(choice *c, kv_cache *kv, kv_cache *draft_kv)
 {
     kv_row_free(kv, &c->kv);
+    if (draft_kv)
+        kv_row_free(draft_kv, &c->dkv);
     sample_state_free(&c->ss);
     tok_stream_free(c->ts);
     stop_free(&c->sm);
@@ -60,7 +62,7 @@ static void row_release(sched *s, row *w)
 {
     if (w->ch)
         for (int c = 0; c < w->n_choices; c++)
-            choice_free(&w->ch[c], s->kv);
+            choice_free(&w->ch[c], s->kv, s->cfg.draft_kv);
     free(w->ch);
     w->ch = NULL;
 }
@@ -499,7 +501,7 @@ static int reserve(sched *s, size_t row_idx, choice *c, int32_t need)
  * included (each position is drawn as if the proposals before it were generated: sample_next_ahead; a token's
  * log-probs are those of its own position's logits), but not a grammar (its mask at a position would need the
  * grammar walked over the proposals), kept logits or scoring (the runner records those outside apply_spec). */
-static bool spec_row(const row *w)
+bool sched_spec_row(const row *w)
 {
     return !w->grammar && !w->full_logits && w->score_from == 0 && w->max_new > 0;
 }
@@ -552,7 +554,7 @@ static int speculate(sched *s, int q, int room)
 {
     row *w = &s->rows[s->seq_row[q]];
     choice *ch = &w->ch[s->seq_choice[q]];
-    if (s->seq_spec[q] != 0 || !spec_row(w))
+    if (s->seq_spec[q] != 0 || !sched_spec_row(w))
         return 0;
     int64_t left = w->max_new - ch->n_gen - 1; /* the step emits 1 + accepted tokens */
     int k = sched_spec_k(ch, s->cfg.spec_k);
@@ -562,7 +564,11 @@ static int speculate(sched *s, int q, int room)
     k = left < k ? (int)(left > 0 ? left : 0) : k;
     if (k <= 0)
         return 0;
-    k = spec_propose(w->prompt, w->n_prompt, ch->gen, ch->n_gen, k, ch->spec + 1);
+    if (s->cfg.draft_kv) { /* the draft model's proposal, made before the pass was built (draft_propose) */
+        k = k < ch->n_draft ? k : ch->n_draft;
+        memcpy(ch->spec + 1, ch->draft, (size_t)(k > 0 ? k : 0) * sizeof *ch->draft);
+    } else
+        k = spec_propose(w->prompt, w->n_prompt, ch->gen, ch->n_gen, k, ch->spec + 1);
     if (k <= 0) {
         sched_spec_learn(ch, 0, 0, false);
         return 0;

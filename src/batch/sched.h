@@ -74,6 +74,14 @@ typedef struct choice {
     int32_t spec[1 + SPEC_K_MAX]; /* a speculating decode step's tokens: next, then the proposal (scheduler) */
     float spec_kept, spec_steps;  /* speculation's history (scheduler): the sum of its steps' kept / decided
                                      proposals, and of its steps, each decayed by 0.7 a step (sched.c) */
+    /* --speculate draft (draft.h): the choice's pages in the draft model's cache (freed with the choice), the
+     * positions of its sequence (prompt, then gen) the draft has cached, and the draft's proposal for the
+     * next pass (n_draft tokens to follow next; draft_propose writes them, speculate reads them) */
+    kv_row dkv;
+    kv_chain dchain;     /* how far dkv's full prompt pages are in the draft cache's prefix index */
+    int32_t dfed;
+    int32_t draft[SPEC_K_MAX];
+    int n_draft;
 } choice;
 
 /* One request line of the job. */
@@ -148,6 +156,9 @@ typedef struct sched_cfg {
     int spec_k;              /* speculative passes: tokens proposed at most per choice per pass (--spec-k); 0 = off */
     bool chunk_adapt;        /* the prompt tokens a pass carries adapt to the passes' times (chunk.h), within
                                 prefill_chunk; false: prefill_chunk is a constant cap */
+    kv_cache *draft_kv;      /* --speculate draft: the draft model's cache, whose pages each choice's dkv holds;
+                                the proposals are then the choices' draft[] (draft.h), else prompt lookup (spec.h);
+                                NULL = prompt lookup */
 } sched_cfg;
 
 typedef struct sched {
@@ -253,6 +264,8 @@ void sched_spec_keep(sched *s, int q, int32_t j);
 /* Then rolls back the KV of the positions sequence q did not keep (kv_row_truncate) and adds the step to its
  * choice's history (sched_spec_learn).  0, or -1 with a sentence. */
 int sched_spec_settle(sched *s, int q, char *err, size_t errlen);
+/* True for a row whose tokens speculation can verify exactly (sched.c says which). */
+bool sched_spec_row(const row *w);
 /* Speculation's k for choice c, from its history: p = the smoothed rate at which its proposals are kept; the
  * i-th proposal of a step is kept only if the i - 1 before it were, so with probability ~p^i, and k is the
  * largest i <= cap with p^i >= 0.3 (0 when even the first is unlikely; sched.c says why these figures). */
