@@ -40,8 +40,10 @@
  * Q6_K/Q8_K and float types always use the exact path.  Within that mode:
  * passes of 1-3 rows dot the raw legacy-quant rows (blocks unpacked in
  * registers, no tile), the kernels run on AVX-512 VNNI where present
- * (cpu_kq.h, instantiated for AVX2 and VNNI), and cpu_matmul_multi sends
- * several matrices sharing one X as one job — all without changing a bit.
+ * (cpu_kq.h, instantiated for AVX2 and VNNI), batched passes dot 8
+ * interleaved weight rows per register (lane = row), and cpu_matmul_multi
+ * sends several matrices sharing one X as one job — all without changing a
+ * bit (one arithmetic, stated in cpu_kq.h).
  */
 #include "cpu.h"
 
@@ -228,12 +230,13 @@ static SIMD void tile_avx2(const float *tile, int64_t R, int64_t K, const float 
  *
  * X row layout in pool->act (stride K + 8*nb bytes, nb = K/32): int8 q[K],
  * float d[nb], float s[nb] with x ~= d[b]*q and s[b] = d[b]*sum(q of block b).
- * W tile row layout in scratch (same stride): u8/i8 q[K], float dw[nb],
- * float mw[nb] from quant_unpack_q8_row (w = dw*q + mw per 32-group).
- * Y[t][n] = sum_b dw_b*dx_b*P_b + sum_b mw_b*s_b, where P_b is the exact
- * integer dot of block b split into 8 lanes of 4 products (what
- * maddubs+madd produce); order fixed as in the fp32 path: lane accumulators
- * over blocks, hsum8, then the min term (8 lanes over blocks, hsum8, tail).
+ * W rows from quant_unpack_q8_row (same stride): u8/i8 q[K], float dw[nb],
+ * float mw[nb] (w = dw*q + mw per 32-group); the batched kernels take them
+ * as groups of 8 rows interleaved 4 bytes at a time (kq_group_put).
+ * Y[t][n] in every path (scalar, raw 1-row, interleaved; AVX2 or VNNI):
+ * exact int32 block sums S_b, accumulator b mod 8 gets fma(fl(dw_b*dx_b), S_b)
+ * and then fma(mw_b, s_b), one fixed 8-way tree (cpu_kq.h's opening comment;
+ * dotq_scalar is the oracle).
  */
 
 /* One X row to 8 bits: d = amax/127, q = round-half-even(x/d), per 32-block. */

@@ -18,6 +18,10 @@
  * row: perf put 75-82% of a batch-64/256 token in them).  Its 8 block-mod-8 accumulators are walked one at a
  * time (blocks j, j+8, …) so only one register per X row is live.  Padding lanes (a group of fewer than 8 rows)
  * hold zeros and are never stored.  Signed weights (Q8_0) use the sign trick on both ISAs.
+ * Measured (SmolLM2-135M Q4_1, 2 shared cores, bench_decode --prompt 32, old and new binary back to back; the
+ * machine was loaded by other builds, load average 3-8, so only the ratios mean anything): batch 256
+ * 43.6 -> 117.3 tok/s (2.7x), batch 64 86.8 -> 111.9 (1.3x); --tokens 16 --prompt 8 at load ~3.7: batch 256
+ * 134 -> 286 (2.1x), batch 64 114 -> 182 (1.6x).  Not yet measured against llama.cpp (tools/bench_b4.py).
  *
  * Next step: the +128 offset for signed weights under VNNI (S = dpbusd(w+128, x) - 128·sum(x), exact; saves the
  * abs/sign pair per dpbusd on Q8_0), and more X rows per register block on AVX-512 (32 vector registers) —
