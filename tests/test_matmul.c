@@ -240,6 +240,101 @@ static void test_matmul_q8(cpu_pool *pool)
     cpu_pool_set_q8_act(pool, false);
 }
 
+/*
+ * The 8-bit paths' arithmetic (cpu_kq.h), restated here and compared bit for bit — no tolerance, since the
+ * design makes every path (the raw 1-row kernel at T < 4, the 8-row interleaved kernel in blocks of 4 X rows
+ * and its 1-row tail, AVX2 and VNNI, the scalar oracle) compute exactly this: x quantized per 32-block as
+ * d = amax/127, q = nearbyint(x * (1/d)), s = d * sum(q); per weight block b the exact integer sum S_b,
+ * acc[b % 8] = fma(dw_b*dx_b, S_b, acc[b % 8]), then fma(mw_b, s_b, ·) for types with a minimum, and the tree
+ * ((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7)).  K of 7, 18 (SmolLM2's 576) and 48 blocks (partial and whole groups of
+ * 8 blocks), N = 21 (two groups of 8 weight rows and a padded one), T covering every kernel split.
+ */
+static void test_matmul_q8_arith(void)
+{
+    const int64_t Ks[] = {224, 576, 1536}, Ts[] = {1, 3, 4, 6, 70};
+    const int64_t N = 21, TMAX = 70;
+    char err[256];
+    cpu_pool *pool = NULL;
+    CHECK(cpu_pool_create(2, cpu_matmul_scratch_bytes(1536), &pool, err, sizeof err) == 0, "%s", err);
+    if (!pool)
+        return;
+    cpu_pool_set_q8_act(pool, true);
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t type = ALL_TYPES[ti];
+        if (!quant_q8_supported(type))
+            continue;
+        bool sgn = quant_q8_signed(type);
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+            int64_t K = Ks[ki], nb = K / 32;
+            if (K % quant_block_elems(type) != 0)
+                continue;
+            size_t rb;
+            uint8_t *W = random_weights(type, N, K, &rb);
+            uint8_t *wq = malloc((size_t)(N * K));
+            float *dw = malloc(sizeof(float) * N * nb), *mw = calloc((size_t)(N * nb), sizeof(float));
+            for (int64_t n = 0; n < N; n++)
+                quant_unpack_q8_row(type, W + n * rb, K, wq + n * K, dw + n * nb, mw + n * nb);
+            float *X = malloc(sizeof(float) * TMAX * K), *ref = malloc(sizeof(float) * TMAX * N);
+            float *Y = malloc(sizeof(float) * TMAX * N);
+            int8_t *xq = malloc((size_t)K);
+            float *dx = malloc(sizeof(float) * nb), *sx = malloc(sizeof(float) * nb);
+            for (int64_t i = 0; i < TMAX * K; i++)
+                X[i] = rng_uniform(-1, 1) * (i % 89 == 0 ? 6.0f : 1.0f);
+            for (int64_t t = 0; t < TMAX; t++) {
+                for (int64_t b = 0; b < nb; b++) {
+                    float amax = 0;
+                    for (int j = 0; j < 32; j++)
+                        amax = fmaxf(amax, fabsf(X[t * K + 32 * b + j]));
+                    float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+                    int sum = 0;
+                    for (int j = 0; j < 32; j++) {
+                        int v = (int)nearbyintf(X[t * K + 32 * b + j] * id);
+                        xq[32 * b + j] = (int8_t)v;
+                        sum += v;
+                    }
+                    dx[b] = d;
+                    sx[b] = d * (float)sum;
+                }
+                for (int64_t n = 0; n < N; n++) {
+                    float acc[8] = {0};
+                    for (int64_t b = 0; b < nb; b++) {
+                        int32_t S = 0;
+                        for (int64_t j = 32 * b; j < 32 * b + 32; j++)
+                            S += (sgn ? (int32_t)(int8_t)wq[n * K + j] : (int32_t)wq[n * K + j]) * xq[j];
+                        acc[b % 8] = fmaf(dw[n * nb + b] * dx[b], (float)S, acc[b % 8]);
+                        if (!sgn)
+                            acc[b % 8] = fmaf(mw[n * nb + b], sx[b], acc[b % 8]);
+                    }
+                    ref[t * N + n] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+                }
+            }
+            /* 0: scalar oracle, 1: AVX2, 2: VNNI (where present) */
+            for (int path = 0; path < 3; path++) {
+                if (path == 0 && !quant_simd_available())
+                    continue;
+                if (path == 2 && !cpu_q8_vnni_active())
+                    continue;
+                quant_simd_force(path != 0);
+                if (path == 1)
+                    cpu_q8_vnni_force(0);
+                for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+                    int64_t T = Ts[k];
+                    CHECK(cpu_matmul(pool, W, type, N, K, X, T, Y, err, sizeof err) == 0, "%s", err);
+                    int bad = 0;
+                    for (int64_t i = 0; i < T * N; i++)
+                        bad += memcmp(&Y[i], &ref[i], sizeof(float)) != 0;
+                    CHECK(bad == 0, "%s K=%lld T=%lld path %d: %d of %lld outputs differ from the stated arithmetic",
+                          quant_type_name(type), (long long)K, (long long)T, path, bad, (long long)(T * N));
+                }
+                cpu_q8_vnni_force(-1);
+                quant_simd_force(true);
+            }
+            free(W), free(wq), free(dw), free(mw), free(X), free(ref), free(Y), free(xq), free(dx), free(sx);
+        }
+    }
+    cpu_pool_free(pool);
+}
+
 /* Threads 1/2/3, tile size, T-independence, SIMD vs scalar: identical bits. */
 static void test_matmul_bitstable(bool q8)
 {
@@ -659,6 +754,7 @@ int main(void)
     test_matmul_errors(pool);
     test_matmul_accuracy(pool);
     test_matmul_q8(pool);
+    test_matmul_q8_arith();
     test_matmul_bitstable(false);
     test_matmul_bitstable(true);
     test_matmul_multi(pool);

@@ -40,8 +40,10 @@
  * Q6_K/Q8_K and float types always use the exact path.  Within that mode:
  * passes of 1-3 rows dot the raw legacy-quant rows (blocks unpacked in
  * registers, no tile), the kernels run on AVX-512 VNNI where present
- * (cpu_kq.h, instantiated for AVX2 and VNNI), and cpu_matmul_multi sends
- * several matrices sharing one X as one job — all without changing a bit.
+ * (cpu_kq.h, instantiated for AVX2 and VNNI), batched passes dot 8
+ * interleaved weight rows per register (lane = row), and cpu_matmul_multi
+ * sends several matrices sharing one X as one job — all without changing a
+ * bit (one arithmetic, stated in cpu_kq.h).
  */
 #include "cpu.h"
 
@@ -228,12 +230,13 @@ static SIMD void tile_avx2(const float *tile, int64_t R, int64_t K, const float 
  *
  * X row layout in pool->act (stride K + 8*nb bytes, nb = K/32): int8 q[K],
  * float d[nb], float s[nb] with x ~= d[b]*q and s[b] = d[b]*sum(q of block b).
- * W tile row layout in scratch (same stride): u8/i8 q[K], float dw[nb],
- * float mw[nb] from quant_unpack_q8_row (w = dw*q + mw per 32-group).
- * Y[t][n] = sum_b dw_b*dx_b*P_b + sum_b mw_b*s_b, where P_b is the exact
- * integer dot of block b split into 8 lanes of 4 products (what
- * maddubs+madd produce); order fixed as in the fp32 path: lane accumulators
- * over blocks, hsum8, then the min term (8 lanes over blocks, hsum8, tail).
+ * W rows from quant_unpack_q8_row (same stride): u8/i8 q[K], float dw[nb],
+ * float mw[nb] (w = dw*q + mw per 32-group); the batched kernels take them
+ * as groups of 8 rows interleaved 4 bytes at a time (kq_group_put).
+ * Y[t][n] in every path (scalar, raw 1-row, interleaved; AVX2 or VNNI):
+ * exact int32 block sums S_b, accumulator b mod 8 gets fma(fl(dw_b*dx_b), S_b)
+ * and then fma(mw_b, s_b), one fixed 8-way tree (cpu_kq.h's opening comment;
+ * dotq_scalar is the oracle).
  */
 
 /* One X row to 8 bits: d = amax/127, q = round-half-even(x/d), per 32-block. */
@@ -288,89 +291,67 @@ static SIMD void quant_x_avx2(const float *x, int64_t K, int8_t *q, float *d, fl
     }
 }
 
-/* Fixed-order sum_b mw[b]*sx[b]: 8 lanes over blocks, hsum, then the tail. */
-static float minsum_scalar(const float *mw, const float *sx, int64_t nb)
-{
-    float acc[8] = {0};
-    int64_t nb8 = nb & ~(int64_t)7, b = 0;
-    for (; b < nb8; b += 8)
-        for (int j = 0; j < 8; j++)
-            acc[j] = fmaf(mw[b + j], sx[b + j], acc[j]);
-    float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (; b < nb; b++)
-        s = fmaf(mw[b], sx[b], s);
-    return s;
-}
-
+/* The 8-bit paths' one arithmetic (cpu_kq.h's opening comment), emulated: S_b exact in int32, accumulator b mod 8,
+ * the scale product, then the block-minimum fma, the fixed 8-way tree. */
 static float dotq_scalar(const uint8_t *wq, const float *dw, const float *mw, const int8_t *xq, const float *dx,
                          const float *sx, int64_t nb, bool sgn, bool has_min)
 {
     float acc[8] = {0};
     for (int64_t b = 0; b < nb; b++) {
-        float scale = dw[b] * dx[b];
-        for (int l = 0; l < 8; l++) {
-            int32_t p = 0;
-            for (int j = 4 * l; j < 4 * l + 4; j++)
-                p += (sgn ? (int32_t)(int8_t)wq[32 * b + j] : (int32_t)wq[32 * b + j]) * xq[32 * b + j];
-            acc[l] = fmaf(scale, (float)p, acc[l]);
-        }
+        int32_t S = 0;
+        for (int j = 32 * b; j < 32 * b + 32; j++)
+            S += (sgn ? (int32_t)(int8_t)wq[j] : (int32_t)wq[j]) * xq[j];
+        acc[b % 8] = fmaf(dw[b] * dx[b], (float)S, acc[b % 8]);
+        if (has_min)
+            acc[b % 8] = fmaf(mw[b], sx[b], acc[b % 8]);
     }
-    float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    return has_min ? s + minsum_scalar(mw, sx, nb) : s;
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-static inline SIMD float minsum_avx2(const float *mw, const float *sx, int64_t nb)
-{
-    __m256 acc = _mm256_setzero_ps();
-    int64_t nb8 = nb & ~(int64_t)7, b = 0;
-    for (; b < nb8; b += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(mw + b), _mm256_loadu_ps(sx + b), acc);
-    float s = hsum8(acc);
-    for (; b < nb; b++)
-        s = fmaf(mw[b], sx[b], s);
-    return s;
-}
+/* The batched kernels' weight layout, one group of 8 tile rows (stride KQ_GROUP_BYTES(nb) = 8 * xs): for each
+ * block b, for each 4-byte group g of it, the 8 rows' 4 bytes (q[256*b + 32*g + 4*r + i] = row r's byte 32b+4g+i),
+ * then dw[8*b + r] and mw[8*b + r]. */
+#define KQ_GROUP_BYTES(nb) ((size_t)(nb) * (256 + 64))
 
-/* The batched kernels' 4 X rows (stride xs bytes): codes, block scales d and block sums s (see below). */
-static inline void kq_xrows(const uint8_t *xrow, int64_t xs, int64_t K, int64_t nb, const int8_t *xq[4],
-                            const float *dx[4], const float *sx[4])
+/* Row r (0..7) of a group from its row layout (q[K], dw[nb], mw[nb]). */
+static void kq_group_put(uint8_t *grp, int r, const uint8_t *q, const float *dw, const float *mw, int64_t nb)
 {
-    for (int i = 0; i < 4; i++) {
-        xq[i] = (const int8_t *)(xrow + i * xs);
-        dx[i] = (const float *)(xrow + i * xs + K);
-        sx[i] = dx[i] + nb;
+    float *gd = (float *)(grp + 256 * nb), *gm = gd + 8 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        for (int g = 0; g < 8; g++)
+            memcpy(grp + 256 * b + 32 * g + 4 * r, q + 32 * b + 4 * g, 4);
+        gd[8 * b + r] = dw[b];
+        gm[8 * b + r] = mw[b];
     }
 }
 
+#define KQ_NX 4
 #define KQ_ATTR SIMD
 #define KQ_NAME(n) n##_avx2
-#define KQ_DOT(w, x) _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+#define KQ_DOTACC(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
 #include "cpu_kq.h"
 #undef KQ_ATTR
 #undef KQ_NAME
-#undef KQ_DOT
+#undef KQ_DOTACC
 #define KQ_ATTR __attribute__((target("avx2,fma,f16c,avx512vl,avx512vnni")))
 #define KQ_NAME(n) n##_vnni
-#define KQ_DOT(w, x) _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
+#define KQ_DOTACC(acc, w, x) _mm256_dpbusd_epi32(acc, w, x)
 #include "cpu_kq.h"
 #undef KQ_ATTR
 #undef KQ_NAME
-#undef KQ_DOT
+#undef KQ_DOTACC
 
 /* The kernel set a matmul uses: VNNI where the CPU has AVX-512 VNNI + VL, unless cpu_q8_vnni_force(0) (main() for
  * SPILL_NO_VNNI=1). */
 typedef struct kq_ops {
-    float (*k1x1)(const uint8_t *, const float *, const float *, const int8_t *, const float *, const float *, int64_t,
-                  bool, bool);
     float (*k1x1_raw)(uint32_t, const uint8_t *, size_t, const int8_t *, const float *, const float *, int64_t, bool,
-                      bool, float *);
-    void (*k1x4)(const uint8_t *, const float *, const float *, const uint8_t *, int64_t, int64_t, int64_t, bool, bool,
-                 float *, int64_t);
-    void (*k2x4)(const uint8_t *, int64_t, const uint8_t *, int64_t, int64_t, int64_t, bool, bool, float *, int64_t);
+                      bool);
+    void (*k8xN)(const uint8_t *, const uint8_t *, int64_t, int64_t, int64_t, bool, bool, float *, int64_t, int);
+    void (*k8x1)(const uint8_t *, const uint8_t *, int64_t, int64_t, int64_t, bool, bool, float *, int64_t, int);
 } kq_ops;
 
-static const kq_ops KQ_AVX2 = {kq_1x1_avx2, kq_1x1_raw_avx2, kq_1x4_avx2, kq_2x4_avx2};
-static const kq_ops KQ_VNNI = {kq_1x1_vnni, kq_1x1_raw_vnni, kq_1x4_vnni, kq_2x4_vnni};
+static const kq_ops KQ_AVX2 = {kq_1x1_raw_avx2, kq_8xN_avx2, kq_8x1_avx2};
+static const kq_ops KQ_VNNI = {kq_1x1_raw_vnni, kq_8xN_vnni, kq_8x1_vnni};
 static int g_vnni = -1; /* -1: not decided yet */
 
 void cpu_q8_vnni_force(int on)
@@ -426,63 +407,72 @@ typedef struct {
 } mm_ctx;
 
 /* Batched 8-bit passes walk X in chunks of this many bytes of rows (16 KiB: beside a 16-row tile of a
- * 576-wide matrix, 11.5 KiB, within a 32 KiB L1), two weight rows at a time (kq_2x4).  B4's batch of 256 on this machine's 2 cores
- * (5 alternating pairs, bench_decode --batch 256 --tokens 16 --prompt 8): 392 -> 466 tok/s median, 1.14-1.21x
- * per pair; chunks alone gave ~1.10x, and a 4x4 register tile was slower (281 tok/s: spills). */
+ * 576-wide matrix, 11.5 KiB, within a 32 KiB L1), each chunk meeting every 8-row group of the tile while hot.
+ * Measured with the previous per-row kernels (B4's batch of 256, 2 cores): chunks gave ~1.10x. */
 #define Q8_X_CHUNK_BYTES (16u << 10)
 
+/* The 8-bit path for tile rows n0..n0+R-1 (R <= the tile's rows; scratch holds ceil(R/8)*8 + 1 rows of xs). */
 static void mm_task_q8(const mm_ctx *c, int64_t n0, int64_t R, const uint8_t *w, int tid)
 {
     int64_t K = c->K, nb = K / 32, xs = c->xs;
-    const kq_ops *kq = cpu_q8_vnni_active() ? &KQ_VNNI : &KQ_AVX2;
+    bool sgn = quant_q8_signed(c->wtype), has_min = !sgn;
     uint8_t *tile = cpu_pool_scratch(c->p, tid);
-    if (c->simd && c->T < 4 && c->wtype != GGML_Q4_K && c->wtype != GGML_Q5_K) {
-        /* a decode pass of 1-3 rows: dot each raw weight row directly (no tile), the block minima in scratch */
-        bool sgn = quant_q8_signed(c->wtype);
-        float *mw = (float *)tile;
+    if (!c->simd) { /* the oracle: row layout, dotq_scalar */
+        for (int64_t r = 0; r < R; r++) {
+            float *dw = (float *)(tile + K);
+            quant_unpack_q8_row(c->wtype, w + (size_t)r * c->row_bytes, K, tile, dw, dw + nb);
+            for (int64_t t = 0; t < c->T; t++) {
+                const uint8_t *xr = c->act + t * xs;
+                const float *dx = (const float *)(xr + K);
+                c->Y[t * c->N + n0 + r] = dotq_scalar(tile, dw, dw + nb, (const int8_t *)xr, dx, dx + nb, nb, sgn, has_min);
+            }
+        }
+        return;
+    }
+    const kq_ops *kq = cpu_q8_vnni_active() ? &KQ_VNNI : &KQ_AVX2;
+    if (c->T < 4 && c->wtype != GGML_Q4_K && c->wtype != GGML_Q5_K) {
+        /* a decode pass of 1-3 rows: dot each raw weight row directly (no tile) */
         size_t bsz = c->row_bytes / (size_t)nb;
         for (int64_t r = 0; r < R; r++)
             for (int64_t t = 0; t < c->T; t++) {
                 const uint8_t *xr = c->act + t * xs;
                 const float *dx = (const float *)(xr + K);
                 c->Y[t * c->N + n0 + r] = kq->k1x1_raw(c->wtype, w + (size_t)r * c->row_bytes, bsz, (const int8_t *)xr,
-                                                     dx, dx + nb, nb, sgn, !sgn, mw);
+                                                       dx, dx + nb, nb, sgn, has_min);
             }
         return;
     }
+    /* the tile as groups of 8 interleaved rows (a last partial group zero-padded), each row unpacked first into
+     * the row after the groups */
+    int64_t G = (R + 7) / 8;
+    size_t gb = KQ_GROUP_BYTES(nb);
+    uint8_t *row = tile + (size_t)G * gb;
+    float *rdw = (float *)(row + K);
+    if (R % 8)
+        memset(tile + (size_t)(G - 1) * gb, 0, gb);
     for (int64_t r = 0; r < R; r++) {
-        float *dw = (float *)(tile + r * xs + K);
-        quant_unpack_q8_row(c->wtype, w + (size_t)r * c->row_bytes, K, tile + r * xs, dw, dw + nb);
+        memset(rdw + nb, 0, sizeof(float) * (size_t)nb); /* mw: signed types leave it unwritten */
+        quant_unpack_q8_row(c->wtype, w + (size_t)r * c->row_bytes, K, row, rdw, rdw + nb);
+        kq_group_put(tile + (size_t)(r / 8) * gb, (int)(r % 8), row, rdw, rdw + nb, nb);
     }
-    bool sgn = quant_q8_signed(c->wtype), has_min = !sgn;
-    int64_t T4 = c->simd ? c->T & ~(int64_t)3 : 0;
-    /* X rows in chunks that stay in L1 beside the tile (each tile row meets a chunk's rows while they are hot);
-     * every output is the same kernel call as without chunks, so the same bits */
-    int64_t chunk = (int64_t)(Q8_X_CHUNK_BYTES / (size_t)xs) & ~(int64_t)3;
-    chunk = chunk < 4 ? 4 : chunk;
-    for (int64_t t0 = 0; t0 < T4; t0 += chunk) {
-        int64_t t1 = t0 + chunk < T4 ? t0 + chunk : T4;
-        for (int64_t r = 0; r < R; r += 2) {
-            const uint8_t *wq = tile + r * xs;
-            const float *dw = (const float *)(wq + K), *mw = dw + nb;
-            for (int64_t t = t0; t < t1; t += 4)
-                if (r + 1 < R)
-                    kq->k2x4(wq, xs, c->act + t * xs, xs, K, nb, sgn, has_min, c->Y + n0 + r + t * c->N, c->N);
-                else
-                    kq->k1x4(wq, dw, mw, c->act + t * xs, xs, K, nb, sgn, has_min, c->Y + n0 + r + t * c->N, c->N);
+    int64_t TN = c->T - c->T % KQ_NX;
+    /* X rows in chunks that stay in L1 beside the tile; every output is the same arithmetic whatever the chunk */
+    int64_t chunk = (int64_t)(Q8_X_CHUNK_BYTES / (size_t)xs) / KQ_NX * KQ_NX;
+    chunk = chunk < KQ_NX ? KQ_NX : chunk;
+    for (int64_t t0 = 0; t0 < TN; t0 += chunk) {
+        int64_t t1 = t0 + chunk < TN ? t0 + chunk : TN;
+        for (int64_t g = 0; g < G; g++) {
+            int nr = R - 8 * g < 8 ? (int)(R - 8 * g) : 8;
+            for (int64_t t = t0; t < t1; t += KQ_NX)
+                kq->k8xN(tile + (size_t)g * gb, c->act + t * xs, xs, K, nb, sgn, has_min, c->Y + n0 + 8 * g + t * c->N,
+                         c->N, nr);
         }
     }
-    for (int64_t r = 0; r < R; r++) {
-        const uint8_t *wq = tile + r * xs;
-        const float *dw = (const float *)(wq + K), *mw = dw + nb;
-        float *y = c->Y + n0 + r;
-        int64_t t = T4;
-        for (; t < c->T; t++) {
-            const uint8_t *xr = c->act + t * xs;
-            const float *dx = (const float *)(xr + K);
-            y[t * c->N] = c->simd ? kq->k1x1(wq, dw, mw, (const int8_t *)xr, dx, dx + nb, nb, sgn, has_min)
-                                  : dotq_scalar(wq, dw, mw, (const int8_t *)xr, dx, dx + nb, nb, sgn, has_min);
-        }
+    for (int64_t g = 0; g < G; g++) {
+        int nr = R - 8 * g < 8 ? (int)(R - 8 * g) : 8;
+        for (int64_t t = TN; t < c->T; t++)
+            kq->k8x1(tile + (size_t)g * gb, c->act + t * xs, xs, K, nb, sgn, has_min, c->Y + n0 + 8 * g + t * c->N, c->N,
+                     nr);
     }
 }
 
@@ -609,12 +599,22 @@ int cpu_matmul_multi(cpu_pool *p, const cpu_mm_part *parts, int n_parts, int64_t
                                  "matmul: per-thread scratch of %zu bytes cannot hold one row of K=%lld "
                                  "weights; create the pool with cpu_matmul_scratch_bytes(K).",
                                  cpu_pool_scratch_bytes(p), (long long)K);
-            if (fit < rpt)
+            if (q8 && fit < 9) /* one group of 8 interleaved rows plus the row being unpacked */
+                return util_errf(err, errlen,
+                                 "matmul: per-thread scratch of %zu bytes cannot hold 9 rows of K=%lld 8-bit "
+                                 "weights; create the pool with cpu_matmul_scratch_bytes(K).",
+                                 cpu_pool_scratch_bytes(p), (long long)K);
+            int64_t fit8 = (fit - 1) & ~(int64_t)7;
+            if (q8 && fit8 < rpt)
+                rpt = fit8;
+            else if (fit < rpt)
                 rpt = fit >= 4 ? fit & ~(int64_t)3 : fit;
         }
-        /* keep every thread busy on small N: at least ~4 tasks per thread when rows allow */
-        while (rpt > 4 && (pt->N + rpt - 1) / rpt < 4 * (int64_t)cpu_pool_threads(p))
-            rpt -= 4;
+        /* keep every thread busy on small N: at least ~4 tasks per thread when rows allow (8-bit tiles in whole
+         * groups of 8 rows) */
+        int64_t step = q8 ? 8 : 4;
+        while (rpt > step && (pt->N + rpt - 1) / rpt < 4 * (int64_t)cpu_pool_threads(p))
+            rpt -= step;
         any_q8 |= q8 && pt->N > 0;
         mm.part[mm.n] = (mm_ctx){p, pt->W, pt->wtype, row_bytes, pt->N, K, T, X, pt->Y, rpt, simd, q8, NULL, xs};
         mm.first_task[mm.n] = tasks;

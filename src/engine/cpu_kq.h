@@ -1,63 +1,84 @@
 /*
  * cpu_kq.h — the 8-bit-activation dot-product kernels of cpu.c, included
  * twice: once for AVX2 (maddubs + madd) and once for AVX-512 VNNI on 256-bit
- * vectors (dpbusd).  The two give the same int32 lanes — maddubs never
+ * vectors (dpbusd).  The two give the same int32 sums — maddubs never
  * saturates here (4/5-bit weights times 8-bit activations, or |8-bit| pairs:
- * at most 2·128·127 = 32,512 per 16-bit pair) — and everything after the
+ * at most 2·127·127 = 32,258 per 16-bit pair) — and everything after the
  * integer dot is the same code, so both produce the same bits.
  *
- * What bounds the batched kernels (kq_1x4, kq_2x4): their lanes hold partial sums of one weight row, so each
- * 32-product dpbusd costs a convert, a scale product, a broadcast and an fma besides.  Interleaving 8 unpacked
- * weight rows 4 bytes at a time (lane = row, the activation's 4 bytes broadcast) would pay those once per 8
- * rows.  Keeping every path's bits equal (batch invariance) then needs one arithmetic for all of them: exact
- * int32 block sums S_b (|S_b| < 2^24, exact in fp32), accumulators indexed by block mod 8
- * (acc = fma(fl(dw*dx), S_b, acc), then the block-minimum fma) and one fixed 8-way tree at the end — which the
- * 1-row kernel gets from 8 blocks' dpbusd reduced across lanes, and the interleaved one from 8 registers.
- * Signed weights: +128 offset and -128*sum(x) (exact) under VNNI; maddubs would saturate there, so AVX2 keeps
- * the sign trick.  Not built: it changes every 8-bit dot path and the scalar oracle.
+ * One arithmetic for every 8-bit path (the scalar oracle dotq_scalar in cpu.c, the raw 1-row kernel, the
+ * interleaved batched kernel): per 32-block b the exact int32 sum S_b of its 32 products (|S_b| <= 32·127·127
+ * < 2^24, exact in fp32), then
+ *     acc[b mod 8] = fma(fl(dw_b*dx_b), S_b, acc[b mod 8]);  acc[b mod 8] = fma(mw_b, sx_b, acc[b mod 8]) (minima),
+ *     y = ((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7)).
+ * The 1-row kernel gets the 8 accumulators as the lanes of one register (8 blocks' dots reduced across lanes to
+ * one vector of S_b); the batched kernel holds 8 weight rows interleaved 4 bytes at a time (lane = row, the
+ * activation's 4 bytes broadcast), so S_b comes out of 8 dpbusd per block with no reduction and the convert,
+ * the scale product, the broadcasts and both fmas are paid once per 8 rows (the previous kernels paid them per
+ * row: perf put 75-82% of a batch-64/256 token in them).  Its 8 block-mod-8 accumulators are walked one at a
+ * time (blocks j, j+8, …) so only one register per X row is live.  Padding lanes (a group of fewer than 8 rows)
+ * hold zeros and are never stored.  Signed weights (Q8_0) use the sign trick on both ISAs.
+ * Measured (SmolLM2-135M Q4_1, 2 shared cores, bench_decode --prompt 32, old and new binary back to back; the
+ * machine was loaded by other builds, load average 3-8, so only the ratios mean anything): batch 256
+ * 43.6 -> 117.3 tok/s (2.7x), batch 64 86.8 -> 111.9 (1.3x); --tokens 16 --prompt 8 at load ~3.7: batch 256
+ * 134 -> 286 (2.1x), batch 64 114 -> 182 (1.6x).  Not yet measured against llama.cpp (tools/bench_b4.py).
  *
- * Expects KQ_ATTR (the target attribute), KQ_NAME(n) (suffixes a name) and
- * KQ_DOT(w, x) (8 int32 lanes of 4 u8·s8 products).  No include guard: it is
- * meant to be included more than once, and only by cpu.c.
+ * Next step: the +128 offset for signed weights under VNNI (S = dpbusd(w+128, x) - 128·sum(x), exact; saves the
+ * abs/sign pair per dpbusd on Q8_0), and more X rows per register block on AVX-512 (32 vector registers) —
+ * measured per shape before keeping either.
+ *
+ * Expects KQ_ATTR (the target attribute), KQ_NAME(n) (suffixes a name), KQ_DOTACC(acc, w, x) (acc plus 8 int32
+ * lanes of 4 u8·s8 products) and KQ_NX (X rows per register block of the batched kernel).  No include guard:
+ * it is meant to be included more than once, and only by cpu.c.
  */
 
-/* 8 int32 lanes of 4 products each: unsigned w bytes times signed x bytes (sgn: both signed). */
-static inline KQ_ATTR __m256 KQ_NAME(lanes_dot)(__m256i w, __m256i x, bool sgn)
+/* acc + the 8 int32 lanes of 4 products each: unsigned w bytes times signed x bytes (sgn: both signed). */
+static inline KQ_ATTR __m256i KQ_NAME(lanes_acc)(__m256i acc, __m256i w, __m256i x, bool sgn)
 {
     if (sgn) {
         x = _mm256_sign_epi8(x, w);
         w = _mm256_abs_epi8(w);
     }
-    return _mm256_cvtepi32_ps(KQ_DOT(w, x));
+    return KQ_DOTACC(acc, w, x);
 }
 
-static KQ_ATTR float KQ_NAME(kq_1x1)(const uint8_t *wq, const float *dw, const float *mw, const int8_t *xq, const float *dx,
-                         const float *sx, int64_t nb, bool sgn, bool has_min)
+/* Lane j of the result = the sum of the 8 lanes of p[j] (exact integer adds). */
+static inline KQ_ATTR __m256i KQ_NAME(reduce8)(const __m256i p[8])
 {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i w = _mm256_loadu_si256((const __m256i *)(wq + 32 * b));
-        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw[b] * dx[b]), KQ_NAME(lanes_dot)(w, x, sgn), acc);
-    }
-    float s = hsum8(acc);
-    return has_min ? s + minsum_avx2(mw, sx, nb) : s;
+    __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+    __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+    __m256i lo = _mm256_hadd_epi32(h01, h23), hi = _mm256_hadd_epi32(h45, h67); /* per 128-bit half: p0..p3 | p4..p7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31));
 }
 
-/* kq_1x1 on a raw legacy-quant row (Q8_0, Q4_0/1, Q5_0/1), each block unpacked in registers instead of
- * through the tile: for decode passes of 1-3 rows the unpack cost as much as two dot products (perf: 51% of
- * a batch-1 token in quant_unpack_q8_row, 22% in kq_1x1).  Same integers, same scales, same fma order and the
- * same block-minimum sum (mw gathered, then minsum_avx2), so the same bits as unpack + kq_1x1. */
+/* One raw legacy-quant weight row (Q8_0, Q4_0/1, Q5_0/1) · one 8-bit X row, each block unpacked in registers
+ * (no tile): the decode passes of 1-3 rows.  Eight blocks at a time: their dots reduced to one vector of S_b,
+ * then the file comment's arithmetic with lane = block mod 8; the last partial group's missing lanes get
+ * fma(0, 0, acc) = acc (an accumulator is never -0: it starts at +0 and round-to-nearest sums give +0). */
 static KQ_ATTR float KQ_NAME(kq_1x1_raw)(uint32_t type, const uint8_t *w, size_t bsz, const int8_t *xq, const float *dx,
-                             const float *sx, int64_t nb, bool sgn, bool has_min, float *mw)
+                                         const float *sx, int64_t nb, bool sgn, bool has_min)
 {
     __m256 acc = _mm256_setzero_ps();
 #define KQ_RAW_LOOP(T_)                                                                                                \
-    for (int64_t b = 0; b < nb; b++) {                                                                                 \
-        float d;                                                                                                       \
-        __m256i q = legacy_block_q8(T_, w + (size_t)b * bsz, &d, &mw[b]);                                             \
-        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));                                               \
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[b]), KQ_NAME(lanes_dot)(q, x, sgn), acc);                                 \
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {                                                                           \
+        int n = nb - b0 < 8 ? (int)(nb - b0) : 8;                                                                      \
+        __m256i p[8];                                                                                                  \
+        float d[8] = {0}, m[8] = {0}, ex[8] = {0}, es[8] = {0};                                                        \
+        for (int j = 0; j < 8; j++) {                                                                                  \
+            if (j < n) {                                                                                               \
+                __m256i q = legacy_block_q8(T_, w + (size_t)(b0 + j) * bsz, &d[j], &m[j]);                           \
+                __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * (b0 + j)));                                \
+                p[j] = KQ_NAME(lanes_acc)(_mm256_setzero_si256(), q, x, sgn);                                          \
+                ex[j] = dx[b0 + j];                                                                                    \
+                es[j] = sx[b0 + j];                                                                                    \
+            } else {                                                                                                   \
+                p[j] = _mm256_setzero_si256();                                                                         \
+            }                                                                                                          \
+        }                                                                                                              \
+        __m256 s = _mm256_cvtepi32_ps(KQ_NAME(reduce8)(p));                                                            \
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(d), _mm256_loadu_ps(ex)), s, acc);                        \
+        if (has_min)                                                                                                   \
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(m), _mm256_loadu_ps(es), acc);                                       \
     }
     switch (type) { /* one loop per type: the block layout is a constant inside it */
     case GGML_Q8_0:
@@ -77,73 +98,95 @@ static KQ_ATTR float KQ_NAME(kq_1x1_raw)(uint32_t type, const uint8_t *w, size_t
         break;
     }
 #undef KQ_RAW_LOOP
-    float s = hsum8(acc);
-    return has_min ? s + minsum_avx2(mw, sx, nb) : s;
+    return hsum8(acc);
 }
 
-/* 1 W row × 4 X rows (x rows at stride xs bytes; their d/s arrays at the same stride). */
-static KQ_ATTR void KQ_NAME(kq_1x4)(const uint8_t *wq, const float *dw, const float *mw, const uint8_t *xrow, int64_t xs, int64_t K,
-                        int64_t nb, bool sgn, bool has_min, float *y, int64_t ldy)
+/* 8 interleaved weight rows (kq_group layout, cpu.c) × nx X rows (stride xs bytes, each q[K], d[nb], s[nb]):
+ * y[i*ldy + r] for r < nr.  nx, sgn and has_min are constants at each call site (the wrappers below), so the
+ * loops over nx unroll, the accumulators stay in registers and the branches fold. */
+static inline __attribute__((always_inline)) KQ_ATTR void
+KQ_NAME(kq_8xn)(const uint8_t *wi, const uint8_t *xrow, int64_t xs, int64_t K, int64_t nb, const bool sgn,
+                const bool has_min, float *y, int64_t ldy, int nr, const int nx)
 {
-    const int8_t *xq[4];
-    const float *dx[4], *sx[4];
-    kq_xrows(xrow, xs, K, nb, xq, dx, sx);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i w = _mm256_loadu_si256((const __m256i *)(wq + 32 * b));
-        float d = dw[b];
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[0][b]),
-                             KQ_NAME(lanes_dot)(w, _mm256_loadu_si256((const __m256i *)(xq[0] + 32 * b)), sgn), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[1][b]),
-                             KQ_NAME(lanes_dot)(w, _mm256_loadu_si256((const __m256i *)(xq[1] + 32 * b)), sgn), a1);
-        a2 = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[2][b]),
-                             KQ_NAME(lanes_dot)(w, _mm256_loadu_si256((const __m256i *)(xq[2] + 32 * b)), sgn), a2);
-        a3 = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[3][b]),
-                             KQ_NAME(lanes_dot)(w, _mm256_loadu_si256((const __m256i *)(xq[3] + 32 * b)), sgn), a3);
+    const float *dw = (const float *)(wi + 256 * nb), *mw = dw + 8 * nb;
+    const int8_t *xq[KQ_NX];
+    const float *dx[KQ_NX], *sx[KQ_NX];
+    for (int i = 0; i < nx; i++) {
+        xq[i] = (const int8_t *)(xrow + i * xs);
+        dx[i] = (const float *)(xrow + i * xs + K);
+        sx[i] = dx[i] + nb;
     }
-    __m256 a[4] = {a0, a1, a2, a3};
-    for (int i = 0; i < 4; i++) {
-        float s = hsum8(a[i]);
-        y[i * ldy] = has_min ? s + minsum_avx2(mw, sx[i], nb) : s;
+    __m256 part[KQ_NX][8];
+    for (int j = 0; j < 8; j++) {
+        __m256 a[KQ_NX];
+#pragma GCC unroll 8
+        for (int i = 0; i < nx; i++)
+            a[i] = _mm256_setzero_ps();
+        for (int64_t b = j; b < nb; b += 8) {
+            const uint8_t *wb = wi + 256 * b;
+            __m256i s[KQ_NX];
+#pragma GCC unroll 8
+            for (int i = 0; i < nx; i++)
+                s[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 32 * g));
+#pragma GCC unroll 8
+                for (int i = 0; i < nx; i++) {
+                    int32_t x4;
+                    memcpy(&x4, xq[i] + 32 * b + 4 * g, 4);
+                    s[i] = KQ_NAME(lanes_acc)(s[i], w, _mm256_set1_epi32(x4), sgn);
+                }
+            }
+            __m256 d = _mm256_loadu_ps(dw + 8 * b);
+#pragma GCC unroll 8
+            for (int i = 0; i < nx; i++) {
+                a[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx[i][b])), _mm256_cvtepi32_ps(s[i]), a[i]);
+                if (has_min)
+                    a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(mw + 8 * b), _mm256_set1_ps(sx[i][b]), a[i]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < nx; i++)
+            part[i][j] = a[i];
     }
-}
-
-
-/* 2 W rows × 4 X rows: kq_1x4's arithmetic for each row (the same bits), the X blocks loaded once for both. */
-static KQ_ATTR void KQ_NAME(kq_2x4)(const uint8_t *wq, int64_t ws, const uint8_t *xrow, int64_t xs, int64_t K,
-                        int64_t nb, bool sgn, bool has_min, float *y, int64_t ldy)
-{
-    const int8_t *xq[4];
-    const float *dx[4], *sx[4];
-    kq_xrows(xrow, xs, K, nb, xq, dx, sx);
-    const uint8_t *wq1 = wq + ws;
-    const float *dw0 = (const float *)(wq + K), *dw1 = (const float *)(wq1 + K);
-    __m256 a[2][4];
-    for (int r = 0; r < 2; r++)
-        for (int i = 0; i < 4; i++)
-            a[r][i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i w0 = _mm256_loadu_si256((const __m256i *)(wq + 32 * b));
-        __m256i w1 = _mm256_loadu_si256((const __m256i *)(wq1 + 32 * b));
-        float d0 = dw0[b], d1 = dw1[b];
-#define KQ_2X4_ROW(i)                                                                                                  \
-    do {                                                                                                               \
-        __m256i x_ = _mm256_loadu_si256((const __m256i *)(xq[i] + 32 * b));                                           \
-        a[0][i] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dx[i][b]), KQ_NAME(lanes_dot)(w0, x_, sgn), a[0][i]);            \
-        a[1][i] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dx[i][b]), KQ_NAME(lanes_dot)(w1, x_, sgn), a[1][i]);            \
-    } while (0)
-        KQ_2X4_ROW(0);
-        KQ_2X4_ROW(1);
-        KQ_2X4_ROW(2);
-        KQ_2X4_ROW(3);
-#undef KQ_2X4_ROW
-    }
-    for (int r = 0; r < 2; r++) {
-        const float *mw = (r ? dw1 : dw0) + nb;
-        for (int i = 0; i < 4; i++) {
-            float s = hsum8(a[r][i]);
-            y[r + i * ldy] = has_min ? s + minsum_avx2(mw, sx[i], nb) : s;
+    for (int i = 0; i < nx; i++) {
+        const __m256 *p = part[i];
+        __m256 r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(p[0], p[4]), _mm256_add_ps(p[2], p[6])),
+                                 _mm256_add_ps(_mm256_add_ps(p[1], p[5]), _mm256_add_ps(p[3], p[7])));
+        if (nr == 8) {
+            _mm256_storeu_ps(y + i * ldy, r);
+        } else {
+            float o[8];
+            _mm256_storeu_ps(o, r);
+            memcpy(y + i * ldy, o, sizeof(float) * (size_t)nr);
         }
     }
 }
 
+/* kq_8xn for a full register block of KQ_NX X rows, and for one X row (the batch's last T mod KQ_NX rows);
+ * each instantiated per (sgn, has_min). */
+#define KQ_8XN_CALL(nx_)                                                                                               \
+    do {                                                                                                               \
+        if (sgn && !has_min)                                                                                           \
+            KQ_NAME(kq_8xn)(wi, xrow, xs, K, nb, true, false, y, ldy, nr, nx_);                                        \
+        else if (!sgn && has_min)                                                                                      \
+            KQ_NAME(kq_8xn)(wi, xrow, xs, K, nb, false, true, y, ldy, nr, nx_);                                        \
+        else if (sgn)                                                                                                  \
+            KQ_NAME(kq_8xn)(wi, xrow, xs, K, nb, true, true, y, ldy, nr, nx_);                                         \
+        else                                                                                                           \
+            KQ_NAME(kq_8xn)(wi, xrow, xs, K, nb, false, false, y, ldy, nr, nx_);                                       \
+    } while (0)
+
+static KQ_ATTR void KQ_NAME(kq_8xN)(const uint8_t *wi, const uint8_t *xrow, int64_t xs, int64_t K, int64_t nb, bool sgn,
+                                   bool has_min, float *y, int64_t ldy, int nr)
+{
+    KQ_8XN_CALL(KQ_NX);
+}
+
+static KQ_ATTR void KQ_NAME(kq_8x1)(const uint8_t *wi, const uint8_t *xrow, int64_t xs, int64_t K, int64_t nb, bool sgn,
+                                   bool has_min, float *y, int64_t ldy, int nr)
+{
+    KQ_8XN_CALL(1);
+}
+#undef KQ_8XN_CALL
