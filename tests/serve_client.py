@@ -273,6 +273,23 @@ ids = [json.loads(l)["custom_id"] for l in lines]
 ok(x.status == "completed" and len(ids) == 40 and len(set(ids)) == 40, "after kill -9 and restart: 40 rows, none twice")
 ok(answers(client, x) == want, "the same answers as the uninterrupted batch")
 
+# kill -9 of the worker (not the server) mid-batch: a fresh worker resumes the batch; no row lost or twice
+bw = client.batches.create(input_file_id=fk.id, endpoint="/v1/chat/completions", completion_window="24h")
+t = time.time()
+while time.time() - t < 120:
+    x = client.batches.retrieve(bw.id)
+    if x.request_counts.completed >= 2:
+        break
+    time.sleep(0.1)
+dead = worker_log(bw.id)[0]
+for pid in dead:
+    os.kill(int(pid), signal.SIGKILL)
+x = wait(client, bw.id, ("completed", "failed"), 300)
+ids = [json.loads(l)["custom_id"] for l in client.files.content(x.output_file_id).text.splitlines()]
+pw = worker_log(bw.id)[0]
+ok(x.status == "completed" and len(ids) == 40 and len(set(ids)) == 40 and answers(client, x) == want and
+   len(dead) == 1 and len(pw) == 2, "a worker killed mid-batch: a fresh one resumes it, every row once, same answers")
+
 # an embeddings batch through the gateway: CreateEmbeddingResponse bodies in the output file
 emb_in = os.path.join(WORK, "emb.jsonl")
 with open(emb_in, "w") as fh:
