@@ -25,7 +25,7 @@ def ok(cond, what):
 def start():
     env = dict(os.environ, SPILL_HOME=os.path.join(WORK, "home"))
     log = open(os.path.join(WORK, "serve.log"), "a")
-    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", str(PORT), "--keys", keys,
+    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--model", MODEL2, "--port", str(PORT), "--keys", keys,
                           "--max-upload", "64K"], env=env, stdout=log, stderr=log)
     for _ in range(200):
         try:
@@ -65,6 +65,13 @@ def wait(client, bid, states, secs=120):
     ok(False, f"batch {bid} reaches {states}")
 
 
+def worker_log(bid):
+    """(pids of the workers that ran the batch, the "model opened" lines) from the batch's log (run_worker.c)."""
+    text = open(os.path.join(WORK, "home", "serve", "batches", bid + ".log")).read()
+    pids = {l.split()[2].rstrip(":") for l in text.splitlines() if l.startswith("spill worker ") and ": job " in l}
+    return pids, text.count("model opened")
+
+
 def answers(client, b):
     out = {}
     if b.output_file_id:
@@ -74,6 +81,10 @@ def answers(client, b):
     return out
 
 
+# a second model for the worker switch: the tiny fixture under another path (the worker's key is the path)
+MODEL2 = os.path.join(WORK, "tiny-copy.gguf")
+with open(MODEL, "rb") as src, open(MODEL2, "wb") as dst:
+    dst.write(src.read())
 keys = os.path.join(WORK, "keys")
 with open(keys, "w") as f:
     f.write("# test keys\n" + KEY + "\n")
@@ -112,6 +123,35 @@ ref = answers(client, b)
 ok(sorted(ref) == [f"r{i}" for i in range(6)], "the output file holds every row once")
 ok(client.files.retrieve(b.output_file_id).purpose == "batch_output", "the output file's purpose")
 
+# the resident worker (issue 17): a second batch for the same model runs on the same worker, which opened the
+# model once, and answers as a fresh `spill run` of the same input does (greedy: equal, not close)
+b2 = wait(client, client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                        completion_window="24h").id, ("completed", "failed"))
+ok(b2.status == "completed" and b2.request_counts.completed == 6, "a second batch for the same model completes")
+(p1, o1), (p2, o2) = worker_log(b.id), worker_log(b2.id)
+ok(len(p1) == 1 and p1 == p2, f"both batches ran on one worker (pid {p1}, {p2})")
+ok(o1 == 1 and o2 == 0, f"the worker opened the model once ({o1} + {o2} opens)")
+fresh = os.path.join(WORK, "fresh")
+r = subprocess.run([BIN, "run", MODEL, inp, "-o", fresh, "--quiet"], env=env, capture_output=True, text=True)
+fr = {}
+for line in open(os.path.join(fresh, "results.jsonl")) if r.returncode == 0 else []:
+    j = json.loads(line)
+    fr[j["custom_id"]] = j["response"]["body"]["choices"][0]["message"]["content"]
+ok(r.returncode == 0 and answers(client, b2) == fr == ref, "the reused worker's answers equal a fresh spill run's")
+# a batch naming the second model: another worker, which opens that model
+inp2 = os.path.join(WORK, "in2.jsonl")
+with open(inp2, "w") as fh:
+    for line in open(inp):
+        j = json.loads(line)
+        j["body"]["model"] = MODEL2
+        fh.write(json.dumps(j) + "\n")
+b3 = wait(client, client.batches.create(input_file_id=client.files.create(file=open(inp2, "rb"), purpose="batch").id,
+                                        endpoint="/v1/chat/completions", completion_window="24h").id,
+          ("completed", "failed"))
+p3, o3 = worker_log(b3.id)
+ok(b3.status == "completed" and len(p3) == 1 and p3 != p1 and o3 == 1 and answers(client, b3) == ref,
+   "a batch for another model switches workers (a new pid that opens its model) and answers the same")
+
 # a file that fails validation: errors with line numbers
 bad = os.path.join(WORK, "bad.jsonl")
 with open(bad, "w") as fh:
@@ -131,7 +171,7 @@ ok(bm.status == "failed" and bm.errors.data[0].code == "url_mismatch", "url_mism
 ids, page = [], client.batches.list(limit=1)
 for x in page:
     ids.append(x.id)
-ok(len(ids) == 3 and len(set(ids)) == 3, "batches list paginates (limit=1) over all three")
+ok(len(ids) == 5 and len(set(ids)) == 5, "batches list paginates (limit=1) over all five")
 fids = [x.id for x in client.files.list()]
 ok(len(fids) >= 4 and len(set(fids)) == len(fids), "files list")
 
@@ -213,6 +253,8 @@ fk = client.files.create(file=open(long_in, "rb"), purpose="batch")
 refb = wait(client, client.batches.create(input_file_id=fk.id, endpoint="/v1/chat/completions",
                                           completion_window="24h").id, ("completed",), 300)
 want = answers(client, refb)
+ok(worker_log(refb.id)[0] == worker_log(bl.id)[0] and worker_log(refb.id)[1] == 0,
+   "after the cancel (and the expiry) the same worker, model kept, completes the next batch")
 bk = client.batches.create(input_file_id=fk.id, endpoint="/v1/chat/completions", completion_window="24h")
 t = time.time()
 while time.time() - t < 120:
@@ -230,6 +272,23 @@ lines = client.files.content(x.output_file_id).text.splitlines()
 ids = [json.loads(l)["custom_id"] for l in lines]
 ok(x.status == "completed" and len(ids) == 40 and len(set(ids)) == 40, "after kill -9 and restart: 40 rows, none twice")
 ok(answers(client, x) == want, "the same answers as the uninterrupted batch")
+
+# kill -9 of the worker (not the server) mid-batch: a fresh worker resumes the batch; no row lost or twice
+bw = client.batches.create(input_file_id=fk.id, endpoint="/v1/chat/completions", completion_window="24h")
+t = time.time()
+while time.time() - t < 120:
+    x = client.batches.retrieve(bw.id)
+    if x.request_counts.completed >= 2:
+        break
+    time.sleep(0.1)
+dead = worker_log(bw.id)[0]
+for pid in dead:
+    os.kill(int(pid), signal.SIGKILL)
+x = wait(client, bw.id, ("completed", "failed"), 300)
+ids = [json.loads(l)["custom_id"] for l in client.files.content(x.output_file_id).text.splitlines()]
+pw = worker_log(bw.id)[0]
+ok(x.status == "completed" and len(ids) == 40 and len(set(ids)) == 40 and answers(client, x) == want and
+   len(dead) == 1 and len(pw) == 2, "a worker killed mid-batch: a fresh one resumes it, every row once, same answers")
 
 # an embeddings batch through the gateway: CreateEmbeddingResponse bodies in the output file
 emb_in = os.path.join(WORK, "emb.jsonl")

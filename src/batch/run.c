@@ -27,6 +27,16 @@
  * per-token path allocates nothing once a choice's text has reached its size
  * (the text buffer grows geometrically and the stop matcher writes straight
  * into it).
+ *
+ * Kept across jobs (issue 17, `spill worker`, run_worker.c): a process that
+ * calls run_keep_enable keeps the opened weights (after --quant), tokenizer
+ * and chat template of its last job in g_keep, and the next job whose
+ * resolved model path and --quant ask are the same borrows them instead of
+ * opening them again; runner_free leaves what g_keep holds.  The backend is
+ * still opened per job (its KV arena is sized by each job's plan).  `spill
+ * run` alone never enables it, so it behaves exactly as before.  g_stop is
+ * cleared when a job starts: a worker's SIGINT ends the current job
+ * (checkpointed, exit 75) and the next job starts clean.
  */
 #include "run.h"
 
@@ -54,6 +64,60 @@
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = sig; }
+
+/* The worker's keep (the opening comment): what the last job opened, for the next job of the same model. */
+static struct {
+    bool on;
+    char path[4096], quant_ask[64]; /* the key: the resolved weights path and the --quant asked ("" none) */
+    model_desc *m;
+    tokenizer *tok;
+    tmpl_t *tmpl;
+    char quant_name[32];
+    const char *quant; /* r->o.quant after run_quant_apply (a static name, or NULL) */
+    int opens;         /* models opened while keeping (the worker's log says each) */
+} g_keep;
+
+void run_keep_enable(void)
+{
+    g_keep.on = true;
+}
+
+int run_keep_opens(void)
+{
+    return g_keep.opens;
+}
+
+void run_keep_free(void)
+{
+    tokenizer_free(g_keep.tok);
+    template_free(g_keep.tmpl);
+    model_close(g_keep.m);
+    g_keep.tok = NULL, g_keep.tmpl = NULL, g_keep.m = NULL;
+}
+
+/* Borrows the kept model for this job when its key matches; true when it did (r->m, tok, tmpl, quant set). */
+static bool keep_take(runner *r, const char *path)
+{
+    if (!g_keep.on || !g_keep.m || strcmp(g_keep.path, path) || strcmp(g_keep.quant_ask, r->o.quant ? r->o.quant : ""))
+        return false;
+    r->m = g_keep.m, r->tok = g_keep.tok, r->tmpl = g_keep.tmpl;
+    r->o.quant = g_keep.quant;
+    snprintf(r->quant_name, sizeof r->quant_name, "%s", g_keep.quant_name);
+    return true;
+}
+
+/* Keeps what this job opened (a job's own open, never a borrowed one) in place of what was kept before. */
+static void keep_put(runner *r, const char *path, const char *quant_ask)
+{
+    if (!g_keep.on || r->m == g_keep.m)
+        return;
+    run_keep_free();
+    snprintf(g_keep.path, sizeof g_keep.path, "%s", path);
+    snprintf(g_keep.quant_ask, sizeof g_keep.quant_ask, "%s", quant_ask);
+    g_keep.m = r->m, g_keep.tok = r->tok, g_keep.tmpl = r->tmpl;
+    g_keep.quant = r->o.quant;
+    snprintf(g_keep.quant_name, sizeof g_keep.quant_name, "%s", r->quant_name);
+}
 
 static double now_s(void)
 {
@@ -849,10 +913,14 @@ static void runner_free(runner *r)
     if (r->be.impl)
         r->be.close(r->be.impl);
     run_embed_free(r);
-    tokenizer_free(r->tok);
-    template_free(r->tmpl);
+    bool kept = g_keep.m && r->m == g_keep.m; /* the worker keeps them for its next job */
+    if (!kept) {
+        tokenizer_free(r->tok);
+        template_free(r->tmpl);
+    }
     run_adapters_free(r); /* after the backend, which borrowed the set */
-    model_close(r->m);
+    if (!kept)
+        model_close(r->m);
 }
 
 /* --full-logits: the files' total (exact for --score, at most max_tokens per row otherwise), refused above
@@ -1459,6 +1527,7 @@ static int run_job(runner *r, const job_stored *stored)
     char err[SPILL_ERRLEN], path[4096], e2[SPILL_ERRLEN];
     int code = SPILL_EX_DATAERR;
     double t_open = now_s();
+    g_stop = 0; /* a worker's earlier job may have been stopped */
     r->tty = isatty(STDOUT_FILENO);
     /* launched by mpirun or srun: one rank of several (mpi_run.c); a binary without MPI refuses that */
     if (mpi_run_init(r, err, sizeof err)) {
@@ -1477,21 +1546,33 @@ static int run_job(runner *r, const job_stored *stored)
     }
     /* --quant's copy is written before the handlers too: Ctrl-C stops it, and its file appears whole or not at all */
     int orc;
+    char quant_ask[64];
+    snprintf(quant_ask, sizeof quant_ask, "%s", r->o.quant ? r->o.quant : "");
+    bool borrowed = !r->mpi && keep_take(r, path);
 #ifdef SPILL_MPI
-    if (r->mpi) /* ranks sharing $SPILL_HOME write a --quant copy one at a time: the first writes it, the others find it */
+    if (borrowed)
+        orc = 0;
+    else if (r->mpi) /* ranks sharing $SPILL_HOME write a --quant copy one at a time: the first writes it, the others find it */
         orc = mpi_run_in_turn(r, path, err, sizeof err);
     else
 #endif
-        orc = run_open_weights(r, path, err, sizeof err);
+        orc = borrowed ? 0 : run_open_weights(r, path, err, sizeof err);
     if (orc)
         goto fail;
+    if (g_keep.on && !borrowed) {
+        g_keep.opens++;
+        fprintf(stderr, "spill worker %d: model opened: %s\n", (int)getpid(), path);
+    }
     /* From here on SIGINT/SIGTERM only set a flag: the pass loop checkpoints and exits 75. */
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    if (prompt_open_tokenizer(r->m, &r->tok, err, sizeof err) || prompt_open_template(r->m, &r->tmpl, err, sizeof err))
+    if (!borrowed &&
+        (prompt_open_tokenizer(r->m, &r->tok, err, sizeof err) || prompt_open_template(r->m, &r->tmpl, err, sizeof err)))
         goto fail;
+    if (!r->mpi)
+        keep_put(r, path, quant_ask);
     model_fingerprint(r->m, r->fingerprint);
     snprintf(r->sys_fp, sizeof r->sys_fp, "fp_%.10s", r->fingerprint);
     run_defaults(&r->o);

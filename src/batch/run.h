@@ -15,5 +15,12 @@ int distill_main(int argc, char **argv);
 /* Prints spill run's (resume: spill resume's; cmd 1: spill distill's) usage and every option, one line each,
  * from the table the option parser reads. */
 void run_opts_help(FILE *f, bool resume, int cmd);
+/* From now on this process keeps the last job's opened model, tokenizer and template for the next job of the
+ * same model (run.c's opening comment); run_keep_free drops them; run_keep_opens counts the models opened since. */
+void run_keep_enable(void);
+void run_keep_free(void);
+int run_keep_opens(void);
+/* `spill worker MODEL` (hidden; run_worker.c): serve's resident runner.  Returns the exit code. */
+int worker_main(int argc, char **argv);
 
 #endif

@@ -9,17 +9,21 @@
  *     batches/<batch_id>.job/     the batch's job directory: a `spill run ... -o` job (job.c), so a batch IS a run
  *
  * The worker: one thread takes batches FIFO (by seq).  validating: spill check's library pass (check_file with
- * the batch's endpoint) — its first sentence and line go into `errors`, status failed.  in_progress: the worker
- * starts this same binary as a child, `spill run MODEL data -o DIR --quiet` (or `spill resume DIR` when the
- * directory already holds a job), with PR_SET_PDEATHSIG so a kill -9 of the server takes the child with it and
- * the next start resumes the job exactly (the job store's own guarantee).  A child per batch is the decision:
- * the run API is a process-level entry (run_main) with its own signal handling and exit codes, and a child
- * keeps an engine fault from taking the HTTP side down; the cost is a model load per batch (not kept resident
- * across batches).  request_counts follow the job manifest's committed counts while it runs; the child writes
+ * the batch's endpoint) — its first sentence and line go into `errors`, status failed.  in_progress: the job runs
+ * in a resident child, `spill worker MODEL` (run_worker.c), started with PR_SET_PDEATHSIG so a kill -9 of the
+ * server takes it with it and the next start resumes the job exactly (the job store's own guarantee).  The
+ * thread writes it one line per batch on a pipe (run DATA JOBDIR CSV LOG, or resume JOBDIR CSV LOG when the
+ * directory already holds a job) and reads back the job's exit code.  Decisions (issue 17): a child, not an
+ * in-process runner, so an engine fault never takes the HTTP side down; one worker at a time, for one model —
+ * it keeps the opened model (weights, tokenizer, template) between batches for that model, and a batch for
+ * another model ends it (pipe closed) and starts one for the new model; the backend is opened per job.  A worker
+ * that dies mid-job (crash, kill -9) is replaced and the batch resumed once more; a second death fails the batch
+ * with its log path.  request_counts follow the job manifest's committed counts while it runs; the job writes
  * its passes to the job's passes.csv (--pass-log) for GET /v1/batches/{id}/progress, the status page's view of
  * the running job (progress.c).  Expiry: completion_window is OpenAI's "24h" or N s|m|h (spill's, up to 7 days);
- * a batch still queued or running at expires_at is stopped like a cancel and becomes `expired` (expire_batch).  Cancel sends
- * SIGINT: the job checkpoints and exits 75, the rows answered stay in the output file.
+ * a batch still queued or running at expires_at is stopped like a cancel and becomes `expired` (expire_batch).
+ * Cancel sends the worker SIGINT: the job checkpoints and answers 75, the rows answered stay in the output file,
+ * and the worker takes the next batch.  Server stop: SIGINT (the job checkpoints), then the worker is killed.
  *
  * Safety: bearer keys (constant-time compare; the keys file must not be world-readable); 401/404/413 as
  * OpenAI's error body; 413 from Content-Length before the body is read, and by counting otherwise; uploads
@@ -42,6 +46,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <openssl/sha.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -78,6 +83,10 @@ typedef struct server {
     json_t *batches; /* id -> meta {"object", "seq", "model"} */
     long long seq;
     volatile sig_atomic_t stop;
+    /* the resident worker (the opening comment): its pid (0 none), command pipe, answer pipe, and its model */
+    pid_t wk_pid;
+    int wk_cmd, wk_ans;
+    char wk_model[4096];
 } server;
 
 static server S;
@@ -957,52 +966,135 @@ static void expire_batch(const char *id, json_t *o, const char *jobdir)
     save_batch(id);
 }
 
-/* Runs one batch's job in a child; returns when it ended, was cancelled, expired, or the server stops. */
+/* Ends the resident worker: closing its command pipe ends an idle one; kill (the server stops, or it is
+ * stuck) kills it first.  Waits for it. */
+static void worker_end(bool kill9)
+{
+    if (S.wk_pid <= 0)
+        return;
+    if (kill9)
+        kill(S.wk_pid, SIGKILL);
+    close(S.wk_cmd);
+    close(S.wk_ans);
+    waitpid(S.wk_pid, NULL, 0);
+    S.wk_pid = 0;
+}
+
+/* fd onto want in a child (clearing close-on-exec either way). */
+static void move_fd(int fd, int want)
+{
+    if (fd == want)
+        fcntl(fd, F_SETFD, 0);
+    else
+        dup2(fd, want);
+}
+
+/* Makes sure the resident worker runs for model (ending one for another model); 0, or -1 (fork or pipe failed). */
+static int worker_for(const char *model)
+{
+    if (S.wk_pid > 0 && !strcmp(S.wk_model, model))
+        return 0;
+    worker_end(false);
+    int cmd[2], ans[2];
+    if (pipe2(cmd, O_CLOEXEC))
+        return -1;
+    if (pipe2(ans, O_CLOEXEC)) {
+        close(cmd[0]), close(cmd[1]);
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a kill -9 of the server takes the job with it: the restart resumes */
+        int keep_ans = ans[1] == 0 ? dup(ans[1]) : ans[1]; /* (never 0 in practice: stdin stays open) */
+        move_fd(cmd[0], 0);
+        move_fd(keep_ans, 3);
+        int dn = open("/dev/null", O_WRONLY); /* each job's output goes to its batch's log (run_worker.c) */
+        if (dn >= 0)
+            dup2(dn, 1), dup2(dn, 2);
+        signal(SIGPIPE, SIG_DFL);
+        execl(S.self_exe, "spill", "worker", model, (char *)NULL);
+        _exit(127);
+    }
+    close(cmd[0]);
+    close(ans[1]);
+    if (pid < 0) {
+        close(cmd[1]), close(ans[0]);
+        return -1;
+    }
+    S.wk_pid = pid, S.wk_cmd = cmd[1], S.wk_ans = ans[0];
+    snprintf(S.wk_model, sizeof S.wk_model, "%s", model);
+    return 0;
+}
+
+/* The worker's answer, without waiting: 1 with *code, 0 not yet, -1 the worker is gone (reaped). */
+static int worker_answer(int *code)
+{
+    struct pollfd p = {S.wk_ans, POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0)
+        return 0;
+    char buf[32];
+    ssize_t n = read(S.wk_ans, buf, sizeof buf - 1); /* one short line, written whole */
+    if (n <= 0) {
+        worker_end(true);
+        return -1;
+    }
+    buf[n] = '\0';
+    *code = atoi(buf);
+    return 1;
+}
+
+/* Runs one batch's job on the resident worker; returns when it ended, was cancelled, expired, or the server
+ * stops.  The lock is held on entry and exit (released while the job runs). */
 static void run_batch(const char *id, json_t *o, const char *model)
 {
-    char jobdir[4400], data[4400], logp[4400], man[4500], csv[4500];
+    char jobdir[4400], data[4400], logp[4400], man[4500], csv[4500], line[20000];
     snprintf(jobdir, sizeof jobdir, "%s/%s.job", S.batches_dir, id);
     snprintf(csv, sizeof csv, "%s/passes.csv", jobdir); /* the status page's charts (the passes since this start) */
     snprintf(logp, sizeof logp, "%s/%s.log", S.batches_dir, id);
     snprintf(man, sizeof man, "%s/manifest.json", jobdir);
     snprintf(data, sizeof data, "%s/%s/data", S.files_dir, json_string_value(json_object_get(o, "input_file_id")));
-    bool resume = util_is_file(man);
-    pthread_mutex_unlock(&S.mu);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a kill -9 of the server takes the job with it: the restart resumes */
-        int fd = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        if (resume)
-            execl(S.self_exe, "spill", "resume", jobdir, "--quiet", "--pass-log", csv, (char *)NULL);
-        else
-            execl(S.self_exe, "spill", "run", model, data, "-o", jobdir, "--quiet", "--pass-log", csv, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
+    int code = -1;
     bool sent = false, expiring = false;
-    for (;;) {
-        pid_t w = pid > 0 ? waitpid(pid, &status, WNOHANG) : -1;
-        pthread_mutex_lock(&S.mu);
-        if (w != 0)
-            break;
-        read_counts(jobdir, o);
-        bool cancel = !strcmp(json_string_value(json_object_get(o, "status")), "cancelling");
-        if (!cancel && !expiring && past_window(o))
-            expiring = true; /* the job checkpoints on SIGINT; its answered rows stay */
-        if ((cancel || S.stop || expiring) && !sent) {
-            kill(pid, SIGINT);
-            sent = true;
-        }
+    for (int attempt = 0; attempt < 2; attempt++) { /* a worker that dies mid-job: resumed once more */
+        if (util_is_file(man))
+            snprintf(line, sizeof line, "resume\t%s\t%s\t%s\n", jobdir, csv, logp);
+        else
+            snprintf(line, sizeof line, "run\t%s\t%s\t%s\t%s\n", data, jobdir, csv, logp);
         pthread_mutex_unlock(&S.mu);
-        usleep(200 * 1000);
+        size_t len = strlen(line);
+        bool up = worker_for(model) == 0 && write(S.wk_cmd, line, len) == (ssize_t)len;
+        if (!up) {
+            worker_end(true);
+            pthread_mutex_lock(&S.mu);
+            continue;
+        }
+        sent = false;
+        int got;
+        for (;;) {
+            got = worker_answer(&code);
+            pthread_mutex_lock(&S.mu);
+            if (got)
+                break;
+            read_counts(jobdir, o);
+            bool cancel = !strcmp(json_string_value(json_object_get(o, "status")), "cancelling");
+            if (!cancel && !expiring && past_window(o))
+                expiring = true; /* the job checkpoints on SIGINT; its answered rows stay */
+            if ((cancel || S.stop || expiring) && !sent) {
+                kill(S.wk_pid, SIGINT);
+                sent = true;
+            }
+            pthread_mutex_unlock(&S.mu);
+            struct pollfd p = {S.wk_ans, POLLIN, 0};
+            poll(&p, 1, 200);
+        }
+        if (got > 0 || S.stop || sent)
+            break; /* answered; or gone while stopping, cancelled or expiring: no second try */
+        code = -1;
+        fprintf(stderr, "spill serve: batch %s: the worker ended mid-job%s.\n", id,
+                attempt ? "" : "; resuming the batch on a fresh one");
     }
     /* the lock is held here */
     const char *st = json_string_value(json_object_get(o, "status"));
-    int code = pid > 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     if (S.stop && strcmp(st, "cancelling") && !expiring)
         return; /* stays in_progress: the next start resumes it */
     if (expiring && strcmp(st, "cancelling") && code != 0 && (code == SPILL_EX_TEMPFAIL || code == -1))
@@ -1117,6 +1209,7 @@ static void *worker(void *arg)
         }
         json_decref(m);
     }
+    worker_end(true); /* the server stops: a running job was checkpointed (SIGINT) or resumes from its commits */
     pthread_mutex_unlock(&S.mu);
     return NULL;
 }
