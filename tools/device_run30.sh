@@ -13,6 +13,8 @@
 #           and off; answers compared row by row, tokens/row/pass and whole-job tok/s from each run's summary.
 #   serve   spill-cuda serve on the tiny fixture: a batch uploaded, created, polled to completion and its output
 #           downloaded with curl (the official client is not on this machine); its lines counted and checked.
+#   worker  spill-cuda serve's resident worker: two 40-row batches for the tiny fixture through curl, one worker pid,
+#           one "model opened", answers equal between the batches
 #   tilemin the verify sweep at KS with SPILL_CUDA_TILE_MIN=8 (the attention plan before 1b69c5c) and the default
 #   chunk   tools/device_chunk.sh as a refilling job: q4, ROWS_C rows (default 1,024) at --batch BATCH_C (256)
 #           of 1,000-token prompts and 64 new tokens, adaptive prompt budget vs the constant 8,192.
@@ -144,6 +146,56 @@ print(f"spill-cuda serve: batch {st}, request_counts {b.get('request_counts')}, 
       f"answered with 200, {len(ids)} distinct custom_ids of 40")
 PY
         ;;
+    worker)
+        # serve's resident worker on the GPU binary: two batches for the same model, one worker, one model open
+        H=/tmp/servehome2
+        rm -rf $H && mkdir -p $H
+        python3 - <<'PY'
+import json
+with open("/tmp/serve.jsonl", "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"custom_id": f"s{i}", "method": "POST", "url": "/v1/chat/completions",
+                            "body": {"model": "tiny", "messages": [{"role": "user", "content": f"Count to {i}."}],
+                                     "max_tokens": 24, "temperature": 0}}) + "\n")
+PY
+        SPILL_HOME=$H "$B" serve --model tests/data/tiny/tiny-smollm2.gguf --port 8124 > "$OUT/worker_serve.log" 2>&1 &
+        SP=$!
+        sleep 2
+        U=http://127.0.0.1:8124
+        for n in 1 2; do
+            FID=$(curl -s $U/v1/files -F purpose=batch -F file=@/tmp/serve.jsonl | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+            BID=$(curl -s $U/v1/batches -H 'Content-Type: application/json' \
+                -d "{\"input_file_id\":\"$FID\",\"endpoint\":\"/v1/chat/completions\",\"completion_window\":\"24h\"}" |
+                python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+            for i in $(seq 1 120); do
+                curl -s $U/v1/batches/$BID > "$OUT/worker_batch$n.json"
+                st=$(python3 -c 'import json; print(json.load(open("'"$OUT/worker_batch$n.json"'"))["status"])' 2>/dev/null)
+                [ "$st" = completed ] || [ "$st" = failed ] && break
+                sleep 1
+            done
+            OF=$(python3 -c 'import json; print(json.load(open("'"$OUT/worker_batch$n.json"'")).get("output_file_id") or "")')
+            [ -n "$OF" ] && curl -s $U/v1/files/$OF/content > "$OUT/worker_output$n.jsonl"
+            log "worker: batch $n $BID $st"
+        done
+        kill $SP
+        wait $SP 2>/dev/null
+        cat $H/serve/batches/*.log > "$OUT/worker_batches.log" 2>/dev/null
+        {
+            echo "worker lines: $(grep -c 'spill worker' "$OUT/worker_batches.log")"
+            echo "distinct worker pids: $(grep -o 'spill worker [0-9]*' "$OUT/worker_batches.log" | sort -u | wc -l)"
+            echo "model opened: $(grep -c 'model opened' "$OUT/worker_batches.log")"
+            for n in 1 2; do
+                echo "batch $n: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("request_counts"))' "$OUT/worker_batch$n.json") lines $(wc -l < "$OUT/worker_output$n.jsonl" 2>/dev/null)"
+            done
+            python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+a = [{json.loads(l)["custom_id"]: json.loads(l)["response"]["body"]["choices"][0]["message"]["content"]
+      for l in open(f"{out}/worker_output{n}.jsonl")} for n in (1, 2)]
+print(f"answers equal between the two batches: {sum(a[0][k] == a[1].get(k) for k in a[0])} of {len(a[0])}")
+PY
+        } 2>&1 | tee "$OUT/worker_summary.txt"
+        ;;
     tilemin)
         # the attention plan's threshold A/B: SPILL_CUDA_TILE_MIN=8 (before 1b69c5c) against the default, at K in KS
         M=/tmp/s70b-L$LAYERS-bf16.gguf
@@ -163,7 +215,7 @@ PY
         OUT=$OUT/chunk QUANTS=q4 ROWS=${ROWS_C:-1024} BATCH=${BATCH_C:-256} tools/device_chunk.sh chunk
         ;;
     *)
-        log "unknown step $s (steps: tests verify spec serve tilemin chunk)"
+        log "unknown step $s (steps: tests verify spec serve worker tilemin chunk)"
         FAILED=1
         ;;
     esac
