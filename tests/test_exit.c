@@ -211,7 +211,7 @@ static void test_help(void)
                               : !strcmp(arg, "BYTES") ? "1M"
                               : !strcmp(arg, "bf16|int8") ? "int8"
                               : !strcmp(arg, "bf16|q8|q4|fp8|auto") ? "q8"
-                              : !strcmp(arg, "on|off") || !strcmp(arg, "lookup|off") ? "off"
+                              : !strcmp(arg, "on|off") || !strcmp(arg, "lookup|off") || !strcmp(arg, "lookup|off|draft:MODEL") ? "off"
                               : !strcmp(arg, "last|mean|cls") ? "mean"
                               : (!strcmp(arg, "DIR") || !strcmp(arg, "FILE")) ? "/tmp/spill-test-exit-none"
                                                                                 : NULL;
