@@ -16,7 +16,7 @@ CUDA_LINK  := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt
 CUDA_OBJ   := $(patsubst src/cuda/%.cu,build/cuda/%.o,$(wildcard src/cuda/*.cu))
 # model/lora (the adapter loader) lands with the CPU engine's LoRA branch: listed once its file exists (the GPU
 # code itself needs only model/lora.h's structs), so the line is ready before and after that merge.
-CUDA_CSRC  := engine/cpu base/pool base/settings model/quant model/quantize model/pack model/gguf_write engine/kv model/arch model/model model/registry model/hub model/size model/gguf model/safetensors base/util engine/stream engine/forward engine/moe model/templates batch/sample model/lora engine/lora_cpu
+CUDA_CSRC  := engine/cpu base/pool base/settings model/quant model/quantize model/pack model/gguf_write engine/kv model/arch model/model model/registry model/hub model/size model/gguf model/safetensors base/util engine/stream engine/forward engine/moe model/templates batch/sample model/lora engine/lora_cpu engine/host_share
 CUDA_COBJ  := $(patsubst %,build/cuda/c/%.o,$(CUDA_CSRC))
 CUDA_TESTS := $(patsubst tests/cuda/%.c,build/cuda/%,$(wildcard tests/cuda/test_*.c))
 

@@ -6,6 +6,7 @@
 #include "settings.h"
 #include "util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,8 +38,25 @@ int settings_from_env(spill_settings *s, char *err, size_t errlen)
     s->no_vnni = on("SPILL_NO_VNNI");
     s->cuda_prof = on("SPILL_CUDA_PROF");
     s->kv_check = on("SPILL_KV_CHECK");
-    if (choice("SPILL_CUDA_ATT", "fp32", "tf32", &s->cuda_att_fp32, err, errlen) ||
-        choice("SPILL_CUDA_PIN", "alloc", "register", &s->cuda_pin_alloc, err, errlen))
+    if (choice("SPILL_CUDA_ATT", "fp32", "tf32", &s->cuda_att_fp32, err, errlen))
         return -1;
+    const char *pin = getenv("SPILL_CUDA_PIN");
+    if (pin && *pin) {
+        s->cuda_pin_alloc = !strcmp(pin, "alloc");
+        s->cuda_pin_private = !strcmp(pin, "register");
+        s->cuda_pin_shared = !strcmp(pin, "shared");
+        if (!s->cuda_pin_alloc && !s->cuda_pin_private && !s->cuda_pin_shared)
+            return util_errf(err, errlen,
+                             "SPILL_CUDA_PIN=%.40s is not a setting spill knows; use shared, register or alloc, or "
+                             "unset it.",
+                             pin);
+    }
+    const char *dir = getenv("SPILL_SHM_DIR");
+    if (dir && *dir) {
+        if (*dir != '/' || strlen(dir) >= sizeof s->shm_dir)
+            return util_errf(err, errlen, "SPILL_SHM_DIR=%.60s must be an absolute directory path (under %zu bytes).",
+                             dir, sizeof s->shm_dir);
+        snprintf(s->shm_dir, sizeof s->shm_dir, "%s", dir);
+    }
     return 0;
 }

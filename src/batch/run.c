@@ -33,7 +33,9 @@
  * and chat template of its last job in g_keep, and the next job whose
  * resolved model path and --quant ask are the same borrows them instead of
  * opening them again; runner_free leaves what g_keep holds.  The backend is
- * still opened per job (its KV arena is sized by each job's plan).  `spill
+ * still opened per job (its KV arena is sized by each job's plan), but the
+ * GPU engine's pinned copy of the streamed layers is kept too (host_share_keep):
+ * the next job of the same model maps it instead of reading it again.  `spill
  * run` alone never enables it, so it behaves exactly as before.  g_stop is
  * cleared when a job starts: a worker's SIGINT ends the current job
  * (checkpointed, exit 75) and the next job starts clean.
@@ -57,6 +59,7 @@
 #include "run_internal.h"
 #include "../serve/progress.h"
 #include "runs.h"
+#include "../engine/host_share.h"
 #include "../engine/probe.h"
 #include "../base/util.h"
 #include "../model/arch.h"
@@ -80,6 +83,7 @@ static struct {
 void run_keep_enable(void)
 {
     g_keep.on = true;
+    host_share_keep(true); /* and the GPU engine's pinned copy of the streamed layers (engine/host_share.h) */
 }
 
 int run_keep_opens(void)
@@ -89,6 +93,7 @@ int run_keep_opens(void)
 
 void run_keep_free(void)
 {
+    host_share_drop_kept();
     tokenizer_free(g_keep.tok);
     template_free(g_keep.tmpl);
     model_close(g_keep.m);
@@ -1601,12 +1606,6 @@ static int run_job(runner *r, const job_stored *stored)
 
     /* --speculate draft: the draft model, its vocabulary the target's (checked here, before a job exists) */
     if (r->o.speculate == 3) {
-        if (r->o.device != 1 && spill_gpu_open) {
-            util_errf(err, sizeof err, "--speculate draft runs with the CPU engine only for now; add --cpu, or use "
-                                       "--speculate lookup on the GPU.");
-            code = SPILL_EX_USAGE;
-            goto fail;
-        }
         if (draft_open_model(&r->dr, r->o.draft_spec, r->m, r->tok, &code, err, sizeof err))
             goto fail;
     }
@@ -1660,7 +1659,13 @@ static int run_job(runner *r, const job_stored *stored)
                       .kv_dtype = r->o.kv_dtype,
                       .gpu_profile = r->o.settings.cuda_prof,
                       .gpu_attention_fp32 = r->o.settings.cuda_att_fp32,
-                      .gpu_pin_alloc = r->o.settings.cuda_pin_alloc};
+                      .gpu_pin_alloc = r->o.settings.cuda_pin_alloc,
+                      /* the host's one shared copy where another process may stream the same layers (MPI
+                       * ranks on one host; a worker's next job); a lone job keeps its own (pinned faster with
+                       * huge pages, and nothing outlives a kill -9) unless SPILL_CUDA_PIN=shared */
+                      .gpu_pin_private = r->o.settings.cuda_pin_private ||
+                                         (!r->o.settings.cuda_pin_shared && r->n_ranks < 2 && !g_keep.on),
+                      .shm_dir = r->o.settings.shm_dir[0] ? r->o.settings.shm_dir : NULL};
     if (make_plan(r, &eo, r->o.device != 1 && spill_gpu_open, err, sizeof err)) {
         code = SPILL_EX_USAGE;
         goto fail_job;
@@ -1694,7 +1699,18 @@ static int run_job(runner *r, const job_stored *stored)
                                              bkv->dtype);
         /* the draft: one page of its own beside each of the target's (what the plan priced) */
         if (r->dr.m) {
-            if (draft_open_engine(&r->dr, &eo, bkv->n_pages, err, sizeof err)) {
+            int32_t dpages = bkv->n_pages;
+            if (r->mem.plan.gpu) {
+                /* the target's pages are in HBM and the GPU plan never priced the draft's, which live in host RAM
+                 * beside the pinned layers: at most half of what the budget has left (a choice without a draft
+                 * page proposes nothing that pass) */
+                uint64_t dpb = kv_page_bytes(r->dr.m->n_layers, r->dr.m->n_kv_heads, r->dr.m->head_dim,
+                                             r->o.page_tokens);
+                uint64_t rss = plan_rss_now(), left = r->o.mem_budget > rss ? (r->o.mem_budget - rss) / 2 : 0;
+                if (dpb && (uint64_t)dpages * dpb > left)
+                    dpages = left / dpb < 2 ? 2 : (int32_t)(left / dpb);
+            }
+            if (draft_open_engine(&r->dr, &eo, dpages, err, sizeof err)) {
                 code = SPILL_EX_SOFTWARE;
                 goto fail_job;
             }

@@ -9,8 +9,12 @@
  * code — the one the child `spill run` would have had — is answered as one line "N\n" on fd 3.  EOF on stdin
  * ends the worker (exit 0).
  *
+ * `spill worker MODEL OPTION...`: the options after MODEL are given to every run job (e.g. --gpu --stream); a
+ * resume takes its job's own.
+ *
  * Decisions: the worker serves the one MODEL it was started for and keeps its opened weights, tokenizer and
- * template between jobs (run_keep_enable, run.c); the backend is opened per job.  SIGINT during a job ends
+ * template between jobs (run_keep_enable, run.c); the backend is opened per job, but the GPU engine's pinned
+ * copy of the streamed layers is kept (engine/host_share.h keep mode), so the next job maps it.  SIGINT during a job ends
  * that job checkpointed with 75 (run.c's handler, installed by the first job and left in place; run_job clears
  * the flag when the next job starts); a SIGINT while idle is absorbed (the read retries).  The worker never
  * runs under MPI (serve starts it without a launcher).  Each job's log gets a line naming the worker's pid and
@@ -59,8 +63,9 @@ static int to_log(const char *log)
 
 int worker_main(int argc, char **argv)
 {
-    if (argc != 1) {
-        fprintf(stderr, "usage: spill worker MODEL   (started by spill serve; commands on stdin, answers on fd 3)\n");
+    if (argc < 1 || argc > 24) {
+        fprintf(stderr, "usage: spill worker MODEL [RUN OPTION...]   (started by spill serve; commands on stdin, "
+                        "answers on fd 3)\n");
         return SPILL_EX_USAGE;
     }
     char *model = argv[0];
@@ -91,8 +96,12 @@ int worker_main(int argc, char **argv)
         if (nf == 5 && !strcmp(f[0], "run")) {
             to_log(f[4]);
             fprintf(stderr, "spill worker %d: job %d: run %s\n", (int)getpid(), ++jobs, f[2]);
-            char *av[] = {model, f[1], (char *)"-o", f[2], (char *)"--quiet", (char *)"--pass-log", f[3], NULL};
-            code = run_main(7, av);
+            char *av[32] = {model, f[1], (char *)"-o", f[2], (char *)"--quiet", (char *)"--pass-log", f[3]};
+            int ac = 7;
+            for (int i = 1; i < argc; i++) /* the worker's own run options, after its model: every run job's */
+                av[ac++] = argv[i];
+            av[ac] = NULL;
+            code = run_main(ac, av);
         } else if (nf == 4 && !strcmp(f[0], "resume")) {
             to_log(f[3]);
             fprintf(stderr, "spill worker %d: job %d: resume %s\n", (int)getpid(), ++jobs, f[1]);

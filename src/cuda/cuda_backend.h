@@ -76,6 +76,9 @@ typedef struct cuda_engine_opts {
     bool attention_fp32; /* prompt attention tiles on CUDA cores instead of TF32 tensor cores (SPILL_CUDA_ATT=fp32);
                             process-wide once an engine asks for it */
     bool pin_alloc;      /* cudaHostAlloc the streamed arena instead of read-then-register (SPILL_CUDA_PIN=alloc) */
+    bool pin_private;    /* read-then-register into this process's own memory, never the host's shared copy
+                            (engine/host_share.h; SPILL_CUDA_PIN=register) */
+    const char *shm_dir; /* where the shared copy lives (NULL: /dev/shm; SPILL_SHM_DIR) */
     /* LoRA adapters (model/lora.h; NULL or n 0 = none) that passes apply per sequence (fwd_seq.adapter), unmerged:
      * every one is uploaded to HBM at open as bf16, whatever the layers' tier (read only during open) */
     const struct lora_set *lora;
@@ -103,6 +106,9 @@ typedef struct cuda_engine_stats {
     double pin_read_s;         /* open: seconds to read the streamed layers into it */
     int pin_readers;           /* threads that read them */
     bool pin_registered;       /* open: the arena was read first, then registered (cudaHostRegister) */
+    int pin_shared;            /* open: 0 a private arena; 1 this process filled the host's shared copy; 2 it mapped
+                                  the copy another process (or this worker's last job) had filled: nothing read */
+    char pin_share_note[160];  /* why the arena is private when a shared copy was asked for ("" otherwise) */
     uint64_t experts_run;      /* MoE: (layer, expert) visits over at least one row since open */
     uint64_t experts_skipped;  /* MoE: (layer, expert) visits no row chose: no GEMM (0 for a dense model) */
     uint64_t lazy_layers;        /* MoE, streamed: layer copies that left the experts out (small passes) */

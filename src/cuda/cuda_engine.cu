@@ -485,7 +485,11 @@ void cuda_engine_close(cuda_engine *e)
     for (size_t i = 0; i < e->n_allocs; i++)
         cudaFree(e->allocs[i]);
     free(e->allocs);
-    if (e->h_pinned && e->h_pinned_map) {
+    if (e->h_pinned && e->h_share) {
+        if (e->st.pin_registered)
+            cudaHostUnregister(e->h_pinned);
+        host_share_close(e->h_share); /* the last process mapping the host's copy removes it */
+    } else if (e->h_pinned && e->h_pinned_map) {
         if (e->st.pin_registered)
             cudaHostUnregister(e->h_pinned);
         munmap(e->h_pinned, e->h_pinned_map);

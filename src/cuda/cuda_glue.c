@@ -72,7 +72,12 @@ static void g_io_line(void *impl, char *buf, size_t cap)
         n = snprintf(buf, cap, "%.2f GB streamed per pass; last pass's copies busy %.3f s (%.1f GB/s)",
                      (double)st.streamed_bytes_per_pass / 1e9, st.last_h2d_busy_s,
                      st.last_h2d_busy_s > 0 ? (double)st.streamed_bytes_per_pass / 1e9 / st.last_h2d_busy_s : 0.0);
-    if (st.pinned_bytes && n > 0 && (size_t)n < cap)
+    if (st.pinned_bytes && st.pin_shared == 2 && n > 0 && (size_t)n < cap) /* engine/host_share.h */
+        n += snprintf(buf + n, cap - (size_t)n,
+                      "; at open, mapped the host's shared copy of %.1f GB (filled already: read nothing), pinning it "
+                      "(cudaHostRegister) took %.1f s",
+                      (double)st.pinned_bytes / 1e9, st.pin_alloc_s);
+    else if (st.pinned_bytes && n > 0 && (size_t)n < cap)
         n += st.pin_registered
                  ? snprintf(buf + n, cap - (size_t)n,
                             "; at open, %d threads read %.1f GB into RAM in %.1f s, then pinning it (cudaHostRegister) "
@@ -81,6 +86,11 @@ static void g_io_line(void *impl, char *buf, size_t cap)
                  : snprintf(buf + n, cap - (size_t)n,
                             "; at open, pinning %.1f GB (cudaHostAlloc) took %.1f s, then %d threads read it in %.1f s",
                             (double)st.pinned_bytes / 1e9, st.pin_alloc_s, st.pin_readers, st.pin_read_s);
+    if (st.pinned_bytes && n > 0 && (size_t)n < cap) /* engine/host_share.h */
+        n += st.pin_shared == 1 ? snprintf(buf + n, cap - (size_t)n,
+                                             "; the copy is the host's shared one (other processes streaming the same layers map it)")
+             : st.pin_share_note[0] ? snprintf(buf + n, cap - (size_t)n, "; a private copy: %s", st.pin_share_note)
+                                    : 0;
     if (st.from_disk && n > 0 && (size_t)n < cap)
         snprintf(buf + n, cap - (size_t)n,
                  "; read %.2f GB from disk (%.2f GB/s per busy reader), passes waited %.1f s for reads",
@@ -154,6 +164,8 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     co.profile = o->gpu_profile;
     co.attention_fp32 = o->gpu_attention_fp32;
     co.pin_alloc = o->gpu_pin_alloc;
+    co.pin_private = o->gpu_pin_private;
+    co.shm_dir = o->shm_dir;
     co.lora = o->lora;
     cuda_engine *e;
     rc = cuda_engine_open(m, &co, &e, err, errlen);

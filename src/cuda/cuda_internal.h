@@ -25,6 +25,7 @@
 
 extern "C" {
 #include "../engine/cpu.h"
+#include "../engine/host_share.h"
 #include "../engine/stream.h"
 #include "../model/arch.h"
 #include "../model/gguf.h"
@@ -116,6 +117,7 @@ struct cuda_engine {
     uint8_t *d_res;    /* resident packs */
     uint8_t *h_pinned; /* streamed packs */
     size_t h_pinned_map; /* > 0: h_pinned is an anonymous mapping of this size (registered if st.pin_registered) */
+    struct host_share *h_share; /* non-NULL: h_pinned is the host's shared copy (engine/host_share.h), registered */
     arch_layout a;       /* what the family makes of the pass: tensors, flags, RoPE parameters (model/arch.h) */
     float *d_inv_freq, *d_inv_freq_local; /* (rope_dim/2) of rope, rope_local; longrope: rope's short then long */
     cpu_rope rope, rope_local;            /* global and sliding layers */

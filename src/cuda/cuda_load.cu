@@ -11,6 +11,8 @@
  */
 #include "cuda_internal.h"
 
+#include <sys/stat.h>
+
 static int read_from_files(void *ctx, const model_tensor *t, void *dst, char *err, size_t errlen)
 {
     file_reader *fr = (file_reader *)ctx;
@@ -533,8 +535,61 @@ static int pin_register(cuda_engine *e, size_t bytes, char *err, size_t errlen)
     for (int l = 0; l < e->m->n_layers; l++)
         if (e->layers[l].host)
             e->layers[l].host = e->h_pinned + (e->layers[l].host - mapped);
-    munmap(mapped, bytes);
+    if (e->h_share) { /* this process copies the host's shared copy into its own: it shares nothing now */
+        host_share_close(e->h_share);
+        e->h_share = NULL;
+        e->st.pin_shared = 0;
+        snprintf(e->st.pin_share_note, sizeof e->st.pin_share_note, "the driver would not pin the shared copy");
+    } else {
+        munmap(mapped, bytes);
+    }
     e->h_pinned_map = 0;
+    return 0;
+}
+
+/* The host's shared copy of the streamed arena (engine/host_share.h).  Its key is everything the bytes depend
+ * on: this build, every model file's identity (path, device, inode, size, modification time), and each read
+ * (tensor file, offset, size, and where it lands in the arena).  Sets e->h_pinned and e->h_share and *filled
+ * (another process filled it: nothing to read) and returns 0; where the copy cannot be shared (no room in the
+ * directory, no such directory) leaves them unset with the reason in st.pin_share_note (the caller maps a
+ * private arena); -1 when out of memory. */
+static int pin_share_open(cuda_engine *e, const pin_job *jobs, size_t nj, size_t bytes, bool *filled)
+{
+    const model_desc *m = e->m;
+    size_t cap = 256 + m->n_files * 4200 + nj * 64, n = 0;
+    char *key = (char *)malloc(cap);
+    if (!key)
+        return -1;
+    n += (size_t)snprintf(key + n, cap - n, "spill pinned arena v1 built %s %s %zu\n", __DATE__, __TIME__, bytes);
+    for (size_t f = 0; f < m->n_files; f++) {
+        struct stat st;
+        if (stat(m->files[f].path, &st) != 0) {
+            free(key);
+            snprintf(e->st.pin_share_note, sizeof e->st.pin_share_note, "%.100s: %s", m->files[f].path,
+                     strerror(errno));
+            return 0;
+        }
+        n += (size_t)snprintf(key + n, cap - n, "%s %llu %llu %llu %lld.%09ld\n", m->files[f].path,
+                              (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+                              (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    }
+    for (size_t k = 0; k < nj && n < cap; k++)
+        n += (size_t)snprintf(key + n, cap - n, "%u %llu %llu %zu\n", jobs[k].t->file,
+                              (unsigned long long)jobs[k].t->offset, (unsigned long long)jobs[k].t->size,
+                              (size_t)(uintptr_t)jobs[k].dst);
+    host_share *s = NULL;
+    uint8_t *base = NULL;
+    bool fill = false;
+    int rc = n < cap ? host_share_open(e->o.shm_dir, key, bytes, &s, &base, &fill, e->st.pin_share_note,
+                                       sizeof e->st.pin_share_note)
+                     : (snprintf(e->st.pin_share_note, sizeof e->st.pin_share_note, "the arena's key overflowed"), 1);
+    free(key);
+    if (rc != 0)
+        return 0;
+    e->h_share = s;
+    e->h_pinned = base;
+    e->st.pin_shared = fill ? 1 : 2;
+    *filled = !fill;
     return 0;
 }
 
@@ -566,26 +621,8 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
         return -1;
     if (res_bytes && dalloc(e, (void **)&e->d_res, res_bytes, "resident layers", err, errlen))
         return -1;
-    bool reg = pin_bytes && pin_by_register(e);
-    double t_pin = mono();
-    if (reg) {
-        void *p = mmap(NULL, pin_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED)
-            return util_errf(err, errlen,
-                             "cannot map %.2f GiB of host RAM for %d streamed layers (%s); keep more layers resident or "
-                             "free host memory.",
-                             (double)pin_bytes / (1 << 30), e->ns, strerror(errno));
-        madvise(p, pin_bytes, MADV_HUGEPAGE); /* fewer faults and a shorter page list to pin; advisory */
-        e->h_pinned = (uint8_t *)p;
-        e->h_pinned_map = pin_bytes;
-    } else if (pin_bytes && pin_alloc(e, pin_bytes, err, errlen)) {
-        return -1;
-    }
-    e->st.pinned_bytes = pin_bytes;
-    e->st.pin_alloc_s = mono() - t_pin;
-    uint8_t *bounce = NULL;
-    size_t bounce_cap = 0;
-    int rc = 0;
+    /* the streamed tensors' reads into the arena, as offsets until the arena exists (a caller's reader, in
+     * tests, reads in the loop below instead) */
     pin_job *jobs = NULL;
     size_t nj = 0;
     size_t n_mats = 0;
@@ -593,6 +630,49 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
         n_mats += (size_t)layer_n_mats(&e->layers[l]);
     if (pin_bytes && !e->o.reader && !(jobs = (pin_job *)malloc(n_mats * sizeof *jobs)))
         return util_errf(err, errlen, "out of host memory.");
+    for (int l = 0; l < L && jobs; l++) {
+        dlayer *w = &e->layers[l];
+        if (w->resident || disk)
+            continue;
+        for (int i = 0; i < layer_n_mats(w); i++) {
+            const dmat *d = layer_mat_at(w, i);
+            if (d->t && !d->shared) /* no tensor; or its bytes come with the part that carries them */
+                jobs[nj++] = (pin_job){d->t, (uint8_t *)(uintptr_t)((size_t)(uintptr_t)w->host + d->off)};
+        }
+    }
+    bool reg = pin_bytes && pin_by_register(e);
+    bool filled = false; /* the host's shared copy was filled by another process (or this worker's last job) */
+    double t_pin = mono();
+    if (reg && jobs && !e->o.pin_private) {
+        int sr = pin_share_open(e, jobs, nj, pin_bytes, &filled);
+        if (sr < 0) {
+            free(jobs);
+            return util_errf(err, errlen, "out of host memory.");
+        }
+    }
+    if (reg && !e->h_share) {
+        void *p = mmap(NULL, pin_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            free(jobs);
+            return util_errf(err, errlen,
+                             "cannot map %.2f GiB of host RAM for %d streamed layers (%s); keep more layers resident or "
+                             "free host memory.",
+                             (double)pin_bytes / (1 << 30), e->ns, strerror(errno));
+        }
+        madvise(p, pin_bytes, MADV_HUGEPAGE); /* fewer faults and a shorter page list to pin; advisory */
+        e->h_pinned = (uint8_t *)p;
+        e->h_pinned_map = pin_bytes;
+    } else if (pin_bytes && !reg && pin_alloc(e, pin_bytes, err, errlen)) {
+        free(jobs);
+        return -1;
+    }
+    e->st.pinned_bytes = pin_bytes;
+    e->st.pin_alloc_s = mono() - t_pin;
+    for (size_t k = 0; k < nj; k++)
+        jobs[k].dst = e->h_pinned + (size_t)(uintptr_t)jobs[k].dst;
+    uint8_t *bounce = NULL;
+    size_t bounce_cap = 0;
+    int rc = 0;
     for (int l = 0; l < L && rc == 0; l++) {
         dlayer *w = &e->layers[l];
         if (w->resident)
@@ -607,9 +687,7 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
                 continue;
             if (w->resident)
                 rc = upload_mat(e, fr, d, w->dev + d->off, &bounce, &bounce_cap, err, errlen);
-            else if (jobs)
-                jobs[nj++] = (pin_job){d->t, w->host + d->off};
-            else /* a caller's reader (tests): one thread, in order */
+            else if (!jobs) /* a caller's reader (tests): one thread, in order */
                 rc = read_tensor(e, fr, d->t, w->host + d->off, err, errlen);
         }
     }
@@ -617,8 +695,10 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
     double t_read = mono();
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     e->st.pin_readers = !jobs ? 1 : cores >= 16 ? 8 : 4;
-    if (rc == 0 && jobs)
+    if (rc == 0 && jobs && !filled)
         rc = pin_fill_run(fr, jobs, nj, e->st.pin_readers, err, errlen);
+    if (rc == 0 && e->h_share && !filled)
+        rc = host_share_ready(e->h_share, err, errlen);
     e->st.pin_read_s = mono() - t_read;
     free(jobs);
     if (rc == 0 && reg) {

@@ -40,6 +40,9 @@ typedef struct engine_opts {
     bool from_disk;       /* GPU backends: streamed layers are read from storage every pass, never cached */
     int kv_dtype;         /* GPU backends: KV_I8 for int8 KV pages; 0 = the backend's own (fp32 CPU, bf16 GPU) */
     bool gpu_profile, gpu_attention_fp32, gpu_pin_alloc; /* GPU diagnostics (base/settings.h; cuda_engine_opts) */
+    bool gpu_pin_private; /* GPU backends: streamed layers pinned in this process's own memory, not the host's shared
+                             copy (engine/host_share.h; SPILL_CUDA_PIN=register) */
+    const char *shm_dir;  /* GPU backends: the shared copy's directory (NULL: /dev/shm; SPILL_SHM_DIR) */
     const struct lora_set *lora; /* adapters the pass may apply per sequence (fwd_seq.adapter); NULL = none.
                                     Borrowed: it must outlive the engine */
 } engine_opts;
