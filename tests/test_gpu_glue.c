@@ -18,9 +18,17 @@ static cuda_engine_opts g_co;
 static int g_opens;
 static kv_cache g_kvc;
 
+static int g_devices = 1, g_info_dev = -1;
+
+int cuda_device_count(void)
+{
+    return g_devices;
+}
+
 int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total, uint64_t *free_bytes, char *err,
                      size_t errlen)
 {
+    g_info_dev = device;
     snprintf(name, name_cap, "Stand-in H200");
     *total = 150000000000ull;
     *free_bytes = g_free;
@@ -155,6 +163,19 @@ static void test_glue(void)
               strstr(be.name, "weights resident"),
           "400 GB: streamed %d, %d pages, name \"%s\"", g_co.streamed, g_co.kv_pages, be.name);
     g_free = 150000000000ull;
+    /* MPI ranks of one host (engine.h spill_gpu_index): rank 3 of a host with 2 GPUs drives GPU 1, rank 2 GPU 0;
+     * one GPU takes every rank */
+    g_devices = 2;
+    spill_gpu_index = 3;
+    CHECK(gpu_open(&m, &o, -1, &be, err, sizeof err) == 0 && g_co.device == 1 && g_info_dev == 1,
+          "host rank 3, 2 GPUs: engine on %d, info of %d", g_co.device, g_info_dev);
+    spill_gpu_index = 2;
+    CHECK(gpu_open(&m, &o, -1, &be, err, sizeof err) == 0 && g_co.device == 0, "host rank 2, 2 GPUs: %d",
+          g_co.device);
+    g_devices = 1;
+    spill_gpu_index = 5;
+    CHECK(gpu_open(&m, &o, -1, &be, err, sizeof err) == 0 && g_co.device == 0, "host rank 5, 1 GPU: %d", g_co.device);
+    spill_gpu_index = 0;
 }
 
 int main(void)

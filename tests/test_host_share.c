@@ -80,7 +80,10 @@ static void test_fill_then_map(void)
         return;
     CHECK(((uintptr_t)base & 4095) == 0, "the bytes are page-aligned for cudaHostRegister");
     fill_pattern(base, BYTES, 7);
+    CHECK(host_share_ready_bytes(g_dir) == 0, "a copy being filled is no RAM to map yet");
     CHECK(host_share_ready(s, why, sizeof why) == 0, "ready: %s", why);
+    CHECK(host_share_ready_bytes(g_dir) == BYTES, "a filled copy is (%llu bytes)",
+          (unsigned long long)host_share_ready_bytes(g_dir));
     pid_t pid = fork();
     if (pid == 0)
         _exit(child_open_and_check("model A layout 1", 7));

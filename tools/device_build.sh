@@ -10,7 +10,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 A=/usr/lib/x86_64-linux-gnu
-# MPI_OK=no: the GPU machine has no OpenMPI, so spill-cuda is built without the ranks (src/batch/mpi_run.c)
+SLIBS="$A/libmicrohttpd.a -lgnutls $A/libjansson.a $A/libpcre2-8.a $A/libutf8proc.a $A/libcrypto.a -lcurl -ldl -lpthread"
+# spill-cuda-mpi: the CLI with the ranks (src/batch/mpi_run.c), libmpi.so.40 linked dynamically: the GPU machine has
+# Ubuntu's OpenMPI 4.1.6 (mpirun, libmpi.so.40), the ABI of Debian's 4.1.4 here
+rm -f build/cuda/spill-cuda
+make -j2 build/cuda/spill-cuda CUDA_LIBS="$A/libjansson.a $A/libpcre2-8.a $A/libcrypto.a -lcurl -ldl -lpthread" \
+    CUDA_SPILL_LIBS="$SLIBS"
+mkdir -p .carry/bin
+cp build/cuda/spill-cuda .carry/bin/spill-cuda-mpi
+rm -f build/cuda/spill-cuda
+# MPI_OK=no: spill-cuda itself is built without the ranks (one process; no libmpi needed)
 make -j2 cuda MPI_OK=no CUDA_LIBS="$A/libjansson.a $A/libpcre2-8.a $A/libcrypto.a -lcurl -ldl -lpthread" \
     CUDA_SPILL_LIBS="$A/libmicrohttpd.a -lgnutls $A/libjansson.a $A/libpcre2-8.a $A/libutf8proc.a $A/libcrypto.a -lcurl -ldl -lpthread"
 mkdir -p .carry/bin

@@ -11,6 +11,8 @@
 #           (3) compared row by row with (1)'s.
 #   worker  spill worker (serve's resident runner) given the same model and options, two jobs: the second job's
 #           open maps the copy the first one read (keep mode) — its open line and open time against the first's.
+#   mpi     two MPI ranks on the one GPU (spill-cuda-mpi under mpirun -np 2) running one job: the tiny fixture on 100
+#           eval-2000 rows against one process, and the 8B-shaped model with both ranks' memory sampled
 #   draft   --speculate draft beside the GPU target (issue 20): the tiny fixture with its draft on the CPU engine,
 #           100 rows of examples/eval-2000.jsonl, draft vs off, answers compared row by row.
 set -uo pipefail
@@ -174,6 +176,87 @@ print(f"answers: job 2 = job 1 on {sum(a[1].get(k) == v for k, v in a[0].items()
       f"job 1 = the one-process run on {sum(one.get(k) == v for k, v in a[0].items())} of {len(one)}")
 PY
         } 2>&1 | tee "$OUT/worker_summary.txt"
+        ;;
+    mpi)
+        # two MPI ranks on the one GPU (spill-cuda-mpi, mpirun -np 2): one job, rows handed out by rank 0, the host's
+        # one shared copy (the default for ranks); (1) the tiny fixture on 100 eval-2000 rows, answers against one
+        # process; (2) the 8B-shaped model of `share` (run it first) on ROWS rows, memory sampled over both ranks
+        MB=${MB:-$BIN/spill-cuda-mpi}
+        MPIRUN="mpirun --allow-run-as-root --oversubscribe -np 2 -x SPILL_HOME -x LD_LIBRARY_PATH"
+        python3 - <<'PY'
+import json
+doc, summ = [], []
+for l in open("examples/eval-2000.jsonl"):
+    j = json.loads(l)
+    (doc if j["custom_id"].startswith("qa") else summ if j["custom_id"].startswith("sum") else []).append(j)
+with open("/tmp/spec.jsonl", "w") as f:
+    for j in doc[:50] + summ[:50]:
+        j.pop("expected", None)
+        f.write(json.dumps(j) + "\n")
+PY
+        T=tests/data/tiny/tiny-smollm2.gguf
+        rm -rf /tmp/jmt1 /tmp/jmt2
+        runlog mpi_tiny_one 300 "$B" run "$T" /tmp/spec.jsonl -o /tmp/jmt1 $GPUFLAG
+        runlog mpi_tiny_two 300 $MPIRUN "$MB" run "$T" /tmp/spec.jsonl -o /tmp/jmt2 $GPUFLAG
+        tail -3 "$OUT/mpi_tiny_two.log"
+        if [ -f "$M" ]; then
+            rm -rf /tmp/jm8
+            base "$OUT/mpi_8b_base.txt"
+            $MPIRUN "$MB" run "$M" /tmp/sh_all.jsonl -o /tmp/jm8 $GPUFLAG > "$OUT/mpi_8b.log" 2>&1 &
+            P=$!
+            pids=""
+            for i in $(seq 1 50); do
+                pids=$(pgrep -f "^$MB run $M" | tr '\n' ' ')
+                [ $(echo $pids | wc -w) -ge 2 ] && break
+                sleep 0.1
+            done
+            log "mpi 8b: ranks $pids"
+            [ -n "$pids" ] && sample "$OUT/mpi_8b_mem.txt" $pids &
+            wait $P
+            log "mpi 8b rc=$?"
+            cp /tmp/jm8/manifest.json "$OUT/mpi_8b_manifest.json" 2>/dev/null
+        fi
+        python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/mpi_summary.txt"
+import json, sys
+out = sys.argv[1]
+G = 1048576.0
+def answers(path, chat):
+    try:
+        rows = [json.loads(l) for l in open(path)]
+    except (OSError, ValueError) as e:
+        print(f"{path}: {e}")
+        return {}
+    c = [r["custom_id"] for r in rows]
+    if len(c) != len(set(c)):
+        print(f"{path}: {len(c) - len(set(c))} custom_ids twice")
+    f = (lambda b: b["choices"][0]["message"]["content"]) if chat else (lambda b: b["choices"][0]["text"])
+    return {r["custom_id"]: f(r["response"]["body"]) for r in rows}
+a, b = answers("/tmp/jmt1/results.jsonl", True), answers("/tmp/jmt2/results.jsonl", True)
+print(f"tiny fixture, 100 eval-2000 rows: mpirun -np 2 on the one GPU answered {len(b)} rows, {sum(b.get(k) == v for k, v in a.items())} "
+      f"of {len(a)} equal to one process")
+try:
+    man = json.load(open(f"{out}/mpi_8b_manifest.json"))
+    print(f"8B-shaped: manifest mpi = {json.dumps(man.get('mpi'))[:400]}")
+except (OSError, ValueError):
+    pass
+one = answers("/tmp/jsh_one_all/results.jsonl", False)
+m8 = answers("/tmp/jm8/results.jsonl", False)
+if m8:
+    print(f"8B-shaped, {len(one)} rows: mpirun -np 2 answered {len(m8)}, {sum(m8.get(k) == v for k, v in one.items())} equal to "
+          f"one process (its rows ride in other batches: see share's batch-size control)")
+try:
+    bs = [float(x) for x in open(f"{out}/mpi_8b_base.txt").read().split()]
+    S = [[float(x) for x in l.split()] for l in open(f"{out}/mpi_8b_mem.txt")]
+    S = [r for r in S if len(r) == 3 + 8 + 1]
+    if S:
+        print(f"  memory above the idle host (peaks, GiB): used {(max(r[1] for r in S) - bs[0]) / G:.2f}, Shmem "
+              f"{(max(r[2] for r in S) - bs[1]) / G:.2f}, the ranks' Pss summed at one instant "
+              f"{max(r[6] + r[10] for r in S) / G:.2f}, each rank's VmRSS {max(r[3] for r in S) / G:.2f} and "
+              f"{max(r[7] for r in S) / G:.2f} (RssShmem {max(r[5] for r in S) / G:.2f}, {max(r[9] for r in S) / G:.2f})")
+except (OSError, ValueError):
+    pass
+PY
+        grep -h '^weights:' "$OUT/mpi_8b.log" 2>/dev/null | head -2
         ;;
     draft)
         # --speculate draft beside the GPU target (the draft on the CPU engine, its pages in host RAM): the tiny

@@ -1539,6 +1539,7 @@ static int run_job(runner *r, const job_stored *stored)
         code = SPILL_EX_USAGE;
         goto fail;
     }
+    spill_gpu_index = r->host_rank; /* a host's ranks drive its GPUs in turn (engine.h) */
 
     /* open: the model (MODEL, or the base of BASE+ADAPTER; a hub model is downloaded here, where Ctrl-C still
      * stops the process and keeps what arrived), its tokenizer and template */

@@ -176,6 +176,9 @@ const float *cuda_engine_logits(const cuda_engine *e);
 kv_cache *cuda_engine_kv(cuda_engine *e);
 void cuda_engine_get_stats(const cuda_engine *e, cuda_engine_stats *st);
 
+/* CUDA devices this process sees (0 when none answers). */
+int cuda_device_count(void);
+
 /* Device name and memory, for logs.  Returns 0 or -1 with a sentence. */
 int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total_bytes, uint64_t *free_bytes, char *err,
                      size_t errlen);

@@ -549,6 +549,16 @@ void cuda_engine_inject_fault(cuda_engine *e)
     k_poison(e->cs);
 }
 
+int cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total_bytes, uint64_t *free_bytes, char *err,
                      size_t errlen)
 {

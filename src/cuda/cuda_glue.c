@@ -19,6 +19,7 @@
 #include "../batch/sample.h"
 #include "../base/util.h"
 #include "cuda_backend.h"
+#include "../engine/host_share.h"
 
 static int g_forward(void *impl, fwd_seq *seqs, int n, float *logits, char *err, size_t errlen)
 {
@@ -98,13 +99,21 @@ static void g_io_line(void *impl, char *buf, size_t cap)
                  st.disk_wait_s);
 }
 
+/* The GPU this process drives: its rank among its host's ranks, modulo the GPUs it sees (engine.h). */
+static int gpu_device(void)
+{
+    int n = cuda_device_count();
+    return n > 0 && spill_gpu_index > 0 ? spill_gpu_index % n : 0;
+}
+
 static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, spill_backend *out, char *err,
                     size_t errlen)
 {
     char name[64];
     uint64_t total = 0, freeb = 0;
     memset(out, 0, sizeof *out);
-    int rc = cuda_device_info(0, name, sizeof name, &total, &freeb, err, errlen);
+    int dev = gpu_device();
+    int rc = cuda_device_info(dev, name, sizeof name, &total, &freeb, err, errlen);
     if (rc)
         return rc == CUDA_ENGINE_EDEVICE ? ENGINE_EDEVICE : -1;
     /* The HBM plan (hbm_plan.h): the weights stay resident when they fit beside the KV pages the batch
@@ -146,10 +155,16 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     if (!host_mem) {
         uint64_t avail = plan_mem_available();
         host_mem = avail - avail / 10;
+        /* the host's shared copies already filled (another rank's, or a kept one) take no new RAM to map: a
+         * second rank of a model that fills most of the host must not read it from disk every pass */
+        if (!o->gpu_pin_private && !o->gpu_pin_alloc) {
+            uint64_t shared = host_share_ready_bytes(o->shm_dir);
+            host_mem += shared < streamed_bytes ? shared : streamed_bytes;
+        }
     }
     bool from_disk = streamed && (o->from_disk || streamed_bytes > host_mem);
     cuda_engine_opts co = {0};
-    co.device = 0;
+    co.device = dev;
     co.max_pass_tokens = o->max_pass_tokens;
     co.max_pass_seqs = o->max_pass_seqs;
     co.max_logit_rows = o->max_logit_rows;
@@ -205,7 +220,7 @@ static uint64_t gpu_free(void)
 {
     char name[128], err[SPILL_ERRLEN];
     uint64_t total = 0, fr = 0;
-    return cuda_device_info(0, name, sizeof name, &total, &fr, err, sizeof err) == 0 ? fr : 0;
+    return cuda_device_info(gpu_device(), name, sizeof name, &total, &fr, err, sizeof err) == 0 ? fr : 0;
 }
 
 __attribute__((constructor)) static void register_gpu(void)

@@ -59,8 +59,35 @@ static KQ_ATTR float KQ_NAME(kq_1x1_raw)(uint32_t type, const uint8_t *w, size_t
                                          const float *sx, int64_t nb, bool sgn, bool has_min)
 {
     __m256 acc = _mm256_setzero_ps();
+    /* Whole groups of 8 blocks without branches, each pair of blocks' lanes folded (hadd) as soon as both exist,
+     * so 4 vectors are live instead of 8 (AVX2 has 16 registers: the 8-vector form spilled, and single-row decode
+     * fell from ~105 to ~80 tok/s on SmolLM2).  The integer adds are exact in any order: the same S_b, the same
+     * bits.  dx and sx of a group are contiguous: loaded, not copied.  The last partial group takes the general
+     * loop after it. */
+#define KQ_RAW_PAIR(T_, j)                                                                                             \
+    KQ_NAME(lanes_acc)(_mm256_setzero_si256(), legacy_block_q8(T_, w + (size_t)(b0 + (j)) * bsz, &d[j], &m[j]),       \
+                       _mm256_loadu_si256((const __m256i *)(xq + 32 * (b0 + (j)))), sgn)
+#define KQ_RAW_LOOP8(T_)                                                                                               \
+    for (; b0 + 8 <= nb; b0 += 8) {                                                                                    \
+        float d[8], m[8];                                                                                              \
+        __m256i p0 = KQ_RAW_PAIR(T_, 0), p1 = KQ_RAW_PAIR(T_, 1);                                                       \
+        __m256i h01 = _mm256_hadd_epi32(p0, p1);                                                                       \
+        p0 = KQ_RAW_PAIR(T_, 2), p1 = KQ_RAW_PAIR(T_, 3);                                                              \
+        __m256i lo = _mm256_hadd_epi32(h01, _mm256_hadd_epi32(p0, p1));                                                \
+        p0 = KQ_RAW_PAIR(T_, 4), p1 = KQ_RAW_PAIR(T_, 5);                                                              \
+        __m256i h45 = _mm256_hadd_epi32(p0, p1);                                                                       \
+        p0 = KQ_RAW_PAIR(T_, 6), p1 = KQ_RAW_PAIR(T_, 7);                                                              \
+        __m256i hi = _mm256_hadd_epi32(h45, _mm256_hadd_epi32(p0, p1));                                                \
+        __m256 s = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20),                        \
+                                                       _mm256_permute2x128_si256(lo, hi, 0x31)));                      \
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(d), _mm256_loadu_ps(dx + b0)), s, acc);                    \
+        if (has_min)                                                                                                   \
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(m), _mm256_loadu_ps(sx + b0), acc);                                  \
+    }
+    int64_t b0 = 0;
 #define KQ_RAW_LOOP(T_)                                                                                                \
-    for (int64_t b0 = 0; b0 < nb; b0 += 8) {                                                                           \
+    KQ_RAW_LOOP8(T_)                                                                                                   \
+    for (; b0 < nb; b0 += 8) {                                                                                         \
         int n = nb - b0 < 8 ? (int)(nb - b0) : 8;                                                                      \
         __m256i p[8];                                                                                                  \
         float d[8] = {0}, m[8] = {0}, ex[8] = {0}, es[8] = {0};                                                        \
@@ -98,6 +125,8 @@ static KQ_ATTR float KQ_NAME(kq_1x1_raw)(uint32_t type, const uint8_t *w, size_t
         break;
     }
 #undef KQ_RAW_LOOP
+#undef KQ_RAW_LOOP8
+#undef KQ_RAW_PAIR
     return hsum8(acc);
 }
 

@@ -144,6 +144,10 @@ int engine_backend_cpu(model_desc *m, const engine_opts *o, spill_backend *out, 
 /* Free device memory in bytes (0 when no device answers); set with spill_gpu_open.  --quant auto's tier. */
 typedef uint64_t (*spill_gpu_free_fn)(void);
 extern spill_gpu_free_fn spill_gpu_free;
+/* This process's rank among the ranks on its host (0 for one process): the GPU backend drives GPU
+ * spill_gpu_index % (the GPUs it sees), so the ranks of a host with several GPUs each stream over their own link.
+ * Set by the runner before it plans (batch/mpi_run.c finds it). */
+extern int spill_gpu_index;
 
 /* Opens the GPU engine as a backend; returns ENGINE_EDEVICE for a device fault. */
 typedef int (*spill_gpu_open_fn)(model_desc *m, const engine_opts *o, int resident_layers, spill_backend *out,

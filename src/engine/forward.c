@@ -821,6 +821,7 @@ int engine_forward_hidden(spill_engine *e, fwd_seq *seqs, int n_seqs, float *hid
 
 spill_gpu_open_fn spill_gpu_open;
 spill_gpu_free_fn spill_gpu_free;
+int spill_gpu_index;
 
 static int be_forward(void *impl, fwd_seq *seqs, int n, float *logits, char *err, size_t errlen)
 {

@@ -130,6 +130,33 @@ int host_share_sweep(const char *dir)
     return removed;
 }
 
+uint64_t host_share_ready_bytes(const char *dir)
+{
+    dir = dir_or_default(dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    uint64_t sum = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!is_share_name(de->d_name))
+            continue;
+        char path[4096];
+        if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path)
+            continue;
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+            continue;
+        share_hdr h;
+        if (pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && !memcmp(h.magic, SHARE_MAGIC, 8) &&
+            h.version == SHARE_VERSION && h.ready == 1)
+            sum += h.bytes;
+        close(fd);
+    }
+    closedir(d);
+    return sum;
+}
+
 static void key_digest(const char *key, unsigned char out[32], char hex[33])
 {
     unsigned int n = 32;

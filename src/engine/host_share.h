@@ -52,6 +52,9 @@ const char *host_share_path(const host_share *s);
 void host_share_keep(bool on);
 void host_share_drop_kept(void);
 
+/* The bytes of the filled copies in dir (NULL: the default): RAM that mapping one of them does not take anew. */
+uint64_t host_share_ready_bytes(const char *dir);
+
 /* Removes the files in dir (NULL: the default) that no process holds; returns how many. */
 int host_share_sweep(const char *dir);
 
