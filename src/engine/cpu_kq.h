@@ -23,9 +23,14 @@
  * 43.6 -> 117.3 tok/s (2.7x), batch 64 86.8 -> 111.9 (1.3x); --tokens 16 --prompt 8 at load ~3.7: batch 256
  * 134 -> 286 (2.1x), batch 64 114 -> 182 (1.6x).  Not yet measured against llama.cpp (tools/bench_b4.py).
  *
+ * B4 against llama.cpp 0.3.36 (tools/bench_b4.py, 2026-12-04): batch 64 555 tok/s = 4.30x llama.cpp's single-row
+ * median; single row 0.77x once the 1-row kernel folded block pairs as they came (it had regressed to 0.71x).
+ * Tried and not kept: KQ_NX 8 (8 X rows per register block on VNNI's 32 registers): 573-636 against 587-613 tok/s
+ * at batch 64 in alternating pairs, within this VM's noise.
  * Next step: the +128 offset for signed weights under VNNI (S = dpbusd(w+128, x) - 128·sum(x), exact; saves the
- * abs/sign pair per dpbusd on Q8_0), and more X rows per register block on AVX-512 (32 vector registers) —
- * measured per shape before keeping either.
+ * abs/sign pair per dpbusd on Q8_0); for Q4_1 (B4's model) the unpack of the 4-bit nibbles into the interleaved
+ * tile, which every pass repeats per weight row — a cached interleaved copy of the weights would skip it when they
+ * are resident (the cost is a second copy of the weights in RAM).
  *
  * Expects KQ_ATTR (the target attribute), KQ_NAME(n) (suffixes a name), KQ_DOTACC(acc, w, x) (acc plus 8 int32
  * lanes of 4 u8·s8 products) and KQ_NX (X rows per register block of the batched kernel).  No include guard:
