@@ -112,6 +112,18 @@ static void test_bad_arguments(void)
     }
     CHECK(RUN("serve") == 2, "spill serve without --model: want 2 (usage)");
     CHECK(RUN("serve", "--model", "m", "--bogus") == 2, "spill serve --bogus: want 2 (usage)");
+    { /* the worker's commands are tab-separated paths under the store: a store path with a tab is refused */
+        const char *home = getenv("SPILL_HOME");
+        char *saved = home ? strdup(home) : NULL;
+        setenv("SPILL_HOME", "/tmp/spill-test-exit\twith-tab", 1);
+        CHECK(RUN("serve", "--model", MODEL, "--port", "18765") == 2 && stderr_has("tab or line break"),
+              "spill serve under a SPILL_HOME with a tab: want 2 and a sentence");
+        if (saved)
+            setenv("SPILL_HOME", saved, 1);
+        else
+            unsetenv("SPILL_HOME");
+        free(saved);
+    }
     CHECK(RUN("distill") == 2, "spill distill without MODEL INPUT: want 2 (usage)");
 }
 

@@ -11,8 +11,8 @@
  * Owns: the pass loop, applying a token to a choice (end ids, log-probs,
  * detokenized text through the stop matcher, limits), writing a finished
  * row through job.c (one group commit per pass), SIGINT/SIGTERM (checkpoint
- * and exit 75), and what the user sees (pre-run line, progress line, live
- * tail, plain log lines when stdout is not a terminal).
+ * and exit 75), and when the user sees it (the pre-run line, progress line,
+ * live tail and end summary themselves are drawn by run_report.c).
  *
  * Beside it: sched.c (rows and their life, queue, admission, preemption,
  * building a pass, the ETA replay), plan.c (the memory plan, observed every
@@ -124,7 +124,7 @@ static void keep_put(runner *r, const char *path, const char *quant_ask)
     snprintf(g_keep.quant_name, sizeof g_keep.quant_name, "%s", r->quant_name);
 }
 
-static double now_s(void)
+double run_now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -455,7 +455,7 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
     }
     out_stamp stamp = r->stamp; /* the row's adapter's full hash, its latency and passes */
     stamp.adapter = run_adapter_hash(r, w->adapter);
-    stamp.latency_s = w->t_admit > 0 ? now_s() - w->t_admit : 0;
+    stamp.latency_s = w->t_admit > 0 ? run_now_s() - w->t_admit : 0;
     stamp.passes = w->passes;
     stamp.requested_model = w->requested;
     out_result res = {w->custom_id, w->model, r->sys_fp, (int64_t)time(NULL), (size_t)w->n_choices, oc,
@@ -499,143 +499,11 @@ static int finish_row(runner *r, size_t ai, char *err, size_t errlen)
 /* ---------------------------------------------------------------- display */
 
 /* The fit to use now: the stored one merged with this run's passes. */
-static calib current_fit(const runner *r)
+calib run_current_fit(const runner *r)
 {
     calib c = r->cal_stored;
     calib_merge(&c, &r->cal_run);
     return c;
-}
-
-static void fmt_count(uint64_t v, char *out, size_t cap)
-{
-    char tmp[32];
-    int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v), o = 0;
-    for (int i = 0; i < n && o < (int)cap - 2; i++) {
-        if (i && (n - i) % 3 == 0)
-            out[o++] = ',';
-        out[o++] = tmp[i];
-    }
-    out[o] = 0;
-}
-
-static void fmt_eta(double s, char *out, size_t cap)
-{
-    if (s < 0 || !isfinite(s))
-        snprintf(out, cap, "uncalibrated");
-    else if (s < 90)
-        snprintf(out, cap, "%.0fs", s);
-    else if (s < 5400)
-        snprintf(out, cap, "%.0fm", s / 60);
-    else
-        snprintf(out, cap, "%.1fh", s / 3600);
-}
-
-static void fmt_bytes(uint64_t b, char *out, size_t cap)
-{
-    if (b >= 1000000000ull)
-        snprintf(out, cap, "%.2f GB", (double)b / 1e9);
-    else if (b >= 100000000ull)
-        snprintf(out, cap, "%.0f MB", (double)b / 1e6);
-    else
-        snprintf(out, cap, "%.1f MB", (double)b / 1e6);
-}
-
-static void show_progress(runner *r, int pass, double pass_s, bool final)
-{
-    if ((r->o.quiet && !final) || r->rank > 0) /* several ranks: rank 0 shows the whole job */
-        return;
-    double el = now_s() - r->t_start;
-    uint64_t finished = r->rows_done + r->rows_failed, generated = r->tokens_generated;
-    size_t in_flight = r->s.n_active;
-    /* the estimate replays the rest of the job: at most once a second, counted down in between */
-    double eta;
-    if (final || r->eta_at == 0 || el - r->eta_at >= 1.0) {
-        calib fit = current_fit(r);
-        r->eta_val = sched_estimate(&r->s, &fit);
-        r->eta_at = el;
-    }
-    eta = r->eta_val < 0 ? r->eta_val : fmax(0, r->eta_val - (el - r->eta_at));
-    char ranks[32] = "";
-#ifdef SPILL_MPI
-    if (r->mpi) { /* every rank's rows, tokens and batch; the ETA from the rows/s of this attempt */
-        mpi_run_totals(r, el, &finished, &generated, &in_flight, &eta);
-        snprintf(ranks, sizeof ranks, " · %d ranks", r->n_ranks);
-    }
-#endif
-    char rows[32], total[32], tps[32], etas[32];
-    fmt_count(finished, rows, sizeof rows);
-    fmt_count(r->rows_total, total, sizeof total);
-    fmt_count((uint64_t)(el > 0 ? (double)generated / el : 0), tps, sizeof tps);
-    fmt_eta(final ? 0 : eta, etas, sizeof etas);
-    double mem = (double)plan_rss_now() / 1e9, budget = (double)r->o.mem_budget / 1e9;
-    char line[512];
-    snprintf(line, sizeof line,
-             "rows %s/%s%s · pass %d (%.2f s) · %s tok/s · ETA %s · %s · batch %zu · mem %.2f/%.2f GB", rows, total,
-             ranks, pass, pass_s, tps, etas, r->quant_name, in_flight, mem, budget);
-    if (r->s.cfg.spec_k) /* speculative passes: decode tokens kept per decode step so far */
-        snprintf(line + strlen(line), sizeof line - strlen(line), " · %.2f tok/row/pass",
-                 r->dec_steps ? (double)r->dec_tokens / (double)r->dec_steps : 1.0);
-    if (r->s.preemptions)
-        snprintf(line + strlen(line), sizeof line - strlen(line), " · %llu preempted",
-                 (unsigned long long)r->s.preemptions);
-    if (!r->tty) {
-        if (final || el - r->last_log >= 5.0) {
-            printf("%s\n", line);
-            fflush(stdout);
-            r->last_log = el;
-        }
-        return;
-    }
-    /* redraw: progress line + tail block */
-    for (int i = 0; i < r->drawn_lines; i++)
-        fputs("\x1b[1A\x1b[2K", stdout);
-    printf("\r\x1b[2K%s\n", line);
-    int lines = 1;
-    if (!r->o.quiet && !final) {
-        int shown = 0;
-        for (size_t i = 0; i < r->s.n_active && shown < TAIL_SLOTS; i++, shown++) {
-            row *w = &r->rows[r->s.active[i]];
-            choice *c = &w->ch[0];
-            const char *t = c->text ? c->text : "";
-            size_t tl = c->text_len, start = tl > 80 ? tl - 80 : 0;
-            while (start < tl && ((unsigned char)t[start] & 0xC0) == 0x80)
-                start++;
-            char shown_text[96 * 4];
-            size_t o = 0;
-            for (size_t k = start; k < tl && o < sizeof shown_text - 1; k++)
-                shown_text[o++] = (t[k] == '\n' || t[k] == '\r' || t[k] == '\t') ? ' ' : t[k];
-            shown_text[o] = 0;
-            printf("\x1b[2K  %-16.16s %5d tok  %s\n", w->custom_id, c->n_gen, shown_text);
-            lines++;
-        }
-    }
-    r->drawn_lines = final ? 0 : lines;
-    fflush(stdout);
-}
-
-/* The memory plan and the pre-run line's memory clause. */
-static void fmt_memory(const runner *r, char *mem, size_t cap)
-{
-    char mb[32], bb[32], kb[32], wb[32];
-    snprintf(wb, sizeof wb, "%.0f MB", (double)r->m->total_bytes / 1e6);
-    fmt_bytes(r->mem.plan.total, mb, sizeof mb);
-    fmt_bytes(r->o.mem_budget, bb, sizeof bb);
-    fmt_bytes((uint64_t)r->s.kv->n_pages * r->mem.page_bytes, kb, sizeof kb);
-    int kv_pages = r->s.kv->n_pages;
-    if (r->mem.plan.gpu)
-        snprintf(mem, cap, "KV %s in HBM (%d pages of %d tokens; the batch wants %d)", kb, kv_pages,
-                 r->o.page_tokens, r->mem.plan.want_pages);
-    else if (r->mem.plan.stream) {
-        char rb[32];
-        fmt_bytes(r->mem.ring, rb, sizeof rb);
-        snprintf(mem, cap,
-                 "memory plan %s of %s budget: weights %s streamed through a %s ring, KV %s (%d pages of %d tokens; "
-                 "the batch wants %d)",
-                 mb, bb, wb, rb, kb, kv_pages, r->o.page_tokens, r->mem.plan.want_pages);
-    } else
-        snprintf(mem, cap,
-                 "memory plan %s of %s budget: weights %s resident, KV %s (%d pages of %d tokens; the batch wants %d)",
-                 mb, bb, wb, kb, kv_pages, r->o.page_tokens, r->mem.plan.want_pages);
 }
 
 /* ---------------------------------------------------------------- the loop */
@@ -761,7 +629,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
             break;
         if (sched_admit(s, err, errlen))
             return -1;
-        double t0 = now_s(), draft_s = r->dr.secs;
+        double t0 = run_now_s(), draft_s = r->dr.secs;
         /* --speculate draft: every decoding choice's proposals, in k batched draft steps (draft.h) */
         if (r->dr.kv && draft_propose(&r->dr, s, err, errlen))
             return -1;
@@ -864,7 +732,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
         if (s->cfg.kv_check && sched_check(s, err, errlen))
             return -1;
         /* the whole pass — build, forward, sampling, output, group commit — is what the ETA must price */
-        double pass_s = now_s() - t0;
+        double pass_s = run_now_s() - t0;
         calib_observe(&r->cal_run, pass_tokens, pass_att, pass_s);
         sched_observe_pass(s, pass_s - draft_s); /* the prompt budget prices the target's pass alone */
         plan_observe(&r->mem, s->kv->n_pages - s->kv->n_free, sched_seq_tokens(s));
@@ -873,10 +741,10 @@ static int run_passes(runner *r, char *err, size_t errlen)
             for (int q = 0; q < ns; q++)
                 dec += s->seq_spec[q] >= 0 ? s->seqs[q].n : 0; /* decode steps, speculated tokens included */
             fprintf(r->pass_log, "%d,%d,%d,%d,%.6f,%.6f,%llu,%d\n", pass + 1, ns, dec, (int)pass_tokens - dec, pass_s,
-                    now_s() - r->t_start, (unsigned long long)plan_rss_now(), s->kv->n_pages - s->kv->n_free);
+                    run_now_s() - r->t_start, (unsigned long long)plan_rss_now(), s->kv->n_pages - s->kv->n_free);
         }
         pass++;
-        show_progress(r, pass, now_s() - t0, false);
+        run_show_progress(r, pass, run_now_s() - t0, false);
     }
     return 0;
 }
@@ -948,9 +816,9 @@ static int check_logits_room(runner *r, char *err, size_t errlen)
     uint64_t avail = statvfs(job_dir(r->j), &sv) == 0 ? (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize : UINT64_MAX;
     const char *how = r->o.score ? "" : "up to ";
     char tb[32], ab[32], cb[32];
-    fmt_bytes(total, tb, sizeof tb);
-    fmt_bytes(avail, ab, sizeof ab);
-    fmt_bytes(r->o.max_logits_bytes, cb, sizeof cb);
+    run_fmt_bytes(total, tb, sizeof tb);
+    run_fmt_bytes(avail, ab, sizeof ab);
+    run_fmt_bytes(r->o.max_logits_bytes, cb, sizeof cb);
     if (r->o.max_logits_bytes && total > r->o.max_logits_bytes)
         return util_errf(err, errlen,
                          "--full-logits would write %s%s for %llu rows (tokens x %d vocab x 2 bytes), above "
@@ -1033,7 +901,7 @@ static int record_run_info(runner *r, char *err, size_t errlen)
 }
 
 /* Prompt tokens this process's rows mapped from the prefix cache (each row's last admission: its cached_tokens). */
-static uint64_t run_cached_tokens(const runner *r)
+uint64_t run_cached_tokens(const runner *r)
 {
     uint64_t n = 0;
     for (size_t i = 0; i < r->n_rows; i++)
@@ -1111,7 +979,7 @@ static int32_t plan_row_pages(const runner *r, const row *w, int64_t toks, bool 
 /* How many pending rows `pages` KV pages hold at once at their planned lengths (prompt + expect_new, each
  * choice): taken shortest first (the most that can ever be in flight), or in queue order, longest first (the
  * first batch).  At least 1, at most r->batch. */
-static int fit_rows(const runner *r, int64_t pages, bool longest_first)
+int run_fit_rows(const runner *r, int64_t pages, bool longest_first)
 {
     int32_t *need = malloc((r->n_rows + 1) * sizeof *need);
     if (!need)
@@ -1373,145 +1241,6 @@ static void start_status(runner *r)
         fprintf(stderr, "spill: status page at http://127.0.0.1:%d/#key=%s\n", r->o.status_port, key);
 }
 
-/* How the prompt tokens per pass are chosen, for the pre-run line (done false) and the end summary (done
- * true: the last budget and the carrying passes against the clean pass, as measured). */
-static void fmt_chunk(const runner *r, bool done, char *out, size_t cap)
-{
-    const chunk_ctl *c = &r->s.chunk;
-    char n[32], l[32];
-    fmt_count((uint64_t)c->cap, n, sizeof n);
-    fmt_count((uint64_t)c->last, l, sizeof l);
-    int k;
-    if (c->adaptive)
-        k = done ? snprintf(out, cap, "prompt tokens per pass: adaptive, %.3gx the clean pass (last %s, at most %s)",
-                            c->ratio, l, n)
-                 : snprintf(out, cap, "prompt tokens per pass: adaptive, %.3gx the clean pass (at most %s)", c->ratio,
-                            n);
-    else
-        k = snprintf(out, cap, "prompt tokens per pass: %s (%s)", n,
-                     !r->o.prefill_auto ? "--prefill-chunk" : "weights resident: nothing to hide prompt work behind");
-    if (done && c->measured && k > 0 && (size_t)k < cap)
-        snprintf(out + k, cap - (size_t)k,
-                 "; %llu passes carried prompt tokens, %.2fx the clean pass (%.3f s) on average, %.2fx at most; "
-                 "%llu probes",
-                 (unsigned long long)c->measured, c->ratio_sum / (double)c->measured, c->clean_s, c->ratio_max,
-                 (unsigned long long)c->probes);
-}
-
-/* The line printed once the job is ready, before the first pass. */
-static void print_ready(runner *r, bool resuming, double t_open, uint64_t already)
-{
-    if (r->rank > 0) /* several ranks: rank 0 speaks for the job */
-        return;
-    char pt[32], wb[32], eta0[32], mem[400];
-    fmt_eta(r->eta_prerun, eta0, sizeof eta0);
-    fmt_count(r->prompt_tokens, pt, sizeof pt);
-    snprintf(wb, sizeof wb, "%.0f MB", (double)r->m->total_bytes / 1e6);
-    fmt_memory(r, mem, sizeof mem);
-    char bt[320];
-    if (r->o.batch)
-        snprintf(bt, sizeof bt, "batch %d (--batch)", r->o.batch);
-    else {
-        bool unbounded = false;
-        for (size_t i = 0; i < r->n_rows && !unbounded; i++)
-            unbounded = r->rows[i].state == ROW_PENDING && r->rows[i].expect_new &&
-                        r->rows[i].expect_new < r->rows[i].max_new;
-        int most = fit_rows(r, r->s.kv->n_pages, false);
-        char up[64] = "";
-        if (most > r->first_batch)
-            snprintf(up, sizeof up, ", up to %d as shorter ones come", most);
-        char ub[80] = "";
-        if (unbounded)
-            snprintf(ub, sizeof ub, "; rows without max_tokens planned at %d new tokens", RUN_EXPECT_NEW);
-        snprintf(bt, sizeof bt, "batch %d from memory (the KV pages hold %d of these rows at their planned lengths%s%s)",
-                 r->first_batch, r->first_batch, up, ub);
-    }
-    char px[96] = "";
-    if (r->o.prefix_cache == 2)
-        snprintf(px, sizeof px, " (prefix cache off)");
-    else if (r->shared_expect) {
-        char sx[32];
-        fmt_count(r->shared_expect, sx, sizeof sx);
-        snprintf(px, sizeof px, " (%s of them expected from the prefix cache)", sx);
-    }
-    char ck[200];
-    fmt_chunk(r, false, ck, sizeof ck);
-    snprintf(r->ready_line, sizeof r->ready_line,
-             "spill %s: %s (%s, %s: %s, %s) · %llu rows (%llu done) · %s prompt tokens to prefill%s · %s · %s · "
-             "engine %s · %s · ETA %s · job %s · ready in %.1f s",
-             resuming ? "resume" : "run", r->o.model_spec, r->m->arch, r->quant_name, r->m->quant_summary, wb,
-             (unsigned long long)r->rows_total, (unsigned long long)already, pt, px, bt, ck, r->be.name, mem, eta0,
-             r->o.out_dir, now_s() - t_open);
-    printf("%s\n", r->ready_line);
-    fflush(stdout);
-}
-
-/* The summary after a job that ran to its end (el: seconds of passes). */
-static void print_done(runner *r, const char *dir, double el)
-{
-    if (r->rank > 0)
-        return;
-    if (r->eta_prerun > 0)
-        printf("pre-run ETA %.1f s vs actual %.1f s (%+.0f%%)\n", r->eta_prerun, el, (r->eta_prerun - el) / el * 100);
-    char pk[32], bb[32];
-    fmt_bytes(plan_rss_peak(), pk, sizeof pk);
-    fmt_bytes(r->o.mem_budget, bb, sizeof bb);
-    if (r->mem.plan.gpu)
-        printf("peak host memory %s (KV and pass buffers in HBM)\n", pk);
-    else
-        printf("peak memory %s of the %s budget (planned %.0f MB; %llu admission pauses by the live guard)\n", pk, bb,
-               (double)r->mem.plan.total / 1e6, (unsigned long long)r->s.guard_pauses);
-    if (r->be.io_line) {
-        char io[512];
-        r->be.io_line(r->be.impl, io, sizeof io);
-        printf("weights: %s\n", io);
-    }
-    if (r->tm) {
-        token_mask_stats ms;
-        token_mask_get_stats(r->tm, &ms);
-        printf("grammar: %zu schemas, %llu masks from the cache, %llu computed in %.2f s (%.1f ms each), %llu cache "
-               "resets, masks %.0f MB at most\n",
-               r->grams.n, (unsigned long long)ms.hits, (unsigned long long)ms.misses, ms.miss_s,
-               ms.misses ? 1e3 * ms.miss_s / (double)ms.misses : 0.0, (unsigned long long)ms.resets,
-               (double)token_mask_bytes(r->tm) / 1e6);
-    }
-    if (r->s.cfg.prefix) {
-        int32_t ix, idle;
-        uint64_t ev;
-        kv_prefix_stats(r->s.kv, &ix, &idle, &ev);
-        uint64_t cached = run_cached_tokens(r);
-        printf("prefix cache: %llu prompt tokens mapped instead of computed (%.1f%% of %llu; %llu with the "
-               "recomputes of preempted rows), %d KV pages saved at most, %d pages indexed at the end, %llu taken "
-               "back, %llu passes a row waited for its prefix\n",
-               (unsigned long long)cached, r->prompt_tokens ? 100.0 * (double)cached / (double)r->prompt_tokens : 0.0,
-               (unsigned long long)r->prompt_tokens, (unsigned long long)r->s.prefix_tokens, r->s.pages_saved_peak,
-               ix, (unsigned long long)ev, (unsigned long long)r->s.prefix_waits);
-    }
-    char how[300] = "lookup";
-    if (r->dr.m)
-        snprintf(how, sizeof how, "draft %s", r->o.draft_spec);
-    if (r->s.cfg.spec_k)
-        printf("speculation (%s, k <= %d): %.2f tokens per row per pass over %llu decode steps, %llu of %llu "
-               "proposed tokens accepted (%.1f%%)\n",
-               how, r->s.cfg.spec_k, r->dec_steps ? (double)r->dec_tokens / (double)r->dec_steps : 0.0,
-               (unsigned long long)r->dec_steps, (unsigned long long)r->spec_accepted,
-               (unsigned long long)r->s.spec_proposed,
-               r->s.spec_proposed ? 100.0 * (double)r->spec_accepted / (double)r->s.spec_proposed : 0.0);
-    if (r->dr.m)
-        printf("draft model: %llu forwards in %.1f s, %llu tokens proposed\n", (unsigned long long)r->dr.forwards,
-               r->dr.secs, (unsigned long long)r->dr.proposed);
-    char ck[400];
-    fmt_chunk(r, true, ck, sizeof ck);
-    printf("%s\n", ck);
-    bool scored = r->tokens_generated == 0 && r->tokens_scored > 0; /* --score, echo with max_tokens 0 */
-    uint64_t toks = scored ? r->tokens_scored : r->tokens_generated;
-    printf("done: %llu rows answered, %llu failed, %llu tokens %s in %.1f s (%.1f tok/s), %llu preemptions · "
-           "%s/results.jsonl%s\n",
-           (unsigned long long)r->rows_done, (unsigned long long)r->rows_failed, (unsigned long long)toks,
-           scored ? "scored" : "generated", el, el > 0 ? (double)toks / el : 0,
-           (unsigned long long)r->s.preemptions, dir, r->rows_failed ? " (failures in errors.jsonl)" : "");
-}
-
 int run_open_weights(runner *r, const char *path, char *err, size_t errlen)
 {
     return model_open(path, &r->m, err, errlen) || run_quant_apply(r, path, err, errlen) ? -1 : 0;
@@ -1521,7 +1250,7 @@ int run_open_weights(runner *r, const char *path, char *err, size_t errlen)
 /* The rank-0 end wait's progress line (mpi_run_finish). */
 static void tick_progress(runner *r)
 {
-    show_progress(r, 0, 0, false);
+    run_show_progress(r, 0, 0, false);
 }
 #endif
 
@@ -1531,7 +1260,7 @@ static int run_job(runner *r, const job_stored *stored)
 {
     char err[SPILL_ERRLEN], path[4096], e2[SPILL_ERRLEN];
     int code = SPILL_EX_DATAERR;
-    double t_open = now_s();
+    double t_open = run_now_s();
     g_stop = 0; /* a worker's earlier job may have been stopped */
     r->tty = isatty(STDOUT_FILENO);
     /* launched by mpirun or srun: one rank of several (mpi_run.c); a binary without MPI refuses that */
@@ -1674,7 +1403,7 @@ static int run_job(runner *r, const job_stored *stored)
     if (!r->o.batch && !r->mem.plan.gpu) {
         /* host RAM: the plan gave the KV its pages; the most rows they hold at once (shortest first) is the
          * most a pass carries, and pass buffers sized for fewer sequences leave more for the KV */
-        int fit = fit_rows(r, r->mem.plan.kv_pages, false);
+        int fit = run_fit_rows(r, r->mem.plan.kv_pages, false);
         if (fit < r->batch && n_gen > 0) { /* (embedding inputs are admitted as their pages free up) */
             r->batch = fit;
             size_batch(r);
@@ -1718,7 +1447,7 @@ static int run_job(runner *r, const job_stored *stored)
             r->mem.page_bytes += r->dr.kv->n_pages ? kv_page_bytes(r->dr.m->n_layers, r->dr.m->n_kv_heads,
                                                                    r->dr.m->head_dim, r->o.page_tokens) : 0;
         }
-        r->first_batch = r->o.batch ? r->o.batch : fit_rows(r, bkv->n_pages, true);
+        r->first_batch = r->o.batch ? r->o.batch : run_fit_rows(r, bkv->n_pages, true);
     }
     code = SPILL_EX_SOFTWARE; /* what is left to fail before the passes is memory or the disk */
     if (setup_passes(r, err, sizeof err) || record_run_info(r, err, sizeof err) || job_commit(r->j, err, sizeof err))
@@ -1748,10 +1477,10 @@ static int run_job(runner *r, const job_stored *stored)
         setvbuf(r->pass_log, NULL, _IOLBF, 0); /* a line per pass, readable as it lands (the status page) */
         fprintf(r->pass_log, "pass,seqs,decode_tokens,prefill_tokens,seconds,elapsed,rss_bytes,kv_pages_used\n");
     }
-    r->t_start = now_s(); /* the job's clock: rows read, engine loaded; passes start now */
+    r->t_start = run_now_s(); /* the job's clock: rows read, engine loaded; passes start now */
     /* several ranks: no replay prices rows that other ranks will take */
     r->eta_prerun = r->n_ranks ? -1 : sched_estimate(&r->s, &r->cal_stored);
-    print_ready(r, stored != NULL, t_open, already);
+    run_print_ready(r, stored != NULL, t_open, already);
     if (r->o.status_port && r->rank == 0)
         start_status(r);
 
@@ -1760,13 +1489,13 @@ static int run_job(runner *r, const job_stored *stored)
     if (run_passes(r, err, sizeof err))
         goto fail_job;
     if (!r->n_ranks)
-        show_progress(r, 0, 0, true);
+        run_show_progress(r, 0, 0, true);
 
     /* finish */
     if (r->host_rank == 0 && plan_save_fit(&r->mem, e2, sizeof e2))
         fprintf(stderr, "spill: memory calibration not saved: %s\n", e2);
-    calib merged = current_fit(r);
-    record_throughput(r, now_s() - r->t_start);
+    calib merged = run_current_fit(r);
+    record_throughput(r, run_now_s() - r->t_start);
 #ifdef SPILL_MPI
     if (r->mpi) { /* this rank's rows are committed; rank 0 waits for every rank, merges and closes DIR's job */
         if (r->host_rank == 0)
@@ -1777,7 +1506,7 @@ static int run_job(runner *r, const job_stored *stored)
             code = SPILL_EX_TEMPFAIL;
             goto fail;
         }
-        show_progress(r, 0, 0, true);
+        run_show_progress(r, 0, 0, true);
         if (fr > 0) {
             if (r->rank == 0)
                 fprintf(stderr, "spill: interrupted; %llu of %llu rows are saved. Continue with: mpirun spill resume %s\n",
@@ -1786,7 +1515,7 @@ static int run_job(runner *r, const job_stored *stored)
             code = SPILL_EX_TEMPFAIL;
             goto out;
         }
-        print_done(r, r->o.out_dir, now_s() - r->t_start);
+        run_print_done(r, r->o.out_dir, run_now_s() - r->t_start);
         code = SPILL_EX_OK;
         goto out;
     }
@@ -1808,10 +1537,10 @@ static int run_job(runner *r, const job_stored *stored)
     r->j = NULL;
     if (rc)
         goto fail;
-    double el = now_s() - r->t_start;
+    double el = run_now_s() - r->t_start;
     if (calib_save(r->cal_path, &merged, e2, sizeof e2))
         fprintf(stderr, "spill: calibration not saved: %s\n", e2);
-    print_done(r, dir, el);
+    run_print_done(r, dir, el);
     code = SPILL_EX_OK;
     goto out;
 fail_job:

@@ -237,4 +237,25 @@ int run_quant_apply(runner *r, const char *path, char *err, size_t errlen);
 /* True for the names --quant takes. */
 bool run_quant_valid(const char *name);
 
+/* run_report.c: what a job prints (the progress line, the pre-run line, the end summary) and its number formats;
+ * run.c keeps the loop.  run_now_s: monotonic seconds; run_current_fit: the stored pass-time fit merged with this
+ * run's passes (run.c). */
+double run_now_s(void);
+calib run_current_fit(const runner *r);
+/* run.c: the most rows whose planned pages fit `pages` at once (shortest first, or longest first); the prompt
+ * tokens the prefix cache mapped instead of computing. */
+int run_fit_rows(const runner *r, int64_t pages, bool longest_first);
+uint64_t run_cached_tokens(const runner *r);
+void run_fmt_count(uint64_t v, char *out, size_t cap);
+void run_fmt_eta(double s, char *out, size_t cap);
+void run_fmt_bytes(uint64_t b, char *out, size_t cap);
+void run_fmt_memory(const runner *r, char *mem, size_t cap);
+void run_fmt_chunk(const runner *r, bool done, char *out, size_t cap);
+/* The progress line after a pass (final: the last one, kept on screen). */
+void run_show_progress(runner *r, int pass, double pass_s, bool final);
+/* The pre-run line: what opened, the plan, the ETA (resuming: rows already done before this attempt). */
+void run_print_ready(runner *r, bool resuming, double t_open, uint64_t already);
+/* The end summary of the job in dir, el seconds after it started. */
+void run_print_done(runner *r, const char *dir, double el);
+
 #endif

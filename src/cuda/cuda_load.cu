@@ -548,7 +548,7 @@ static int pin_register(cuda_engine *e, size_t bytes, char *err, size_t errlen)
 }
 
 /* The host's shared copy of the streamed arena (engine/host_share.h).  Its key is everything the bytes depend
- * on: this build, every model file's identity (path, device, inode, size, modification time), and each read
+ * on: this build, every model file's identity (device, inode, size, modification time), and each read
  * (tensor file, offset, size, and where it lands in the arena).  Sets e->h_pinned and e->h_share and *filled
  * (another process filled it: nothing to read) and returns 0; where the copy cannot be shared (no room in the
  * directory, no such directory) leaves them unset with the reason in st.pin_share_note (the caller maps a
@@ -556,7 +556,7 @@ static int pin_register(cuda_engine *e, size_t bytes, char *err, size_t errlen)
 static int pin_share_open(cuda_engine *e, const pin_job *jobs, size_t nj, size_t bytes, bool *filled)
 {
     const model_desc *m = e->m;
-    size_t cap = 256 + m->n_files * 4200 + nj * 64, n = 0;
+    size_t cap = 256 + m->n_files * 100 + nj * 64, n = 0;
     char *key = (char *)malloc(cap);
     if (!key)
         return -1;
@@ -569,7 +569,8 @@ static int pin_share_open(cuda_engine *e, const pin_job *jobs, size_t nj, size_t
                      strerror(errno));
             return 0;
         }
-        n += (size_t)snprintf(key + n, cap - n, "%s %llu %llu %llu %lld.%09ld\n", m->files[f].path,
+        n += (size_t)snprintf(key + n, cap - n, "%llu %llu %llu %lld.%09ld\n", /* not the path: ranks may name
+                                                                                   the file differently */
                               (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
                               (unsigned long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
     }

@@ -1305,6 +1305,11 @@ int serve_main(int argc, char **argv)
     }
     S.self_exe[n] = '\0';
     snprintf(S.home, sizeof S.home, "%s/serve", util_spill_home());
+    if (strpbrk(S.home, "\t\n\r")) { /* the worker's commands are tab-separated paths under it, a line each */
+        fprintf(stderr, "spill serve: the store %s has a tab or line break in its path; set SPILL_HOME to a path "
+                        "without one.\n", S.home);
+        return SPILL_EX_USAGE;
+    }
     snprintf(S.files_dir, sizeof S.files_dir, "%s/files", S.home);
     snprintf(S.batches_dir, sizeof S.batches_dir, "%s/batches", S.home);
     if (mkdir_p(S.files_dir) || mkdir_p(S.batches_dir)) {
