@@ -58,6 +58,35 @@ static inline json_t *read_lines(const char *path)
     return read_lines_n(path, NULL);
 }
 
+/* A job's answers: custom_id -> its response body's choices (a new object; the caller decrefs it). */
+static inline json_t *job_answers(const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/results.jsonl", dir);
+    json_t *lines = read_lines(path), *map = json_object();
+    size_t i;
+    json_t *o;
+    json_array_foreach(lines, i, o)
+    {
+        json_t *body = json_object_get(json_object_get(o, "response"), "body");
+        json_object_set(map, json_string_value(json_object_get(o, "custom_id")), json_object_get(body, "choices"));
+    }
+    json_decref(lines);
+    return map;
+}
+
+/* Lines (newlines) in a file; 0 when it cannot be read. */
+static inline int count_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0, c;
+    while (f && (c = fgetc(f)) != EOF)
+        n += c == '\n';
+    if (f)
+        fclose(f);
+    return n;
+}
+
 /* A chat results line's answer text (choices[0].message.content), or NULL. */
 static inline const char *chat_answer(json_t *line)
 {

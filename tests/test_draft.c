@@ -31,22 +31,6 @@
 #define OTHER "tests/data/tiny/tiny-smollm2-draft.gguf"
 #define BADVOCAB "tests/data/tiny/tiny-othervocab.gguf"
 
-/* The answers of a job (custom_id -> choices), without ids and timestamps. */
-static json_t *job_answers(const char *dir)
-{
-    char path[600];
-    snprintf(path, sizeof path, "%s/results.jsonl", dir);
-    json_t *lines = read_lines(path), *map = json_object();
-    size_t i;
-    json_t *o;
-    json_array_foreach(lines, i, o)
-    {
-        json_t *body = json_object_get(json_object_get(o, "response"), "body");
-        json_object_set(map, json_string_value(json_object_get(o, "custom_id")), json_object_get(body, "choices"));
-    }
-    json_decref(lines);
-    return map;
-}
 
 /* n rows; mixed: test_spec's variety (sampled, stop, n = 2, log-probs), else greedy chat rows only */
 static void write_rows(const char *path, int n, bool mixed)
@@ -195,17 +179,6 @@ static void test_vocab_refused(const char *tmp)
           "a draft with another vocabulary: not the one-sentence refusal (%s)", log);
 }
 
-/* Lines in a file (0 when it is missing). */
-static int count_lines(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    int n = 0, c;
-    while (f && (c = fgetc(f)) != EOF)
-        n += c == '\n';
-    if (f)
-        fclose(f);
-    return n;
-}
 
 static void test_resume(const char *tmp)
 {

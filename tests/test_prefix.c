@@ -267,16 +267,6 @@ static long preemptions(const char *log)
     return v;
 }
 
-static int count_lines(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    int n = 0, c;
-    while (f && (c = fgetc(f)) != EOF)
-        n += c == '\n';
-    if (f)
-        fclose(f);
-    return n;
-}
 
 /* Starts `spill run` on the input into dir and SIGKILLs it once results.jsonl holds at least `at` lines (or it
  * ended first); the exit status, or -signal. */

@@ -141,22 +141,6 @@ static void test_truncate(void)
     kv_destroy(&c);
 }
 
-/* The answers of a job (custom_id -> choices), without ids and timestamps; NULL when results.jsonl is missing. */
-static json_t *job_answers(const char *dir)
-{
-    char path[600];
-    snprintf(path, sizeof path, "%s/results.jsonl", dir);
-    json_t *lines = read_lines(path), *map = json_object();
-    size_t i;
-    json_t *o;
-    json_array_foreach(lines, i, o)
-    {
-        json_t *body = json_object_get(json_object_get(o, "response"), "body");
-        json_object_set(map, json_string_value(json_object_get(o, "custom_id")), json_object_get(body, "choices"));
-    }
-    json_decref(lines);
-    return map;
-}
 
 static void write_rows(const char *path)
 {
