@@ -25,6 +25,11 @@ int cuda_device_count(void)
     return g_devices;
 }
 
+uint64_t cuda_kept_bytes(void)
+{
+    return 0;
+}
+
 int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total, uint64_t *free_bytes, char *err,
                      size_t errlen)
 {

@@ -11,6 +11,7 @@
 #           (3) compared row by row with (1)'s.
 #   worker  spill worker (serve's resident runner) given the same model and options, two jobs: the second job's
 #           open maps the copy the first one read (keep mode) — its open line and open time against the first's.
+#   wres    spill worker with the model resident in HBM: the second job's open against the first's
 #   mpi     two MPI ranks on the one GPU (spill-cuda-mpi under mpirun -np 2) running one job: the tiny fixture on 100
 #           eval-2000 rows against one process, and the 8B-shaped model with both ranks' memory sampled
 #   draft   --speculate draft beside the GPU target (issue 20): the tiny fixture with its draft on the CPU engine,
@@ -50,6 +51,22 @@ sample() {
 # base FILE: the host's used memory and Shmem before a run (kB)
 base() { awk '/^MemTotal:/ {t=$2} /^MemAvailable:/ {a=$2} /^Shmem:/ {s=$2} END {print t-a, s}' /proc/meminfo > "$1"; }
 
+# prep: the model (spill synth) and the input rows, all and in two halves, unless they are there
+prep() {
+    [ -f "$M" ] || runlog synth 600 "$B" synth --like llama3-8b --layers "$LAYERS" --quant bf16 -o "$M"
+    python3 - "$ROWS" <<'PY'
+import json, random, sys
+rows = int(sys.argv[1])
+random.seed(1)
+lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                 "body": {"model": "s8b", "prompt": [random.randrange(300, 120000) for _ in range(64)],
+                          "max_tokens": 32, "temperature": 0}}) for i in range(rows)]
+open("/tmp/sh_all.jsonl", "w").write("\n".join(lines) + "\n")
+open("/tmp/sh_a.jsonl", "w").write("\n".join(lines[0::2]) + "\n")
+open("/tmp/sh_b.jsonl", "w").write("\n".join(lines[1::2]) + "\n")
+PY
+}
+
 for s in ${*:-tests share worker draft}; do
     case $s in
     tests)
@@ -60,18 +77,7 @@ for s in ${*:-tests share worker draft}; do
     share)
         df -h "$SHM" /tmp > "$OUT/share_df.txt" 2>&1
         cat /sys/kernel/mm/transparent_hugepage/shmem_enabled >> "$OUT/share_df.txt" 2>&1
-        [ -f "$M" ] || runlog synth 600 "$B" synth --like llama3-8b --layers "$LAYERS" --quant bf16 -o "$M"
-        python3 - "$ROWS" <<'PY'
-import json, random, sys
-rows = int(sys.argv[1])
-random.seed(1)
-lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                     "body": {"model": "s8b", "prompt": [random.randrange(300, 120000) for _ in range(64)],
-                              "max_tokens": 32, "temperature": 0}}) for i in range(rows)]
-open("/tmp/sh_all.jsonl", "w").write("\n".join(lines) + "\n")
-open("/tmp/sh_a.jsonl", "w").write("\n".join(lines[0::2]) + "\n")
-open("/tmp/sh_b.jsonl", "w").write("\n".join(lines[1::2]) + "\n")
-PY
+        prep
         for part in all a b; do # each part alone, one process: the answers the two at once must give
             rm -rf /tmp/jsh_one_$part
             log "share: one process, rows $part"
@@ -153,6 +159,20 @@ if len(res) == 2:
     print(f"shared vs register answers: {sum(res['shared'].get(k) == v for k, v in res['register'].items())} of "
           f"{len(res['register'])} equal")
 PY
+        ;;
+    wres)
+        # spill worker with the model resident in HBM (no options: the planner keeps the 9 GB in HBM), two jobs:
+        # what the second job's open costs when only the host side is kept (the engine uploads the layers again)
+        prep
+        rm -rf /tmp/jwr1 /tmp/jwr2
+        printf 'run\t/tmp/sh_all.jsonl\t/tmp/jwr1\t%s\t%s\nrun\t/tmp/sh_all.jsonl\t/tmp/jwr2\t%s\t%s\n' \
+            "$OUT/wres_1.csv" "$OUT/wres_1.log" "$OUT/wres_2.csv" "$OUT/wres_2.log" |
+            timeout 400 $B worker "$M" --gpu 3> "$OUT/wres_answers.txt" > "$OUT/wres.log" 2>&1
+        log "wres rc=$? answers $(tr '\n' ' ' < "$OUT/wres_answers.txt")"
+        for n in 1 2; do
+            grep -o 'engine GPU[^·]*·\|ready in [0-9.]* s' "$OUT/wres_$n.log" | tr '\n' ' '
+            grep -E '^done' "$OUT/wres_$n.log"
+        done | tee "$OUT/wres_summary.txt"
         ;;
     worker)
         rm -rf /tmp/jw1 /tmp/jw2

@@ -109,6 +109,8 @@ typedef struct cuda_engine_stats {
     int pin_shared;            /* open: 0 a private arena; 1 this process filled the host's shared copy; 2 it mapped
                                   the copy another process (or this worker's last job) had filled: nothing read */
     char pin_share_note[160];  /* why the arena is private when a shared copy was asked for ("" otherwise) */
+    bool hbm_kept;             /* open: the resident layers and globals were the last job's, kept in HBM (spill
+                                  worker): nothing uploaded */
     uint64_t experts_run;      /* MoE: (layer, expert) visits over at least one row since open */
     uint64_t experts_skipped;  /* MoE: (layer, expert) visits no row chose: no GEMM (0 for a dense model) */
     uint64_t lazy_layers;        /* MoE, streamed: layer copies that left the experts out (small passes) */
@@ -178,6 +180,10 @@ void cuda_engine_get_stats(const cuda_engine *e, cuda_engine_stats *st);
 
 /* CUDA devices this process sees (0 when none answers). */
 int cuda_device_count(void);
+
+/* HBM that a closed engine left for the next one (spill worker's keep mode: its resident layers and globals),
+ * free for planning: the next engine reuses it or frees it first. */
+uint64_t cuda_kept_bytes(void);
 
 /* Device name and memory, for logs.  Returns 0 or -1 with a sentence. */
 int cuda_device_info(int device, char *name, size_t name_cap, uint64_t *total_bytes, uint64_t *free_bytes, char *err,

@@ -429,6 +429,7 @@ out:
     if (fds != fds_stack)
         free(fds);
     if (rc) {
+        e->keep_res[0] = e->keep_glob[0] = 0; /* half-uploaded arenas are never kept */
         cuda_engine_close(e);
         return rc;
     }
@@ -482,8 +483,11 @@ void cuda_engine_close(cuda_engine *e)
     if (e->blas)
         cublasDestroy(e->blas);
     fp8_lt_free(e->f8);
+    if (!g_poisoned)
+        cuda_keep_stash(e); /* keep mode: the resident layers and globals stay in HBM for the next engine */
     for (size_t i = 0; i < e->n_allocs; i++)
-        cudaFree(e->allocs[i]);
+        if (e->allocs[i])
+            cudaFree(e->allocs[i]);
     free(e->allocs);
     if (e->h_pinned && e->h_share) {
         if (e->st.pin_registered)

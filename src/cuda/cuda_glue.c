@@ -63,7 +63,8 @@ static void g_io_line(void *impl, char *buf, size_t cap)
         buf += n, cap -= (size_t)n;
     }
     if (!st.n_streamed) {
-        snprintf(buf, cap, "weights resident in HBM");
+        snprintf(buf, cap, st.hbm_kept ? "weights resident in HBM, kept from the worker's last job (nothing uploaded)"
+                                       : "weights resident in HBM");
         return;
     }
     if (st.lazy_layers) /* head-first copies move less than the layer bytes: no rate from the two */
@@ -116,6 +117,7 @@ static int gpu_open(model_desc *m, const engine_opts *o, int resident_layers, sp
     int rc = cuda_device_info(dev, name, sizeof name, &total, &freeb, err, errlen);
     if (rc)
         return rc == CUDA_ENGINE_EDEVICE ? ENGINE_EDEVICE : -1;
+    freeb += cuda_kept_bytes(); /* the last job's resident layers (keep mode): reused or freed by the open */
     /* The HBM plan (hbm_plan.h): the weights stay resident when they fit beside the KV pages the batch
      * can use (what the host plan asked for; more would sit idle); otherwise layers stream from pinned RAM
      * through a ring and the split between a resident prefix of layers and KV pages is the one with the
@@ -220,7 +222,8 @@ static uint64_t gpu_free(void)
 {
     char name[128], err[SPILL_ERRLEN];
     uint64_t total = 0, fr = 0;
-    return cuda_device_info(gpu_device(), name, sizeof name, &total, &fr, err, sizeof err) == 0 ? fr : 0;
+    return cuda_device_info(gpu_device(), name, sizeof name, &total, &fr, err, sizeof err) == 0 ? fr + cuda_kept_bytes()
+                                                                                                 : 0;
 }
 
 __attribute__((constructor)) static void register_gpu(void)

@@ -118,6 +118,7 @@ struct cuda_engine {
     uint8_t *h_pinned; /* streamed packs */
     size_t h_pinned_map; /* > 0: h_pinned is an anonymous mapping of this size (registered if st.pin_registered) */
     struct host_share *h_share; /* non-NULL: h_pinned is the host's shared copy (engine/host_share.h), registered */
+    char keep_res[65], keep_glob[65]; /* keep mode: the keys of d_res and of d_embd/d_out ("" none), cuda_load.cu */
     arch_layout a;       /* what the family makes of the pass: tensors, flags, RoPE parameters (model/arch.h) */
     float *d_inv_freq, *d_inv_freq_local; /* (rope_dim/2) of rope, rope_local; longrope: rope's short then long */
     cpu_rope rope, rope_local;            /* global and sliding layers */
@@ -225,6 +226,9 @@ void note_peak(cuda_engine *e);
 /* cuda_load.cu: binds the model's tensors, uploads resident weights, fills the pinned arena or opens the disk
  * tier, and sets up RoPE; each returns 0, -1 with a sentence, or CUDA_ENGINE_EDEVICE. */
 int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errlen);
+/* cuda_load.cu, keep mode (spill worker): at close, an opened engine's resident packs and globals are kept in HBM
+ * for the next engine of the same model and split instead of freed. */
+void cuda_keep_stash(cuda_engine *e);
 int bind_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen);
 
 /* Every matrix of a layer's pack, attention's first, then a sparse layer's experts and shared expert (moe.cu):

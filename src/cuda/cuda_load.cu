@@ -547,6 +547,92 @@ static int pin_register(cuda_engine *e, size_t bytes, char *err, size_t errlen)
     return 0;
 }
 
+/* Keep mode (spill worker, host_share_keeping()): the HBM arenas of the resident layer packs (d_res) and of
+ * the globals (d_embd, d_out) outlive an engine, so the worker's next job of the same model and the same split
+ * maps them instead of uploading the layers again.  Each is keyed like the pinned copy: this build, the model
+ * files' identity, every upload's (file, offset, size, destination).  A closing engine in keep mode hands its
+ * arenas here (cuda_keep_stash); the next one takes them when its keys match, and frees them first when not
+ * (a different model or split), so at most one set is ever kept.  A dense model's only (MoE layers upload their
+ * experts apart: never kept). */
+typedef struct kept_arena {
+    char key[65];
+    uint8_t *p[2];
+    size_t bytes;
+    int device;
+} kept_arena;
+static kept_arena g_kept_res, g_kept_glob;
+
+static void kept_free(kept_arena *k)
+{
+    for (int i = 0; i < 2; i++)
+        if (k->p[i])
+            cudaFree(k->p[i]);
+    memset(k, 0, sizeof *k);
+}
+
+uint64_t cuda_kept_bytes(void)
+{
+    return g_kept_res.bytes + g_kept_glob.bytes;
+}
+
+/* Appends the files' identity to key (as the pinned copy's key has it); false when a file cannot be stat'ed. */
+static bool key_files(const model_desc *m, char *key, size_t cap, size_t *n)
+{
+    for (size_t f = 0; f < m->n_files; f++) {
+        struct stat st;
+        if (stat(m->files[f].path, &st) != 0)
+            return false;
+        *n += (size_t)snprintf(key + *n, cap - *n, "%llu %llu %llu %lld.%09ld\n", (unsigned long long)st.st_dev,
+                               (unsigned long long)st.st_ino, (unsigned long long)st.st_size,
+                               (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    }
+    return *n < cap;
+}
+
+/* An engine's kept arenas: taken out of its allocation list (close does not free them) and kept for the next. */
+void cuda_keep_stash(cuda_engine *e)
+{
+    if (!host_share_keeping())
+        return;
+    struct {
+        const char *key;
+        uint8_t *p[2];
+        size_t bytes;
+        kept_arena *to;
+    } s[2] = {{e->keep_res, {e->d_res, NULL}, e->st.resident_weight_bytes, &g_kept_res},
+              {e->keep_glob, {e->d_embd, e->d_out != e->d_embd ? e->d_out : NULL}, 0, &g_kept_glob}};
+    s[1].bytes = (size_t)e->embd.t->size + (e->d_out != e->d_embd ? (size_t)e->out.t->size : 0);
+    s[0].bytes -= s[1].bytes; /* resident_weight_bytes counts both */
+    for (int k = 0; k < 2; k++) {
+        if (!s[k].key[0] || !s[k].p[0])
+            continue;
+        kept_free(s[k].to);
+        for (size_t i = 0; i < e->n_allocs; i++)
+            if (e->allocs[i] == s[k].p[0] || (s[k].p[1] && e->allocs[i] == s[k].p[1]))
+                e->allocs[i] = NULL;
+        snprintf(s[k].to->key, sizeof s[k].to->key, "%s", s[k].key);
+        s[k].to->p[0] = s[k].p[0];
+        s[k].to->p[1] = s[k].p[1];
+        s[k].to->bytes = s[k].bytes;
+        s[k].to->device = e->o.device;
+    }
+}
+
+/* Tracks a kept pointer as this engine's own again (freed at close unless stashed again). */
+static int track(cuda_engine *e, void *p, char *err, size_t errlen)
+{
+    if (e->n_allocs == e->cap_allocs) {
+        size_t cap = e->cap_allocs ? 2 * e->cap_allocs : 64;
+        void **a = (void **)realloc(e->allocs, cap * sizeof *a);
+        if (!a)
+            return util_errf(err, errlen, "out of host memory tracking GPU allocations.");
+        e->allocs = a;
+        e->cap_allocs = cap;
+    }
+    e->allocs[e->n_allocs++] = p;
+    return 0;
+}
+
 /* The host's shared copy of the streamed arena (engine/host_share.h).  Its key is everything the bytes depend
  * on: this build, every model file's identity (device, inode, size, modification time), and each read
  * (tensor file, offset, size, and where it lands in the arena).  Sets e->h_pinned and e->h_share and *filled
@@ -620,7 +706,48 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
     e->ns = L - lr;
     if (disk && open_disk_tier(e, lr, err, errlen))
         return -1;
-    if (res_bytes && dalloc(e, (void **)&e->d_res, res_bytes, "resident layers", err, errlen))
+    bool res_kept = false; /* keep mode: the last job's resident packs are these (nothing to upload) */
+    e->keep_res[0] = 0;
+    bool dense = true;
+    for (int l = 0; l < L; l++)
+        dense = dense && !arch_layer_sparse(&e->a, l);
+    if (res_bytes && host_share_keeping() && !e->o.reader && dense) {
+        size_t cap = 2048 + (size_t)lr * 16 * 80, n = 0;
+        char *key = (char *)malloc(cap);
+        if (!key)
+            return util_errf(err, errlen, "out of host memory.");
+        n += (size_t)snprintf(key + n, cap - n, "spill resident packs v1 built %s %s %zu\n", __DATE__, __TIME__,
+                              res_bytes);
+        bool ok = key_files(m, key, cap, &n);
+        for (int l = 0; ok && l < lr; l++) {
+            const dlayer *w = &e->layers[l];
+            for (int i = 0; ok && i < layer_n_mats(&e->layers[l]); i++) {
+                const dmat *d = layer_mat_at(&e->layers[l], i);
+                if (!d->t || d->shared)
+                    continue;
+                n += (size_t)snprintf(key + n, cap - n, "%u %llu %llu %zu\n", d->t->file,
+                                      (unsigned long long)d->t->offset, (unsigned long long)d->t->size,
+                                      (size_t)(uintptr_t)w->dev + d->off);
+                ok = n < cap;
+            }
+        }
+        if (ok)
+            host_share_key_hex(key, e->keep_res);
+        free(key);
+        if (e->keep_res[0] && g_kept_res.p[0] && g_kept_res.device == e->o.device && g_kept_res.bytes == res_bytes &&
+            !strcmp(g_kept_res.key, e->keep_res)) {
+            e->d_res = g_kept_res.p[0];
+            memset(&g_kept_res, 0, sizeof g_kept_res);
+            if (track(e, e->d_res, err, errlen))
+                return -1;
+            res_kept = true;
+        } else {
+            kept_free(&g_kept_res);
+        }
+    }
+    if (res_bytes && !res_kept)
+        e->st.hbm_kept = false; /* the globals alone were the last job's: the layers upload */
+    if (res_bytes && !res_kept && dalloc(e, (void **)&e->d_res, res_bytes, "resident layers", err, errlen))
         return -1;
     /* the streamed tensors' reads into the arena, as offsets until the arena exists (a caller's reader, in
      * tests, reads in the loop below instead) */
@@ -687,7 +814,7 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
             if (!d->t || d->shared) /* no tensor; or its bytes come with the part that carries them */
                 continue;
             if (w->resident)
-                rc = upload_mat(e, fr, d, w->dev + d->off, &bounce, &bounce_cap, err, errlen);
+                rc = res_kept ? 0 : upload_mat(e, fr, d, w->dev + d->off, &bounce, &bounce_cap, err, errlen);
             else if (!jobs) /* a caller's reader (tests): one thread, in order */
                 rc = read_tensor(e, fr, d->t, w->host + d->off, err, errlen);
         }
@@ -751,13 +878,41 @@ int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
         return -1;
     uint8_t *bounce = NULL;
     size_t cap = 0;
-    int rc = dalloc(e, (void **)&e->d_embd, (size_t)e->embd.t->size, "the embedding table", err, errlen);
-    if (rc == 0)
-        rc = upload_mat(e, fr, &e->embd, e->d_embd, &bounce, &cap, err, errlen);
-    if (rc == 0 && e->out.t) {
-        rc = dalloc(e, (void **)&e->d_out, (size_t)e->out.t->size, "the output head", err, errlen);
+    int rc = 0;
+    e->keep_glob[0] = 0;
+    if (host_share_keeping() && !e->o.reader) { /* keep mode: the last job's globals when they are these */
+        char key[2048];
+        size_t n = (size_t)snprintf(key, sizeof key, "spill globals v1 built %s %s\n", __DATE__, __TIME__);
+        if (key_files(e->m, key, sizeof key, &n) && n < sizeof key - 200) {
+            snprintf(key + n, sizeof key - n, "%u %llu %llu / %u %llu %llu\n", e->embd.t->file,
+                     (unsigned long long)e->embd.t->offset, (unsigned long long)e->embd.t->size,
+                     e->out.t ? e->out.t->file : 0u, e->out.t ? (unsigned long long)e->out.t->offset : 0ull,
+                     e->out.t ? (unsigned long long)e->out.t->size : 0ull);
+            host_share_key_hex(key, e->keep_glob);
+        }
+        bool same = e->keep_glob[0] && g_kept_glob.p[0] && g_kept_glob.device == e->o.device &&
+                    !strcmp(g_kept_glob.key, e->keep_glob) && (e->out.t != NULL) == (g_kept_glob.p[1] != NULL);
+        if (!same) { /* another model: what was kept for it goes before anything of this one is allocated */
+            kept_free(&g_kept_glob);
+            kept_free(&g_kept_res);
+        } else {
+            e->d_embd = g_kept_glob.p[0];
+            e->d_out = g_kept_glob.p[1];
+            memset(&g_kept_glob, 0, sizeof g_kept_glob);
+            if (track(e, e->d_embd, err, errlen) || (e->d_out && track(e, e->d_out, err, errlen)))
+                return -1;
+            e->st.hbm_kept = true;
+        }
+    }
+    if (!e->d_embd) {
+        rc = dalloc(e, (void **)&e->d_embd, (size_t)e->embd.t->size, "the embedding table", err, errlen);
         if (rc == 0)
-            rc = upload_mat(e, fr, &e->out, e->d_out, &bounce, &cap, err, errlen);
+            rc = upload_mat(e, fr, &e->embd, e->d_embd, &bounce, &cap, err, errlen);
+        if (rc == 0 && e->out.t) {
+            rc = dalloc(e, (void **)&e->d_out, (size_t)e->out.t->size, "the output head", err, errlen);
+            if (rc == 0)
+                rc = upload_mat(e, fr, &e->out, e->d_out, &bounce, &cap, err, errlen);
+        }
     }
     free(bounce);
     if (rc)

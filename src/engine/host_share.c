@@ -310,6 +310,20 @@ void host_share_keep(bool on)
         host_share_drop_kept();
 }
 
+bool host_share_keeping(void)
+{
+    return g_share.on;
+}
+
+void host_share_key_hex(const char *key, char out[65])
+{
+    unsigned char d[32];
+    unsigned int n = 32;
+    EVP_Digest(key, strlen(key), d, &n, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
 void host_share_drop_kept(void)
 {
     host_share *k = g_share.kept;

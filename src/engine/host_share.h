@@ -51,6 +51,10 @@ const char *host_share_path(const host_share *s);
  * close replaces it or host_share_drop_kept. */
 void host_share_keep(bool on);
 void host_share_drop_kept(void);
+/* Whether keep mode is on (the GPU engine keeps its HBM-resident layers between a worker's jobs too). */
+bool host_share_keeping(void);
+/* out = the SHA-256 hex of key (64 characters and a NUL). */
+void host_share_key_hex(const char *key, char out[65]);
 
 /* The bytes of the filled copies in dir (NULL: the default): RAM that mapping one of them does not take anew. */
 uint64_t host_share_ready_bytes(const char *dir);
