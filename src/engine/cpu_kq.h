@@ -23,8 +23,9 @@
  * 43.6 -> 117.3 tok/s (2.7x), batch 64 86.8 -> 111.9 (1.3x); --tokens 16 --prompt 8 at load ~3.7: batch 256
  * 134 -> 286 (2.1x), batch 64 114 -> 182 (1.6x).  Not yet measured against llama.cpp (tools/bench_b4.py).
  *
- * B4 against llama.cpp 0.3.36 (tools/bench_b4.py, 2026-12-04): batch 64 555 tok/s = 4.30x llama.cpp's single-row
- * median; single row 0.77x once the 1-row kernel folded block pairs as they came (it had regressed to 0.71x).
+ * B4 against llama.cpp 0.3.36 (tools/bench_b4.py, 2026-12-04): batch 256 591 tok/s = 5.40x llama.cpp's single-row
+ * median once the FFN's activation ran on the pool (4.30x before); single row 0.71-0.77x (this VM's noise is ±20%)
+ * once the 1-row kernel folded block pairs as they came (in old/new pairs it had fallen from ~108 to 61-87 tok/s).
  * Tried and not kept: KQ_NX 8 (8 X rows per register block on VNNI's 32 registers): 573-636 against 587-613 tok/s
  * at batch 64 in alternating pairs, within this VM's noise.
  * Next step: the +128 offset for signed weights under VNNI (S = dpbusd(w+128, x) - 128·sum(x), exact; saves the

@@ -671,7 +671,11 @@ static int dense_ffn(spill_engine *e, const fwd_seq *seqs, const layer_w *w, int
     lora_io gu[2] = {{LORA_GATE, e->h, e->g}, {LORA_UP, e->h, e->u}};
     lora_cpu_apply(e->lora, e->pool, seqs, e->seq_of, l, gu, 2, T);
     act_ctx ac = {e->g, e->u, T * F, e->a.act == ARCH_ACT_GELU_TANH};
-    cpu_pool_run(e->pool, act_task, &ac, (T * F + ACT_CHUNK - 1) / ACT_CHUNK);
+    int64_t n_act = (T * F + ACT_CHUNK - 1) / ACT_CHUNK;
+    if (n_act > 1)
+        cpu_pool_run(e->pool, act_task, &ac, n_act);
+    else /* one chunk (decode of a few rows): waking the pool would cost more than it saves */
+        act_task(&ac, 0, 0);
     if (cpu_matmul(e->pool, w->down.p, w->down.type, D, F, e->g, T, e->h, err, errlen))
         return -1;
     lora_io down = {LORA_DOWN, e->g, e->h};
