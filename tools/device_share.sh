@@ -67,6 +67,22 @@ open("/tmp/sh_b.jsonl", "w").write("\n".join(lines[1::2]) + "\n")
 PY
 }
 
+# spec_rows: /tmp/spec.jsonl, the first 50 qa and 50 summary rows of examples/eval-2000.jsonl (what the tiny
+# fixture's 512-token context holds)
+spec_rows() {
+    python3 - <<'PY'
+import json
+doc, summ = [], []
+for l in open("examples/eval-2000.jsonl"):
+    j = json.loads(l)
+    (doc if j["custom_id"].startswith("qa") else summ if j["custom_id"].startswith("sum") else []).append(j)
+with open("/tmp/spec.jsonl", "w") as f:
+    for j in doc[:50] + summ[:50]:
+        j.pop("expected", None)
+        f.write(json.dumps(j) + "\n")
+PY
+}
+
 for s in ${*:-tests share worker draft}; do
     case $s in
     tests)
@@ -203,17 +219,7 @@ PY
         # process; (2) the 8B-shaped model of `share` (run it first) on ROWS rows, memory sampled over both ranks
         MB=${MB:-$BIN/spill-cuda-mpi}
         MPIRUN="mpirun --allow-run-as-root --oversubscribe -np 2 -x SPILL_HOME -x LD_LIBRARY_PATH"
-        python3 - <<'PY'
-import json
-doc, summ = [], []
-for l in open("examples/eval-2000.jsonl"):
-    j = json.loads(l)
-    (doc if j["custom_id"].startswith("qa") else summ if j["custom_id"].startswith("sum") else []).append(j)
-with open("/tmp/spec.jsonl", "w") as f:
-    for j in doc[:50] + summ[:50]:
-        j.pop("expected", None)
-        f.write(json.dumps(j) + "\n")
-PY
+        spec_rows
         T=tests/data/tiny/tiny-smollm2.gguf
         rm -rf /tmp/jmt1 /tmp/jmt2
         runlog mpi_tiny_one 300 "$B" run "$T" /tmp/spec.jsonl -o /tmp/jmt1 $GPUFLAG
@@ -281,17 +287,7 @@ PY
     draft)
         # --speculate draft beside the GPU target (the draft on the CPU engine, its pages in host RAM): the tiny
         # fixture and its draft on 100 rows of examples/eval-2000.jsonl (50 qa, 50 summary), draft vs off
-        python3 - <<'PY'
-import json
-doc, summ = [], []
-for l in open("examples/eval-2000.jsonl"):
-    j = json.loads(l)
-    (doc if j["custom_id"].startswith("qa") else summ if j["custom_id"].startswith("sum") else []).append(j)
-with open("/tmp/spec.jsonl", "w") as f:
-    for j in doc[:50] + summ[:50]:
-        j.pop("expected", None)
-        f.write(json.dumps(j) + "\n")
-PY
+        spec_rows
         T=tests/data/tiny/tiny-smollm2.gguf
         D=tests/data/tiny/tiny-smollm2-draft.gguf
         for mode in "draft:$D" off; do

@@ -132,12 +132,8 @@ int blas_fail_at(cublasStatus_t s, const char *what, const char *file, int line,
                      cublasGetStatusString(s));
 }
 
-/* cudaMalloc with accounting, the test hook, and the out-of-memory sentence. */
-int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char *err, size_t errlen)
+int dtrack(cuda_engine *e, void *p, size_t bytes, char *err, size_t errlen)
 {
-    *p = NULL;
-    if (bytes == 0)
-        bytes = 256;
     if (e->n_allocs == e->cap_allocs) {
         size_t cap = e->cap_allocs ? 2 * e->cap_allocs : 64;
         void **a = (void **)realloc(e->allocs, cap * sizeof *a);
@@ -146,6 +142,17 @@ int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char *err, 
         e->allocs = a;
         e->cap_allocs = cap;
     }
+    e->allocs[e->n_allocs++] = p;
+    e->st.device_bytes += bytes;
+    return 0;
+}
+
+/* cudaMalloc with accounting, the test hook, and the out-of-memory sentence. */
+int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char *err, size_t errlen)
+{
+    *p = NULL;
+    if (bytes == 0)
+        bytes = 256;
     e->n_dev_allocs++;
     cudaError_t c = e->o.fail_alloc_at == e->n_dev_allocs ? cudaErrorMemoryAllocation : cudaMalloc(p, bytes);
     if (c == cudaErrorMemoryAllocation) {
@@ -160,8 +167,11 @@ int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char *err, 
     }
     if (c != cudaSuccess)
         return cu_fail(c, "cudaMalloc", __LINE__, err, errlen);
-    e->allocs[e->n_allocs++] = *p;
-    e->st.device_bytes += bytes;
+    if (dtrack(e, *p, bytes, err, errlen)) {
+        cudaFree(*p);
+        *p = NULL;
+        return -1;
+    }
     return 0;
 }
 

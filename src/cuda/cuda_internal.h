@@ -205,6 +205,8 @@ typedef struct file_reader {
 double mono(void);
 int cu_fail_at(cudaError_t c, const char *what, const char *file, int line, char *err, size_t errlen);
 int blas_fail_at(cublasStatus_t s, const char *what, const char *file, int line, char *err, size_t errlen);
+/* Adds p (bytes of HBM) to the engine's allocations, freed at close.  0, or -1 with a sentence. */
+int dtrack(cuda_engine *e, void *p, size_t bytes, char *err, size_t errlen);
 int dalloc(cuda_engine *e, void **p, size_t bytes, const char *what, char *err, size_t errlen);
 void note_peak(cuda_engine *e);
 #define cu_fail(c, what, line, err, errlen) cu_fail_at(c, what, __FILE__, line, err, errlen)

@@ -618,21 +618,6 @@ void cuda_keep_stash(cuda_engine *e)
     }
 }
 
-/* Tracks a kept pointer as this engine's own again (freed at close unless stashed again). */
-static int track(cuda_engine *e, void *p, char *err, size_t errlen)
-{
-    if (e->n_allocs == e->cap_allocs) {
-        size_t cap = e->cap_allocs ? 2 * e->cap_allocs : 64;
-        void **a = (void **)realloc(e->allocs, cap * sizeof *a);
-        if (!a)
-            return util_errf(err, errlen, "out of host memory tracking GPU allocations.");
-        e->allocs = a;
-        e->cap_allocs = cap;
-    }
-    e->allocs[e->n_allocs++] = p;
-    return 0;
-}
-
 /* The host's shared copy of the streamed arena (engine/host_share.h).  Its key is everything the bytes depend
  * on: this build, every model file's identity (device, inode, size, modification time), and each read
  * (tensor file, offset, size, and where it lands in the arena).  Sets e->h_pinned and e->h_share and *filled
@@ -738,7 +723,7 @@ int place_layers(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
             !strcmp(g_kept_res.key, e->keep_res)) {
             e->d_res = g_kept_res.p[0];
             memset(&g_kept_res, 0, sizeof g_kept_res);
-            if (track(e, e->d_res, err, errlen))
+            if (dtrack(e, e->d_res, res_bytes, err, errlen))
                 return -1;
             res_kept = true;
         } else {
@@ -899,7 +884,8 @@ int bind_globals(cuda_engine *e, file_reader *fr, char *err, size_t errlen)
             e->d_embd = g_kept_glob.p[0];
             e->d_out = g_kept_glob.p[1];
             memset(&g_kept_glob, 0, sizeof g_kept_glob);
-            if (track(e, e->d_embd, err, errlen) || (e->d_out && track(e, e->d_out, err, errlen)))
+            if (dtrack(e, e->d_embd, (size_t)e->embd.t->size, err, errlen) ||
+                (e->d_out && dtrack(e, e->d_out, (size_t)e->out.t->size, err, errlen)))
                 return -1;
             e->st.hbm_kept = true;
         }

@@ -105,35 +105,11 @@ static bool is_share_name(const char *n)
     return len == p + 32 + q && !strncmp(n, SHARE_PREFIX, p) && !strcmp(n + len - q, SHARE_SUFFIX);
 }
 
-int host_share_sweep(const char *dir)
+/* Calls fn(fd, path) for every copy's file in dir, open read-write (the locks need it); returns the sum of what
+ * fn returned. */
+static uint64_t each_share(const char *dir, uint64_t (*fn)(int fd, const char *path))
 {
-    dir = dir_or_default(dir);
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;
-    int removed = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!is_share_name(de->d_name))
-            continue;
-        char path[4096];
-        if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path)
-            continue;
-        int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-        if (fd < 0)
-            continue;
-        if (lock_byte(fd, F_WRLCK, FILL_BYTE, false) == 0 && remove_if_unused(fd, path))
-            removed++;
-        close(fd);
-    }
-    closedir(d);
-    return removed;
-}
-
-uint64_t host_share_ready_bytes(const char *dir)
-{
-    dir = dir_or_default(dir);
-    DIR *d = opendir(dir);
+    DIR *d = opendir(dir_or_default(dir));
     if (!d)
         return 0;
     uint64_t sum = 0;
@@ -142,19 +118,41 @@ uint64_t host_share_ready_bytes(const char *dir)
         if (!is_share_name(de->d_name))
             continue;
         char path[4096];
-        if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path)
+        if (snprintf(path, sizeof path, "%s/%s", dir_or_default(dir), de->d_name) >= (int)sizeof path)
             continue;
-        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
         if (fd < 0)
             continue;
-        share_hdr h;
-        if (pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && !memcmp(h.magic, SHARE_MAGIC, 8) &&
-            h.version == SHARE_VERSION && h.ready == 1)
-            sum += h.bytes;
+        sum += fn(fd, path);
         close(fd);
     }
     closedir(d);
     return sum;
+}
+
+static uint64_t sweep_one(int fd, const char *path)
+{
+    return lock_byte(fd, F_WRLCK, FILL_BYTE, false) == 0 && remove_if_unused(fd, path);
+}
+
+int host_share_sweep(const char *dir)
+{
+    return (int)each_share(dir, sweep_one);
+}
+
+static uint64_t ready_one(int fd, const char *path)
+{
+    (void)path;
+    share_hdr h;
+    return pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && !memcmp(h.magic, SHARE_MAGIC, 8) &&
+                   h.version == SHARE_VERSION && h.ready == 1
+               ? h.bytes
+               : 0;
+}
+
+uint64_t host_share_ready_bytes(const char *dir)
+{
+    return each_share(dir, ready_one);
 }
 
 static void key_digest(const char *key, unsigned char out[32], char hex[33])
