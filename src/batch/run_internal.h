@@ -237,6 +237,15 @@ int run_quant_apply(runner *r, const char *path, char *err, size_t errlen);
 /* True for the names --quant takes. */
 bool run_quant_valid(const char *name);
 
+/* run_answer.c: a drawn token applied to choice c of row w (0, 1 when the choice finished, -1 with a sentence);
+ * a prompt position's score and a kept logits row; a finished row (batch slot ai) written through the job store
+ * and retired. */
+int run_accept_token(runner *r, row *w, choice *c, const sample_result *sr, char *err, size_t errlen);
+int run_record_score(runner *r, row *w, int32_t at, const sample_result *sr, const float *lg, char *err,
+                     size_t errlen);
+int run_keep_logits(runner *r, row *w, int32_t index, const float *lg, char *err, size_t errlen);
+int run_finish_row(runner *r, size_t ai, char *err, size_t errlen);
+
 /* run_report.c: what a job prints (the progress line, the pre-run line, the end summary) and its number formats;
  * run.c keeps the loop.  run_now_s: monotonic seconds; run_current_fit: the stored pass-time fit merged with this
  * run's passes (run.c). */
