@@ -592,7 +592,8 @@ static bool key_files(const model_desc *m, char *key, size_t cap, size_t *n)
 /* An engine's kept arenas: taken out of its allocation list (close does not free them) and kept for the next. */
 void cuda_keep_stash(cuda_engine *e)
 {
-    if (!host_share_keeping())
+    /* no keys: not keep mode, or an open that failed (cuda_engine_open clears them; the globals may not exist) */
+    if (!host_share_keeping() || (!e->keep_res[0] && !e->keep_glob[0]) || !e->embd.t)
         return;
     struct {
         const char *key;
