@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # device_env.sh — sourced by the H200 scripts (tools/device_*.sh): the CUDA and pip-installed NVIDIA libraries on
 # LD_LIBRARY_PATH, BIN (the carried binaries, .carry/bin, else build/cuda), OUT made, machine.txt written, and
-# log / runlog.  runlog NAME TIMEOUT CMD... echoes the command, runs it under timeout into $OUT/NAME.log and
+# log / runlog (and spec_rows, the eval rows the spec/draft/mpi steps run).  runlog NAME TIMEOUT CMD... echoes the command, runs it under timeout into $OUT/NAME.log and
 # records its exit code (FAILED=1 on a failure; the script goes on).  Older scripts still carry their own copy of
 # this preamble; new ones source this file.
 mkdir -p "$OUT"
@@ -28,3 +28,19 @@ BIN=${BIN:-.carry/bin}
 [ -x "$BIN/spill-cuda" ] || BIN=build/cuda
 { nvidia-smi; uname -a; nproc; free -g; } > "$OUT/machine.txt" 2>&1 || true
 export SPILL_HOME=${SPILL_HOME:-/tmp/spillhome}
+
+# spec_rows: /tmp/spec.jsonl, the first 50 qa and 50 summary rows of examples/eval-2000.jsonl (what the tiny
+# fixture's 512-token context holds)
+spec_rows() {
+    python3 - <<'PY'
+import json
+doc, summ = [], []
+for l in open("examples/eval-2000.jsonl"):
+    j = json.loads(l)
+    (doc if j["custom_id"].startswith("qa") else summ if j["custom_id"].startswith("sum") else []).append(j)
+with open("/tmp/spec.jsonl", "w") as f:
+    for j in doc[:50] + summ[:50]:
+        j.pop("expected", None)
+        f.write(json.dumps(j) + "\n")
+PY
+}

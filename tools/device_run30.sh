@@ -64,17 +64,7 @@ PY
     spec)
         M=${MODEL_SPEC:-$SMOL}
         [ -f "$M" ] || M=tests/data/tiny/tiny-smollm2.gguf
-        python3 - <<'PY'
-import json
-doc, summ = [], []
-for l in open("examples/eval-2000.jsonl"):
-    j = json.loads(l)
-    (doc if j["custom_id"].startswith("qa") else summ if j["custom_id"].startswith("sum") else []).append(j)
-with open("/tmp/spec.jsonl", "w") as f:
-    for j in doc[:50] + summ[:50]:
-        j.pop("expected", None)
-        f.write(json.dumps(j) + "\n")
-PY
+        spec_rows
         for mode in lookup off; do
             rm -rf /tmp/jspec-$mode
             runlog "spec_$mode" 400 "$B" run "$M" /tmp/spec.jsonl -o /tmp/jspec-$mode $GPUFLAG --speculate $mode \

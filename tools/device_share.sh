@@ -67,22 +67,6 @@ open("/tmp/sh_b.jsonl", "w").write("\n".join(lines[1::2]) + "\n")
 PY
 }
 
-# spec_rows: /tmp/spec.jsonl, the first 50 qa and 50 summary rows of examples/eval-2000.jsonl (what the tiny
-# fixture's 512-token context holds)
-spec_rows() {
-    python3 - <<'PY'
-import json
-doc, summ = [], []
-for l in open("examples/eval-2000.jsonl"):
-    j = json.loads(l)
-    (doc if j["custom_id"].startswith("qa") else summ if j["custom_id"].startswith("sum") else []).append(j)
-with open("/tmp/spec.jsonl", "w") as f:
-    for j in doc[:50] + summ[:50]:
-        j.pop("expected", None)
-        f.write(json.dumps(j) + "\n")
-PY
-}
-
 for s in ${*:-tests share worker draft}; do
     case $s in
     tests)
