@@ -1,5 +1,5 @@
 /*
- * fuzz_schema.c — libFuzzer target for structured output's schema compiler and automaton (batch/grammar.c,
+ * fuzz_schema.c — libFuzzer target for structured output's schema compiler and automaton (batch/grammar_compile.c and grammar.c,
  * batch/regex.c).  The input is a JSON schema, a NUL byte, then choices: the schema is compiled (plain and
  * wrapped in a prefix and suffix); when it compiles, the choices drive a walk through the automaton, each
  * step picking one of the bytes the state accepts.

@@ -18,6 +18,7 @@
  *     options, the resume's summary line) and answers as --speculate off.
  */
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <sys/wait.h>
@@ -83,6 +84,35 @@ static void spec_line(const char *log, double *per_pass, double *accept)
         fclose(f);
 }
 
+/* From a job's summary, the distribution line: its percentages' sum and the mean tokens they imply (-1 when
+ * the line is missing). */
+static void hist_line(const char *log, double *sum, double *mean)
+{
+    FILE *f = fopen(log, "r");
+    char line[1024];
+    *sum = *mean = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "tokens kept per row per pass: ");
+        if (!p)
+            continue;
+        p += strlen("tokens kept per row per pass: ");
+        *sum = *mean = 0;
+        for (;;) {
+            char *e;
+            long n = strtol(p, &e, 10);
+            if (e == p || *e != ':')
+                break;
+            double pct = strtod(e + 1, &e);
+            *sum += pct, *mean += (double)n * pct / 100.0;
+            if (*e != '%' || e[1] != ',')
+                break;
+            p = e + 2;
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
 /* Answers of dir against ref: CHECK they are equal, showing the first differing rows. */
 static void same_answers(const char *what, const char *dir, json_t *ref)
 {
@@ -127,6 +157,12 @@ static void test_self_draft(const char *tmp)
     fprintf(stderr, "greedy, self draft: %.2f tokens per row per pass, %.1f%% accepted\n", pp, acc);
     CHECK(acc >= 95.0, "self draft: %.1f%% of the proposals accepted (want >= 95%%)", acc);
     CHECK(pp > 3.0, "self draft: %.2f tokens per row per pass (want > 3.00 at --spec-k 4)", pp);
+    /* the distribution: percentages printed to 0.1 (each off by <= 0.05, at most 5 buckets), so their sum is
+     * 100 within 0.25 and the mean they imply is the mean printed within 0.25 * 5 / 100 + 0.005 (rounding). */
+    double hs, hm;
+    hist_line(log, &hs, &hm);
+    CHECK(fabs(hs - 100.0) <= 0.25, "self draft: the kept-token distribution sums to %.2f%% (want 100)", hs);
+    CHECK(fabs(hm - pp) <= 0.02, "self draft: the distribution's mean %.3f is not the %.2f printed", hm, pp);
     char pat[64];
     snprintf(pat, sizeof pat, "%.2f tok/row/pass", pp);
     CHECK(sh("grep -q '^rows .* · %s' %s", pat, log) == 0, "self draft: no progress line with '%s' (%s)", pat, log);

@@ -241,6 +241,7 @@ static int apply_spec(runner *r, int q, int li, char *err, size_t errlen)
     r->dec_steps++;
     r->dec_tokens += (uint64_t)j + 1;
     r->spec_accepted += (uint64_t)j;
+    r->spec_hist[j + 1]++;
     return sched_spec_settle(s, q, err, errlen);
 }
 
@@ -312,7 +313,7 @@ static int run_passes(runner *r, char *err, size_t errlen)
                 continue;
             }
             if (s->seq_spec[q] == 0)
-                r->dec_steps++, r->dec_tokens++;
+                r->dec_steps++, r->dec_tokens++, r->spec_hist[1]++;
             row *w = &r->rows[s->seq_row[q]];
             choice *ch = &w->ch[s->seq_choice[q]];
             const float *lg = r->logits + (size_t)li * (size_t)r->m->vocab;

@@ -149,6 +149,7 @@ typedef struct runner {
     uint64_t rows_total, rows_done, rows_failed, tokens_generated, tokens_scored, prompt_tokens;
     uint64_t dec_steps, dec_tokens; /* decode steps (a choice's one per pass) and the tokens they kept */
     uint64_t spec_accepted;  /* speculative passes: proposed tokens kept */
+    uint64_t spec_hist[SPEC_K_MAX + 2]; /* speculative passes: decode steps by the tokens they kept (1 .. k + 1) */
     uint64_t shared_expect;  /* prefix cache: prompt tokens the queue order expects rows to map (share_hints) */
     double t_start;
     bool tty;

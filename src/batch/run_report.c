@@ -271,6 +271,14 @@ void run_print_done(runner *r, const char *dir, double el)
                (unsigned long long)r->dec_steps, (unsigned long long)r->spec_accepted,
                (unsigned long long)r->s.spec_proposed,
                r->s.spec_proposed ? 100.0 * (double)r->spec_accepted / (double)r->s.spec_proposed : 0.0);
+    if (r->s.cfg.spec_k && r->dec_steps) { /* the distribution behind the mean */
+        char hist[600] = "";
+        for (int n = 1; n <= r->s.cfg.spec_k + 1 && n < SPEC_K_MAX + 2; n++)
+            if (r->spec_hist[n])
+                snprintf(hist + strlen(hist), sizeof hist - strlen(hist), "%s%d: %.1f%%", hist[0] ? ", " : "", n,
+                         100.0 * (double)r->spec_hist[n] / (double)r->dec_steps);
+        printf("tokens kept per row per pass: %s\n", hist);
+    }
     if (r->dr.m)
         printf("draft model: %llu forwards in %.1f s, %llu tokens proposed\n", (unsigned long long)r->dr.forwards,
                r->dr.secs, (unsigned long long)r->dr.proposed);
